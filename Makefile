@@ -1,0 +1,34 @@
+# Two commands a newcomer needs: `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch that lies on this machine's disk; installing it first
+# keeps pip from resolving a multi-GB CUDA build for the `real` extra.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: run test bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.base-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
+	$(BIN)/python -m pip install -q -e '.[dev,real]'
+	touch $@ $(VENV)/.base-installed
+
+run: $(VENV)/.base-installed
+	$(BIN)/gyre demo
+
+test: $(VENV)/.dev-installed
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.dev-installed
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

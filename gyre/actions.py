@@ -1,0 +1,101 @@
+"""Actions the policy core returns; drivers (sim/, real/) apply them.
+
+Engines are named by integers: ``0..K-1`` are the cells' rollout engines and
+``SEPARATE`` (-1) is the separate rollout pool. Actions are frozen dataclasses
+that export themselves as flat dicts, so two drivers' action sequences can be
+compared row by row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+SEPARATE = -1
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ClassVar[str] = "action"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class DispatchGroups(Action):
+    """Admit these groups; each group's executions are ``executions_of(group)``."""
+
+    groups: tuple[int, ...]
+    version: int
+    kind: ClassVar[str] = "dispatch_groups"
+
+
+@dataclass(frozen=True)
+class StartExecutions(Action):
+    """Start each execution on its engine: ``placements`` of (execution, engine)."""
+
+    placements: tuple[tuple[int, int], ...]
+    kind: ClassVar[str] = "start_executions"
+
+
+@dataclass(frozen=True)
+class CancelExecutions(Action):
+    """Cancel surplus executions; the driver reports each as ExecutionFinished."""
+
+    executions: tuple[int, ...]
+    kind: ClassVar[str] = "cancel_executions"
+
+
+@dataclass(frozen=True)
+class Reroute(Action):
+    """Move a running execution's requests from engine ``source`` to ``dest``."""
+
+    execution: int
+    source: int
+    dest: int
+    kind: ClassVar[str] = "reroute"
+
+
+@dataclass(frozen=True)
+class BeginTransition(Action):
+    """Switch ``cell`` into ``role``; the driver answers with TransitionDone."""
+
+    cell: int
+    role: str
+    kind: ClassVar[str] = "begin_transition"
+
+
+@dataclass(frozen=True)
+class StartBatch(Action):
+    """A new batch (training version ``version``) opens on the training cells."""
+
+    version: int
+    kind: ClassVar[str] = "start_batch"
+
+
+@dataclass(frozen=True)
+class FeedGroups(Action):
+    """Hand these ready groups to the batch of ``version`` (oldest version first)."""
+
+    version: int
+    groups: tuple[int, ...]
+    kind: ClassVar[str] = "feed_groups"
+
+
+@dataclass(frozen=True)
+class Broadcast(Action):
+    """After a non-final update, send new parameters to the satellites."""
+
+    version: int
+    cells: tuple[int, ...]
+    kind: ClassVar[str] = "broadcast"
+
+
+@dataclass(frozen=True)
+class Publish(Action):
+    """After a burst's final update, publish ``version`` to the rollout engines."""
+
+    version: int
+    kind: ClassVar[str] = "publish"

@@ -1,0 +1,16 @@
+"""The ``gyre`` command line."""
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="gyre")
+    parser.add_subparsers(dest="command")
+    args = parser.parse_args(argv)
+    parser.print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
