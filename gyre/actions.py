@@ -42,9 +42,15 @@ class StartExecutions(Action):
 
 @dataclass(frozen=True)
 class CancelExecutions(Action):
-    """Cancel surplus executions; the driver reports each as ExecutionFinished."""
+    """Cancel a ready group's surplus executions (oversampling).
+
+    ``executions`` are running: the driver cancels them and reports each as
+    ExecutionFinished. ``dropped`` were still queued: they never start and are
+    already counted as started and terminated.
+    """
 
     executions: tuple[int, ...]
+    dropped: tuple[int, ...] = ()
     kind: ClassVar[str] = "cancel_executions"
 
 

@@ -1,0 +1,95 @@
+"""Rollout capacity ledger: which engine serves which running execution.
+
+Engines are the separate pool (``SEPARATE``, capacity C_s) and each cell's
+rollout engine (capacity C_e). An engine *accepts* work only while its cell is
+in the rollout role (the pool always accepts when C_s > 0).
+
+Invariants:
+- every placed execution sits on exactly one accepting engine;
+- no engine holds more executions than its capacity;
+- placement and rerouting prefer the separate pool, then rollout cells in
+  reverse index order (the cell expected to stay in rollout longest), so an
+  execution is not rerouted twice in one burst.
+"""
+
+from __future__ import annotations
+
+from gyre.actions import SEPARATE
+from gyre.config import SchedulerConfig
+
+
+class LedgerError(RuntimeError):
+    """An internal placement failure (a broken waterlevel guarantee)."""
+
+
+class RolloutLedger:
+    def __init__(self, cfg: SchedulerConfig) -> None:
+        self._capacity: dict[int, int] = {c: cfg.C_e for c in range(cfg.K)}
+        self._capacity[SEPARATE] = cfg.C_s
+        self._preference: tuple[int, ...] = (SEPARATE, *range(cfg.K - 1, -1, -1))
+        self._accepting: set[int] = {SEPARATE} if cfg.C_s > 0 else set()
+        self._members: dict[int, set[int]] = {e: set() for e in self._preference}
+        self._where: dict[int, int] = {}
+
+    # ---- queries ------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """C_R: total capacity of the accepting engines."""
+        return sum(self._capacity[e] for e in self._accepting)
+
+    @property
+    def running(self) -> int:
+        return len(self._where)
+
+    def holds(self, execution: int) -> bool:
+        return execution in self._where
+
+    def engine_of(self, execution: int) -> int:
+        return self._where[execution]
+
+    def accepting(self, engine: int) -> bool:
+        return engine in self._accepting
+
+    def load(self, engine: int) -> int:
+        return len(self._members[engine])
+
+    def executions_on(self, engine: int) -> tuple[int, ...]:
+        return tuple(sorted(self._members[engine]))
+
+    def placements(self) -> dict[int, int]:
+        return dict(self._where)
+
+    # ---- changes ------------------------------------------------------------
+    def open(self, engine: int) -> None:
+        """The engine starts accepting work (its cell is back in rollout)."""
+        self._accepting.add(engine)
+
+    def close(self, engine: int) -> None:
+        """The engine stops accepting; it must have been emptied by ``evacuate``."""
+        if self._members[engine]:
+            raise LedgerError(f"engine {engine} closed while serving {len(self._members[engine])} executions")
+        self._accepting.discard(engine)
+
+    def place(self, execution: int, exclude: frozenset[int] = frozenset()) -> int:
+        """Put an execution on the most preferred accepting engine with room."""
+        for engine in self._preference:
+            if engine in self._accepting and engine not in exclude and (
+                len(self._members[engine]) < self._capacity[engine]
+            ):
+                self._members[engine].add(execution)
+                self._where[execution] = engine
+                return engine
+        raise LedgerError(f"no accepting engine has room for execution {execution}")
+
+    def release(self, execution: int) -> None:
+        engine = self._where.pop(execution)
+        self._members[engine].discard(execution)
+
+    def evacuate(self, engines: frozenset[int]) -> list[tuple[int, int, int]]:
+        """Move every execution off ``engines``; returns (execution, source, dest)."""
+        moves = []
+        for source in sorted(engines):
+            for execution in sorted(self._members[source]):
+                self.release(execution)
+                moves.append((execution, source, self.place(execution, exclude=engines)))
+        return moves

@@ -1,0 +1,407 @@
+"""The elastic scheduling policy core: events in, actions out (SPEC.md 2-3).
+
+``Scheduler.handle(event) -> list[Action]`` is the only way state changes. The
+core never reads a clock (``event.now`` is the time), does no I/O, starts no
+threads, and does not know whether SimPy or a real controller drives it.
+
+Invariants (each is tested by a Hypothesis state machine):
+- counters d >= p >= f never decrease; queued = d - p, running = p - f;
+- running executions never exceed C_R, and each sits on an engine whose cell
+  is in the rollout role (or the separate pool);
+- the waterlevel w = d - f never rises between two publications (d only grows
+  at Begin and at PublishDone);
+- cells in (or entering) training form a prefix 0..k-1 that starts at the core;
+  only one unit switches into training at a time;
+- every group is fed to exactly one batch, ready groups oldest policy version
+  first; staleness v_t - v_d >= 0;
+- an illegal event raises ``PolicyError`` and leaves the state unchanged.
+
+Choices where SPEC.md is silent (documented here, tested in tests/):
+- p counts when the core emits StartExecutions (the start decision reserves
+  the slot); a driver whose start fails reports ExecutionFinished("failed").
+- C_R counts engines whose cell is in the rollout role *and ready*: a cell
+  switching back to rollout adds capacity only at its TransitionDone.
+- A queued surplus execution cancelled at GroupReady counts as started and
+  terminated at once (p and f both +1), so d - p stays the queue length.
+- The supply timer restarts at every TransitionDone and every StartBatch.
+- A satellite still switching into training when its burst ends goes back to
+  rollout as soon as it arrives; it is not counted as training meanwhile.
+- After a burst's final step the next batch opens only at PublishDone.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from gyre import actions as act
+from gyre import events as ev
+from gyre import roles as R
+from gyre import rules
+from gyre.config import SchedulerConfig
+from gyre.ledger import RolloutLedger
+
+
+class PolicyError(RuntimeError):
+    """An event that is illegal in the current state; the state is unchanged."""
+
+
+@dataclass
+class GroupState:
+    v_d: int
+    closed: int = 0
+    ready: bool = False
+    v_t: int | None = None
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig) -> None:
+        self.cfg = cfg
+        self.now: float | None = None
+        self.d = self.p = self.f = 0
+        self.version = 0
+        self.published = 0
+        self.burst = 0
+        self.steps_in_burst = 0
+        self.roles: list[str] = [R.ROLLOUT] * cfg.K
+        self.groups: dict[int, GroupState] = {}
+        self.batch_open = False
+        self.fed = 0
+        self.wants = 0
+        self.awaiting_publish = False
+        self.supply_since: float | None = None
+        self._units = cfg.transition_units()
+        self._unit_of = {c: i for i, unit in enumerate(self._units) for c in unit}
+        self._returning: set[int] = set()
+        self._ledger = RolloutLedger(cfg)
+        self._queue: deque[int] = deque()
+        self._queued: set[int] = set()
+        self._ready: list[tuple[int, int]] = []
+        self._handlers: dict[type, tuple[Callable, Callable]] = {
+            ev.Begin: (self._check_begin, self._on_begin),
+            ev.Tick: (_no_check, _no_apply),
+            ev.ExecutionFinished: (self._check_finished, self._on_finished),
+            ev.GroupReady: (self._check_group_ready, self._on_group_ready),
+            ev.GroupWanted: (self._check_wanted, self._on_wanted),
+            ev.TransitionDone: (self._check_transition_done, self._on_transition_done),
+            ev.StepDone: (self._check_step_done, self._on_step_done),
+            ev.PublishDone: (self._check_publish_done, self._on_publish_done),
+        }
+
+    # ---- the one entry point ------------------------------------------------
+    def handle(self, event: ev.Event) -> list[act.Action]:
+        """Apply one event; return the actions the driver must carry out, in order."""
+        if type(event) not in self._handlers:
+            raise PolicyError(f"unknown event {event!r}")
+        if self.now is None and not isinstance(event, ev.Begin):
+            raise PolicyError(f"{event.kind} before Begin")
+        if self.now is not None and event.now < self.now:
+            raise PolicyError(f"{event.kind} at t={event.now} is earlier than t={self.now}")
+        check, apply = self._handlers[type(event)]
+        check(event)
+        self.now = event.now
+        out: list[act.Action] = []
+        apply(event, out)
+        self._settle(out)
+        return out
+
+    # ---- read-only views ----------------------------------------------------
+    @property
+    def waterlevel(self) -> int:
+        return self.d - self.f
+
+    @property
+    def queued(self) -> int:
+        return self.d - self.p
+
+    @property
+    def running(self) -> int:
+        return self.p - self.f
+
+    @property
+    def capacity(self) -> int:
+        """C_R(t): capacity of the rollout engines that accept work now."""
+        return self._ledger.capacity
+
+    @property
+    def ready_unclaimed(self) -> int:
+        return len(self._ready)
+
+    def training_cells(self) -> tuple[int, ...]:
+        """Cells in or entering the training role (excluding ones bound to return)."""
+        return tuple(c for c, role in enumerate(self.roles)
+                     if role in (R.TRAINING, R.TO_TRAINING) and c not in self._returning)
+
+    def placements(self) -> dict[int, int]:
+        """Running execution -> engine serving it."""
+        return self._ledger.placements()
+
+    def executions_of(self, group: int) -> range:
+        size = self.cfg.group_size
+        return range(group * size, (group + 1) * size)
+
+    def group_of(self, execution: int) -> int:
+        return execution // self.cfg.group_size
+
+    def next_deadline(self) -> float | None:
+        """When a Tick could trigger a transition (supply timer expiry), else None."""
+        unit = self._candidate_unit()
+        if unit is None or self.supply_since is None or not self._eq2_holds(unit):
+            return None
+        deadline = self.supply_since + self.cfg.tau
+        return deadline if self.now is None or deadline > self.now else None
+
+    # ---- validation (no state change) ---------------------------------------
+    def _check_begin(self, event: ev.Begin) -> None:
+        if self.now is not None:
+            raise PolicyError("Begin received twice")
+
+    def _check_finished(self, event: ev.ExecutionFinished) -> None:
+        x = event.execution
+        if x in self._queued:
+            raise PolicyError(f"execution {x} finished but never started")
+        if not self._ledger.holds(x):
+            raise PolicyError(f"execution {x} finished but is not running")
+
+    def _check_group_ready(self, event: ev.GroupReady) -> None:
+        group = self.groups.get(event.group)
+        if group is None:
+            raise PolicyError(f"group {event.group} was never dispatched")
+        if group.ready:
+            raise PolicyError(f"group {event.group} reported ready twice")
+        if group.closed < self.cfg.N:
+            raise PolicyError(f"group {event.group} ready with only {group.closed} of {self.cfg.N} executions closed")
+
+    def _check_wanted(self, event: ev.GroupWanted) -> None:
+        if not self.cfg.streaming:
+            raise PolicyError("GroupWanted without streaming: batches are fed whole")
+        if not self.batch_open:
+            raise PolicyError("GroupWanted while no batch is open")
+        if self.fed + self.wants >= self.cfg.B:
+            raise PolicyError(f"GroupWanted beyond the batch size B={self.cfg.B}")
+
+    def _check_transition_done(self, event: ev.TransitionDone) -> None:
+        if not 0 <= event.cell < self.cfg.K:
+            raise PolicyError(f"cell {event.cell} does not exist (K={self.cfg.K})")
+        change = {R.TRAINING: "done_training", R.ROLLOUT: "done_rollout"}.get(event.role)
+        if change is None:
+            raise PolicyError(f"unknown role {event.role!r}")
+        if R.next_role(self.roles[event.cell], change) is None:
+            raise PolicyError(f"cell {event.cell} finished a switch to {event.role} "
+                              f"but is {self.roles[event.cell]}")
+
+    def _check_step_done(self, event: ev.StepDone) -> None:
+        if not self.batch_open:
+            raise PolicyError(f"StepDone({event.version}) while no batch is open")
+        if event.version != self.version:
+            raise PolicyError(f"StepDone({event.version}) but the open batch trains version {self.version}")
+        if self.fed < self.cfg.B:
+            raise PolicyError(f"StepDone({event.version}) after only {self.fed} of {self.cfg.B} groups were fed")
+
+    def _check_publish_done(self, event: ev.PublishDone) -> None:
+        if not self.awaiting_publish or event.version != self.version:
+            raise PolicyError(f"PublishDone({event.version}) but no publication of that version is pending")
+
+    # ---- state changes ------------------------------------------------------
+    def _on_begin(self, event: ev.Begin, out: list[act.Action]) -> None:
+        for cell in range(self.cfg.K):
+            if cell < self.cfg.static_train_cells:
+                self.roles[cell] = R.TRAINING
+            else:
+                self._ledger.open(cell)
+        self._dispatch(self.cfg.initial_groups, out)
+
+    def _on_finished(self, event: ev.ExecutionFinished, out: list[act.Action]) -> None:
+        self._ledger.release(event.execution)
+        self.f += 1
+        self.groups[self.group_of(event.execution)].closed += 1
+
+    def _on_group_ready(self, event: ev.GroupReady, out: list[act.Action]) -> None:
+        group = self.groups[event.group]
+        group.ready = True
+        heapq.heappush(self._ready, (group.v_d, event.group))
+        running, dropped = [], []
+        for x in self.executions_of(event.group):
+            if x in self._queued:
+                self._queued.discard(x)
+                dropped.append(x)
+            elif self._ledger.holds(x):
+                running.append(x)
+        self.p += len(dropped)
+        self.f += len(dropped)
+        group.closed += len(dropped)
+        if running or dropped:
+            out.append(act.CancelExecutions(tuple(running), tuple(dropped)))
+
+    def _on_wanted(self, event: ev.GroupWanted, out: list[act.Action]) -> None:
+        self.wants += 1
+
+    def _on_transition_done(self, event: ev.TransitionDone, out: list[act.Action]) -> None:
+        cell = event.cell
+        self.roles[cell] = R.DESTINATION[self.roles[cell]]
+        if event.role == R.ROLLOUT:
+            self._ledger.open(cell)
+        elif cell in self._returning:
+            self._returning.discard(cell)
+            self._begin_transition((cell,), R.ROLLOUT, out)
+        unit = self._units[self._unit_of[cell]]
+        if all(self.roles[c] == self.roles[cell] for c in unit):
+            self._restart_timer()
+
+    def _on_step_done(self, event: ev.StepDone, out: list[act.Action]) -> None:
+        self.version += 1
+        self.steps_in_burst += 1
+        self.batch_open = False
+        self.fed = self.wants = 0
+        core_unit = set(self._units[0]) if self._units else set()
+        satellites = tuple(c for c in range(self.cfg.K)
+                           if c not in core_unit and c >= self.cfg.static_train_cells
+                           and self.roles[c] == R.TRAINING)
+        if self.steps_in_burst < self.cfg.mu:
+            if satellites:
+                out.append(act.Broadcast(self.version, satellites))
+            return
+        self._end_burst(satellites, out)
+
+    def _end_burst(self, satellites: tuple[int, ...], out: list[act.Action]) -> None:
+        """SPEC 3.4: satellites return, the core publishes, the core stays or returns."""
+        self.steps_in_burst = 0
+        self.awaiting_publish = True
+        out.append(act.Publish(self.version))
+        if satellites:
+            self._begin_transition(satellites, R.ROLLOUT, out)
+        self._returning.update(c for c, role in enumerate(self.roles) if role == R.TO_TRAINING)
+        if self.cfg.static:
+            return
+        stays = rules.core_stays_in_training(self.cfg, self.waterlevel, self.ready_unclaimed)
+        if not stays:
+            self._begin_transition(self._units[0], R.ROLLOUT, out)
+
+    def _on_publish_done(self, event: ev.PublishDone, out: list[act.Action]) -> None:
+        self.awaiting_publish = False
+        self.published = event.version
+        self.burst += 1
+        self._dispatch(self.cfg.mu * self.cfg.B, out)
+
+    # ---- follow-ups common to every event -----------------------------------
+    def _settle(self, out: list[act.Action]) -> None:
+        self._start_queued(out)
+        self._open_batch(out)
+        self._feed(out)
+        self._track_supply()
+        self._maybe_transition(out)
+
+    def _dispatch(self, n_groups: int, out: list[act.Action]) -> None:
+        first = len(self.groups)
+        ids = tuple(range(first, first + n_groups))
+        for g in ids:
+            self.groups[g] = GroupState(v_d=self.published)
+            for x in self.executions_of(g):
+                self._queue.append(x)
+                self._queued.add(x)
+        self.d += n_groups * self.cfg.group_size
+        out.append(act.DispatchGroups(ids, self.published))
+
+    def _start_queued(self, out: list[act.Action]) -> None:
+        n = rules.startable(self.queued, self.running, self.capacity)
+        placements = []
+        while len(placements) < n:
+            x = self._queue.popleft()
+            if x in self._queued:
+                self._queued.discard(x)
+                placements.append((x, self._ledger.place(x)))
+        if placements:
+            self.p += len(placements)
+            out.append(act.StartExecutions(tuple(placements)))
+
+    def _core_in_training(self) -> bool:
+        if self.cfg.static:
+            return True
+        return all(self.roles[c] == R.TRAINING for c in self._units[0])
+
+    def _open_batch(self, out: list[act.Action]) -> None:
+        if self.batch_open or self.awaiting_publish or not self._core_in_training():
+            return
+        self.batch_open = True
+        self.fed = self.wants = 0
+        out.append(act.StartBatch(self.version))
+        self._restart_timer()
+
+    def _feed(self, out: list[act.Action]) -> None:
+        if not self.batch_open:
+            return
+        if self.cfg.streaming:
+            n = min(self.wants, len(self._ready))
+        else:
+            n = self.cfg.B if self.fed == 0 and len(self._ready) >= self.cfg.B else 0
+        if n == 0:
+            return
+        fed = tuple(heapq.heappop(self._ready)[1] for _ in range(n))
+        for g in fed:
+            self.groups[g].v_t = self.version
+        self.fed += n
+        if self.cfg.streaming:
+            self.wants -= n
+        out.append(act.FeedGroups(self.version, fed))
+
+    # ---- the supply timer and the transition test ---------------------------
+    def _batch_need(self) -> int:
+        return self.cfg.B - self.fed if self.batch_open else self.cfg.B
+
+    def _supply_ok(self) -> bool:
+        return rules.supply_sufficient(self.cfg, rules.supply(len(self._ready), self._batch_need()))
+
+    def _track_supply(self) -> None:
+        if not self._supply_ok():
+            self.supply_since = None
+        elif self.supply_since is None:
+            self.supply_since = self.now
+
+    def _restart_timer(self) -> None:
+        self.supply_since = self.now if self._supply_ok() else None
+
+    def _candidate_unit(self) -> tuple[int, ...] | None:
+        """The next unit allowed to switch into training, if any (serial, prefix)."""
+        if self.cfg.static or self.awaiting_publish or R.TO_TRAINING in self.roles:
+            return None
+        for index, unit in enumerate(self._units):
+            if all(self.roles[c] == R.TRAINING for c in unit):
+                continue
+            if any(self.roles[c] != R.ROLLOUT for c in unit):
+                return None
+            if index == 0 and self.batch_open:
+                return None
+            return unit
+        return None
+
+    def _eq2_holds(self, unit: tuple[int, ...]) -> bool:
+        unit_capacity = len(unit) * self.cfg.C_e
+        return rules.waterlevel_allows(self.cfg, self.waterlevel, self.capacity, unit_capacity)
+
+    def _maybe_transition(self, out: list[act.Action]) -> None:
+        unit = self._candidate_unit()
+        if unit is None or not rules.timer_elapsed(self.cfg, self.supply_since, self.now):
+            return
+        if self._eq2_holds(unit):
+            self._begin_transition(unit, R.TRAINING, out)
+
+    def _begin_transition(self, cells: tuple[int, ...], role: str, out: list[act.Action]) -> None:
+        change = "begin_training" if role == R.TRAINING else "begin_rollout"
+        if role == R.TRAINING:
+            for source, execution, dest in ((s, x, d) for x, s, d in self._ledger.evacuate(frozenset(cells))):
+                out.append(act.Reroute(execution, source, dest))
+            for cell in cells:
+                self._ledger.close(cell)
+        for cell in cells:
+            self.roles[cell] = R.next_role(self.roles[cell], change)
+            out.append(act.BeginTransition(cell, role))
+
+
+def _no_check(event: ev.Event) -> None:
+    return None
+
+
+def _no_apply(event: ev.Event, out: list[act.Action]) -> None:
+    return None
