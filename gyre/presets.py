@@ -7,7 +7,7 @@ applies field overrides (``--set phi=0.5``) on top and validates.
 Shapes: ``PAPER_SHAPE`` is SPEC.md 5's Qwen 3.6 122B NL2Repo cluster (32 nodes,
 4-node cells, 144 concurrent executions per cell = 36 per node, B = 32,
 N = 16). Ablation allocations are stated as fractions of the nodes, so they
-scale to other shapes: A0 trains on 1/2 of the nodes, A1 on 1/4, C1/C2 colocate
+scale to other shapes (rounded down to whole cells): A0 trains on 1/2 of the nodes, A1 on 1/4, C1/C2 colocate
 7/8 and keep 1/8 separate, C3 colocates 1/2, E2 uses cells twice as large.
 
 Invariant: every registered preset builds a valid configuration on every
@@ -38,6 +38,10 @@ class ClusterShape:
             raise ConfigError(f"{nodes} nodes do not split into cells of {npc} nodes")
         return nodes // npc
 
+    def cells_for(self, fraction: float) -> int:
+        """Whole cells covering ``fraction`` of the nodes, rounded down, at least one."""
+        return max(1, int(self.nodes * fraction + 1e-9) // self.nodes_per_cell)
+
 
 PAPER_SHAPE = ClusterShape()
 #: Cluster geometry per workload (SPEC.md 5). nl2repo-2.4t: 4 cells of 48 nodes
@@ -53,20 +57,19 @@ WORKLOAD_SHAPES: dict[str, ClusterShape] = {
 def async_split(shape: ClusterShape, *, phi: float, mu: int, train_fraction: float = 0.5,
                 streaming: bool = False) -> SchedulerConfig:
     """Static split: a prefix of cells trains forever, the rest roll out (Async)."""
-    train_nodes = round(shape.nodes * train_fraction)
     return SchedulerConfig(
         K=shape.cells(shape.nodes), C_e=shape.nodes_per_cell * shape.per_node_capacity, C_s=0,
         N=shape.N, B=shape.B, phi=phi, mu=mu, granularity="none", streaming=streaming,
-        static_train_cells=shape.cells(train_nodes), nodes_per_cell=shape.nodes_per_cell)
+        static_train_cells=shape.cells_for(train_fraction), nodes_per_cell=shape.nodes_per_cell)
 
 
 def colocated(shape: ClusterShape, *, phi: float, mu: int, colocated_fraction: float = 1.0,
               streaming: bool = False, granularity: str = "coarse") -> SchedulerConfig:
     """One colocated block switching as a unit, beside a separate rollout pool."""
-    block_nodes = round(shape.nodes * colocated_fraction)
+    block_cells = shape.cells_for(colocated_fraction)
     return SchedulerConfig(
-        K=shape.cells(block_nodes), C_e=shape.nodes_per_cell * shape.per_node_capacity,
-        C_s=(shape.nodes - block_nodes) * shape.per_node_capacity, N=shape.N, B=shape.B,
+        K=block_cells, C_e=shape.nodes_per_cell * shape.per_node_capacity,
+        C_s=(shape.nodes - block_cells * shape.nodes_per_cell) * shape.per_node_capacity, N=shape.N, B=shape.B,
         phi=phi, mu=mu, granularity=granularity, streaming=streaming,
         nodes_per_cell=shape.nodes_per_cell)
 
