@@ -12,7 +12,8 @@ import importlib
 import sys
 
 COMMAND_MODULES: tuple[str, ...] = (
-    "gyre.demo",
+    "gyre.sim.cli",
+    "gyre.sim.trace_cli",
 )
 
 

@@ -138,6 +138,10 @@ class Scheduler:
         """Running execution -> engine serving it."""
         return self._ledger.placements()
 
+    def engine_load(self, engine: int) -> int:
+        """Running executions on one engine (a cell index or SEPARATE)."""
+        return self._ledger.load(engine)
+
     def executions_of(self, group: int) -> range:
         size = self.cfg.group_size
         return range(group * size, (group + 1) * size)

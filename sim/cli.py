@@ -1,0 +1,71 @@
+"""``gyre sim``: simulate a schedule on a trace, or a grid of schedules.
+
+    gyre sim [--preset E0] [--trace nl2repo-122b|PATH] [--steps 12] [--seed 0]
+             [--set key=value ...] [--cost key=value ...] [--out DIR]
+    gyre sim --grid ablation|methods [--steps 12] [--out DIR]
+
+Bad input (unknown preset or field, malformed trace, impossible config) prints
+``gyre sim: error: <message naming the problem>`` and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("sim", help="simulate a schedule from a rollout-duration trace")
+    p.add_argument("--preset", default="E0", help="schedule preset (A0..E2, async, colocate, gyre, ...)")
+    p.add_argument("--trace", default="nl2repo-122b", help="trace preset name or CSV/Parquet path")
+    p.add_argument("--steps", type=int, default=12, help="optimizer steps to simulate")
+    p.add_argument("--seed", type=int, default=0, help="seed for generated traces")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a schedule field, e.g. --set phi=0.5")
+    p.add_argument("--cost", dest="costs", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a cost constant, e.g. --cost publish_s=60")
+    p.add_argument("--grid", choices=("ablation", "methods"), help="run a grid of presets instead of one")
+    p.add_argument("--out", type=Path, help="directory for summary.json and the CSV tables")
+    p.set_defaults(func=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from gyre.config import ConfigError, parse_overrides
+    from gyre.sim.costs import CostError, CostModel, parse_cost_overrides
+    from gyre.sim.trace_format import TraceError
+
+    try:
+        overrides = parse_overrides(args.overrides)
+        costs = CostModel(**parse_cost_overrides(args.costs))
+        if args.grid:
+            return _grid(args, overrides, costs)
+        return _single(args, overrides, costs)
+    except (ConfigError, CostError, TraceError, ValueError, FileNotFoundError) as exc:
+        print(f"gyre sim: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _single(args, overrides, costs) -> int:
+    from gyre.sim.progress import step_progress
+    from gyre.sim.report import format_summary
+    from gyre.sim.runner import run_simulation
+
+    with step_progress(args.steps, f"{args.preset} on {args.trace}") as on_step:
+        result = run_simulation(args.preset, args.trace, steps=args.steps, seed=args.seed,
+                                overrides=overrides, costs=costs, on_step=on_step)
+    print(format_summary(result.summary))
+    if args.out:
+        result.write(args.out)
+        print(f"wrote {args.out}/summary.json, steps.csv, groups.csv, roles.csv, executions.csv, events.csv")
+    return 0
+
+
+def _grid(args, overrides, costs) -> int:
+    from gyre.sim.grids import run_ablation_grid, run_methods_grid
+
+    runner = run_ablation_grid if args.grid == "ablation" else run_methods_grid
+    table = runner(trace=args.trace, steps=args.steps, seed=args.seed, overrides=overrides, costs=costs,
+                   out=args.out)
+    print(table)
+    return 0

@@ -1,0 +1,219 @@
+"""The SimPy driver: applies the policy core's actions and feeds it events.
+
+``Simulation`` owns a ``gyre.scheduler.Scheduler`` and never decides anything
+itself: executions run for their trace durations, transitions take their
+costs, the training plane (``training.py``) models micro-steps, and every
+resulting event goes back to the core. Supply-timer expiries are delivered as
+``Tick`` events at exactly ``core.next_deadline()``.
+
+Invariants: every event the core receives is recorded (in order) and
+replaying that log through a fresh core reproduces the same actions; every
+dispatched execution that starts ends exactly once (finished or cancelled);
+a run stops at the StepDone of its last step, or raises ``SimulationStalled``
+naming the core's state when no event is left.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import simpy
+
+from gyre import actions as act
+from gyre import events as ev
+from gyre.actions import SEPARATE
+from gyre.config import SchedulerConfig
+from gyre.scheduler import Scheduler
+from gyre.sim.costs import CostModel
+from gyre.sim.record import Recorder
+from gyre.sim.trace_format import Trace
+from gyre.sim.training import TrainingPlane
+
+
+class SimulationStalled(RuntimeError):
+    """No event is pending but the requested steps are not done."""
+
+
+class Simulation:
+    def __init__(self, cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
+                 on_step: Callable[[int], None] | None = None) -> None:
+        if trace.N != cfg.N:
+            raise ValueError(f"trace has groups of {trace.N} executions but the schedule has N={cfg.N}")
+        self.cfg, self.trace, self.costs, self.steps = cfg, trace, costs, steps
+        self.env = simpy.Environment()
+        self.core = Scheduler(cfg)
+        self.record = Recorder(cfg)
+        self.plane = TrainingPlane(self.env, cfg, costs, self.send)
+        self._on_step = on_step
+        self._done = self.env.event()
+        self._end_at: dict[int, float] = {}
+        self._extra: dict[int, float] = {}
+        self._closed: dict[int, int] = {}
+        self._tick_at: float | None = None
+        self._publish_until = 0.0
+        self._tokens = trace.column("output_tokens")
+        self._core_unit = frozenset(cfg.transition_units()[0]) if not cfg.static else frozenset()
+
+    # ---- running ---------------------------------------------------------------
+    def run(self) -> Recorder:
+        for cell in range(self.cfg.static_train_cells):
+            self.plane.join(cell)
+        self.send(ev.Begin(0.0))
+        self.env.run(until=self._done) if self.steps > 0 else None
+        if self.steps > 0 and not self._done.triggered:
+            raise SimulationStalled(self._stall_message())
+        self.record.close(self.env.now)
+        return self.record
+
+    def _stall_message(self) -> str:
+        s = self.core
+        return (f"simulation stalled at t={self.env.now:.1f}s after {s.version} of {self.steps} steps: "
+                f"d={s.d} p={s.p} f={s.f} roles={s.roles} ready={s.ready_unclaimed} "
+                f"batch_open={s.batch_open} fed={s.fed}")
+
+    def send(self, event: ev.Event) -> None:
+        """Feed one event to the core and apply the actions it returns."""
+        if self._done.triggered:
+            return
+        self.record.event(event)
+        actions = self.core.handle(event)
+        self.record.actions(event.now, actions)
+        for action in actions:
+            self._apply(action)
+        if isinstance(event, ev.StepDone) and self._on_step:
+            self._on_step(self.core.version)
+        if isinstance(event, ev.StepDone) and self.core.version >= self.steps:
+            self._done.succeed()
+            return
+        self._schedule_tick()
+
+    def _schedule_tick(self) -> None:
+        deadline = self.core.next_deadline()
+        if deadline is None or deadline == self._tick_at:
+            return
+        self._tick_at = deadline
+        self.env.timeout(deadline - self.env.now).callbacks.append(lambda _e, t=deadline: self._tick(t))
+
+    def _tick(self, deadline: float) -> None:
+        if self._tick_at == deadline:
+            self._tick_at = None
+            self.send(ev.Tick(self.env.now))
+
+    # ---- applying actions ----------------------------------------------------------
+    def _apply(self, a: act.Action) -> None:
+        handler = _HANDLERS[type(a)]
+        handler(self, a)
+
+    def _dispatch(self, a: act.DispatchGroups) -> None:
+        for g in a.groups:
+            self.record.group_dispatched(g, self.trace.query_at(g).query_id, a.version, self.env.now,
+                                         self._group_tokens(g))
+
+    def _start(self, a: act.StartExecutions) -> None:
+        for x, engine in a.placements:
+            duration = self._duration(x) * self._slowdown(engine)
+            self._end_at[x] = self.env.now + duration
+            self.record.execution_started(x, self.core.group_of(x), engine, self.env.now)
+            self.env.timeout(duration).callbacks.append(lambda _e, x=x: self._execution_timer(x))
+
+    def _duration(self, x: int) -> float:
+        g, i = divmod(x, self.cfg.group_size)
+        if i < self.cfg.N:
+            return float(self.trace.query_at(g).durations_s[i])
+        return float(self.trace.query_at(g + 1).durations_s[i % self.cfg.N])  # oversampling surplus
+
+    def _slowdown(self, engine: int) -> float:
+        if self.costs.slowdown_per_load == 0:
+            return 1.0
+        capacity = self.cfg.C_s if engine == SEPARATE else self.cfg.C_e
+        return 1.0 + self.costs.slowdown_per_load * self.core.engine_load(engine) / max(1, capacity)
+
+    def _group_tokens(self, g: int) -> float:
+        if self._tokens is None:
+            return float(self.cfg.N)
+        return float(np.sum(self._tokens[g % self.trace.queries]))
+
+    def _execution_timer(self, x: int) -> None:
+        if x not in self._end_at:
+            return  # cancelled meanwhile
+        extra = self._extra.pop(x, 0.0)
+        if extra > 0:
+            self.env.timeout(extra).callbacks.append(lambda _e, x=x: self._execution_timer(x))
+            return
+        del self._end_at[x]
+        g, i = divmod(x, self.cfg.group_size)
+        outcome = str(self.trace.query_at(g).outcomes[i % self.cfg.N])
+        self._close(x, outcome)
+
+    def _close(self, x: int, outcome: str) -> None:
+        self.record.execution_finished(x, self.env.now, outcome)
+        self.send(ev.ExecutionFinished(self.env.now, x, outcome))
+        g = self.core.group_of(x)
+        self._closed[g] = self._closed.get(g, 0) + 1
+        if self._closed[g] == self.cfg.N:
+            self._after(self.costs.evaluation_s, lambda: self._group_ready(g))
+
+    def _group_ready(self, g: int) -> None:
+        self.record.group_ready(g, self.env.now)
+        self.send(ev.GroupReady(self.env.now, g))
+
+    def _cancel(self, a: act.CancelExecutions) -> None:
+        for x in a.executions:
+            if x in self._end_at:
+                del self._end_at[x]
+                self._after(0.0, lambda x=x: self._close(x, "cancelled"))
+
+    def _reroute(self, a: act.Reroute) -> None:
+        self.record.reroute(a.execution, a.source, a.dest, self.env.now)
+        if self.costs.reroute_recompute_s > 0:
+            self._extra[a.execution] = self._extra.get(a.execution, 0.0) + self.costs.reroute_recompute_s
+
+    def _transition(self, a: act.BeginTransition) -> None:
+        self.record.role(a.cell, "to_" + a.role, self.env.now)
+        if a.role == "rollout":
+            self.plane.leave(a.cell)
+            start = max(self.env.now, self._publish_until) if a.cell == 0 else self.env.now
+            delay = start - self.env.now + self.costs.to_rollout_s
+        else:
+            delay = self.costs.to_training_s
+        self._after(delay, lambda: self._transition_done(a.cell, a.role))
+
+    def _transition_done(self, cell: int, role: str) -> None:
+        self.record.role(cell, role, self.env.now)
+        if role == "training":
+            satellite = cell not in self._core_unit
+            self.plane.join(cell, self.costs.weight_pull_s if satellite else 0.0)
+        self.send(ev.TransitionDone(self.env.now, cell, role))
+
+    def _start_batch(self, a: act.StartBatch) -> None:
+        self.record.step_started(a.version, self.env.now, len(self.core.training_cells()))
+        self.plane.start_batch(a.version)
+
+    def _feed(self, a: act.FeedGroups) -> None:
+        self.record.groups_fed(a.groups, a.version, self.env.now)
+        self.plane.feed(a.version, a.groups)
+
+    def _broadcast(self, a: act.Broadcast) -> None:
+        self.plane.hold(a.cells, self.costs.broadcast_s)
+
+    def _publish(self, a: act.Publish) -> None:
+        self._publish_until = self.env.now + self.costs.publish_s
+        self.record.published(a.version, self.env.now)
+        self._after(self.costs.publish_s, lambda: self.send(ev.PublishDone(self.env.now, a.version)))
+
+    def _after(self, seconds: float, fn: Callable[[], None]) -> None:
+        self.env.timeout(seconds).callbacks.append(lambda _e: fn())
+
+
+_HANDLERS: dict[type, Callable[[Simulation, act.Action], None]] = {
+    act.DispatchGroups: Simulation._dispatch,
+    act.StartExecutions: Simulation._start,
+    act.CancelExecutions: Simulation._cancel,
+    act.Reroute: Simulation._reroute,
+    act.BeginTransition: Simulation._transition,
+    act.StartBatch: Simulation._start_batch,
+    act.FeedGroups: Simulation._feed,
+    act.Broadcast: Simulation._broadcast,
+    act.Publish: Simulation._publish,
+}

@@ -1,0 +1,159 @@
+"""What a simulation run records, and the tables it writes.
+
+Tables (one CSV each, written by ``write_tables``):
+- ``events.csv``: every event the policy core received, in order (replayable);
+- ``steps.csv``: step, start_s, end_s, duration_s, training_cells_max, published;
+- ``groups.csv``: group_id, query_id, v_d, v_t, staleness, dispatched_at_s,
+  ready_at_s, consumed_at_s, consumed_step, tokens;
+- ``roles.csv``: cell, role, start_s, end_s (one row per interval);
+- ``executions.csv``: execution, group_id, engine, start_s, end_s, outcome, reroutes.
+
+Invariants: rows are in a deterministic order (by id or by time of record),
+floats are written with fixed formatting, so equal runs give equal bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from gyre import actions as act
+from gyre import events as ev
+from gyre.config import SchedulerConfig
+
+EVENT_COLUMNS = ("seq", "kind", "now", "execution", "outcome", "group", "cell", "role", "version")
+
+
+class Recorder:
+    def __init__(self, cfg: SchedulerConfig) -> None:
+        self.cfg = cfg
+        self.events: list[dict[str, Any]] = []
+        self.action_log: list[dict[str, Any]] = []
+        self.action_counts: dict[str, int] = {}
+        self.groups: dict[int, dict[str, Any]] = {}
+        self.executions: dict[int, dict[str, Any]] = {}
+        self.roles: list[dict[str, Any]] = []
+        self.steps: dict[int, dict[str, Any]] = {}
+        self._current_role: dict[int, tuple[str, float]] = {}
+        self._training: set[int] = set()
+        for cell in range(cfg.K):
+            role = "training" if cell < cfg.static_train_cells else "rollout"
+            self._current_role[cell] = (role, 0.0)
+            if role == "training":
+                self._training.add(cell)
+        self.end_s = 0.0
+
+    # ---- core traffic ------------------------------------------------------------
+    def event(self, event: ev.Event) -> None:
+        row = event.as_dict()
+        row["seq"] = len(self.events)
+        row["now"] = float(row["now"])
+        self.events.append(row)
+        if isinstance(event, ev.StepDone):
+            step = self.steps[event.version]
+            step["end_s"] = event.now
+
+    def actions(self, now: float, actions: Iterable[act.Action]) -> None:
+        for a in actions:
+            self.action_counts[a.kind] = self.action_counts.get(a.kind, 0) + 1
+            self.action_log.append(a.as_dict())
+
+    # ---- cluster facts -------------------------------------------------------------
+    def group_dispatched(self, g: int, query_id: Any, v_d: int, now: float, tokens: float) -> None:
+        self.groups[g] = {"group_id": g, "query_id": query_id, "v_d": v_d, "v_t": None, "staleness": None,
+                          "dispatched_at_s": float(now), "ready_at_s": None, "consumed_at_s": None,
+                          "consumed_step": None, "tokens": tokens}
+
+    def group_ready(self, g: int, now: float) -> None:
+        self.groups[g]["ready_at_s"] = now
+
+    def groups_fed(self, groups: tuple[int, ...], version: int, now: float) -> None:
+        for g in groups:
+            row = self.groups[g]
+            row.update(v_t=version, staleness=version - row["v_d"], consumed_at_s=now, consumed_step=version)
+
+    def execution_started(self, x: int, g: int, engine: int, now: float) -> None:
+        self.executions[x] = {"execution": x, "group_id": g, "engine": engine, "start_s": float(now),
+                              "end_s": None, "outcome": None, "reroutes": 0}
+
+    def execution_finished(self, x: int, now: float, outcome: str) -> None:
+        self.executions[x].update(end_s=now, outcome=outcome)
+
+    def reroute(self, x: int, source: int, dest: int, now: float) -> None:
+        row = self.executions[x]
+        row["engine"] = dest
+        row["reroutes"] += 1
+
+    def role(self, cell: int, role: str, now: float) -> None:
+        previous, since = self._current_role[cell]
+        self.roles.append({"cell": cell, "role": previous, "start_s": since, "end_s": now})
+        self._current_role[cell] = (role, float(now))
+        if role == "training":
+            self._training.add(cell)
+            for step in self.steps.values():
+                if step["end_s"] is None:
+                    step["training_cells_max"] = max(step["training_cells_max"], len(self._training))
+        else:
+            self._training.discard(cell)
+
+    def step_started(self, version: int, now: float, training_cells: int) -> None:
+        self.steps[version] = {"step": version, "start_s": float(now), "end_s": None,
+                               "training_cells_max": max(training_cells, len(self._training)),
+                               "published": False}
+
+    def published(self, version: int, now: float) -> None:
+        self.steps[version - 1]["published"] = True
+
+    def close(self, now: float) -> None:
+        """End every open role interval at ``now``."""
+        self.end_s = now
+        for cell, (role, since) in sorted(self._current_role.items()):
+            self.roles.append({"cell": cell, "role": role, "start_s": since, "end_s": now})
+        self._current_role = {cell: (role, now) for cell, (role, _) in self._current_role.items()}
+
+    # ---- summaries -------------------------------------------------------------------
+    def consumed_groups(self, steps: int | None = None) -> list[dict[str, Any]]:
+        """Groups fed to a batch (of a step below ``steps``, when given)."""
+        return [row for _, row in sorted(self.groups.items())
+                if row["v_t"] is not None and (steps is None or row["v_t"] < steps)]
+
+    def step_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for _, step in sorted(self.steps.items()):
+            if step["end_s"] is not None:
+                rows.append({**step, "duration_s": step["end_s"] - step["start_s"]})
+        return rows
+
+
+def _fmt(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6f}"
+    return value
+
+
+def write_csv(path: Path, columns: Iterable[str], rows: Iterable[dict[str, Any]]) -> None:
+    columns = list(columns)
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_fmt(row.get(c)) for c in columns])
+
+
+def write_tables(record: Recorder, out: Path, summary: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "events.csv", EVENT_COLUMNS, record.events)
+    write_csv(out / "steps.csv", ("step", "start_s", "end_s", "duration_s", "training_cells_max", "published"),
+              record.step_rows())
+    write_csv(out / "groups.csv", ("group_id", "query_id", "v_d", "v_t", "staleness", "dispatched_at_s",
+                                   "ready_at_s", "consumed_at_s", "consumed_step", "tokens"),
+              (row for _, row in sorted(record.groups.items())))
+    write_csv(out / "roles.csv", ("cell", "role", "start_s", "end_s"),
+              sorted(record.roles, key=lambda r: (r["cell"], r["start_s"], r["end_s"])))
+    write_csv(out / "executions.csv", ("execution", "group_id", "engine", "start_s", "end_s", "outcome", "reroutes"),
+              (row for _, row in sorted(record.executions.items())))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")

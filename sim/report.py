@@ -1,0 +1,55 @@
+"""Plain-text tables for simulation summaries and grids."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+_SUMMARY_ROWS = (
+    ("preset", "schedule preset", "{}"),
+    ("trace", "trace", "{}"),
+    ("steps", "steps", "{}"),
+    ("total_hours", "total time (h)", "{:.3f}"),
+    ("mean_step_hours", "time per step (h)", "{:.3f}"),
+    ("staleness_mean", "staleness, group mean", "{:.3f}"),
+    ("staleness_predicted", "  predicted phi + (mu-1)/2", "{:.3f}"),
+    ("staleness_token_weighted_mean", "staleness, token-weighted mean", "{:.3f}"),
+    ("staleness_max", "staleness, max", "{}"),
+    ("transitions", "role transitions", "{}"),
+    ("reroutes", "rerouted executions", "{}"),
+    ("events", "events to the policy core", "{}"),
+    ("wall_seconds", "simulator wall time (s)", "{:.2f}"),
+)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    width = max(len(label) for _, label, _ in _SUMMARY_ROWS)
+    lines = []
+    for key, label, fmt in _SUMMARY_ROWS:
+        value = summary.get(key)
+        lines.append(f"{label:<{width}}  {'-' if value is None else fmt.format(value)}")
+    return "\n".join(lines)
+
+
+def format_table(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> str:
+    """Fixed-width table; floats with 3 decimals."""
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    out = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    out += ["  ".join(v.rjust(w) if _numeric(v) else v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join(out)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False

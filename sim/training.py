@@ -1,0 +1,140 @@
+"""Simulated training plane: micro-steps claimed by training cells (SPEC.md 3.6).
+
+The plane never decides anything the policy core decides: it models *time*.
+A batch opens (StartBatch), groups arrive (FeedGroups), each group becomes
+``micro_steps_per_group`` micro-steps in one shared queue, and every member
+cell that is free claims the next one, so faster and earlier cells take more.
+Each cell pays one warm-up per batch at its first claim; after the last
+micro-step the batch pays drain + gradient reduction + the optimizer update,
+then reports StepDone. Streaming asks the core for one group at a time
+(GroupWanted) whenever the queue holds fewer micro-steps than there are
+member cells; non-streaming receives the whole batch at once.
+
+Invariants: a micro-step is claimed by exactly one cell; a cell runs at most
+one micro-step at a time; StepDone is reported once per batch, only after all
+B groups were fed and all their micro-steps finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import simpy
+
+from gyre import events as ev
+from gyre.config import SchedulerConfig
+from gyre.sim.costs import CostModel
+
+
+@dataclass
+class Member:
+    nodes: int
+    available_at: float
+    busy: bool = False
+    warmed: bool = False
+    micro_steps: int = 0
+
+
+class TrainingPlane:
+    def __init__(self, env: simpy.Environment, cfg: SchedulerConfig, costs: CostModel,
+                 send: Callable[[ev.Event], None]) -> None:
+        self.env, self.cfg, self.costs, self._send = env, cfg, costs, send
+        self.members: dict[int, Member] = {}
+        self.version: int | None = None
+        self.fed = self.wanted = self.queue = self.in_flight = 0
+        self._assigning = False
+        self.micro_steps_by_cell: dict[int, int] = {}
+
+    # ---- membership ------------------------------------------------------------
+    def join(self, cell: int, delay: float = 0.0) -> None:
+        """A cell enters training; it can claim work after ``delay`` (weight pull)."""
+        self.members[cell] = Member(self.cfg.nodes_per_cell, self.env.now + delay)
+        self._wake_at(self.env.now + delay)
+
+    def leave(self, cell: int) -> None:
+        member = self.members.pop(cell, None)
+        if member is not None and member.busy:
+            raise RuntimeError(f"cell {cell} left training while running a micro-step")
+
+    def hold(self, cells: tuple[int, ...], seconds: float) -> None:
+        """Cells are busy receiving parameters (broadcast) for ``seconds``."""
+        for cell in cells:
+            if cell in self.members:
+                self.members[cell].available_at = max(self.members[cell].available_at, self.env.now + seconds)
+        self._wake_at(self.env.now + seconds)
+
+    # ---- batches ---------------------------------------------------------------
+    def start_batch(self, version: int) -> None:
+        if self.version is not None:
+            raise RuntimeError(f"batch {version} opened while batch {self.version} is running")
+        self.version = version
+        self.fed = self.wanted = self.queue = self.in_flight = 0
+        for member in self.members.values():
+            member.warmed = False
+        self._assign()
+
+    def feed(self, version: int, groups: tuple[int, ...]) -> None:
+        if version != self.version:
+            raise RuntimeError(f"groups fed to batch {version} while batch {self.version} is open")
+        self.fed += len(groups)
+        if self.cfg.streaming:
+            self.wanted -= len(groups)
+        self.queue += len(groups) * self.costs.micro_steps_per_group
+        self._assign()
+
+    # ---- internals ---------------------------------------------------------------
+    def _wake_at(self, when: float) -> None:
+        if when > self.env.now:
+            self.env.timeout(when - self.env.now).callbacks.append(lambda _e: self._assign())
+
+    def _assign(self) -> None:
+        if self._assigning or self.version is None:
+            return
+        self._assigning = True
+        try:
+            self._claim_free_cells()
+            self._ask_for_groups()
+            self._claim_free_cells()
+        finally:
+            self._assigning = False
+
+    def _claim_free_cells(self) -> None:
+        now = self.env.now
+        for cell in sorted(self.members):
+            member = self.members[cell]
+            if self.queue == 0:
+                return
+            if member.busy or member.available_at > now:
+                continue
+            self.queue -= 1
+            self.in_flight += 1
+            member.busy = True
+            seconds = self.costs.micro_step_s(member.nodes) + (0.0 if member.warmed else self.costs.warmup_s)
+            member.warmed = True
+            self.micro_steps_by_cell[cell] = self.micro_steps_by_cell.get(cell, 0) + 1
+            self.env.timeout(seconds).callbacks.append(lambda _e, c=cell: self._micro_step_done(c))
+
+    def _ask_for_groups(self) -> None:
+        if not self.cfg.streaming:
+            return
+        want_depth = max(1, len(self.members))
+        per_group = self.costs.micro_steps_per_group
+        while (self.version is not None and self.fed + self.wanted < self.cfg.B
+               and self.queue + self.wanted * per_group < want_depth):
+            self.wanted += 1
+            self._send(ev.GroupWanted(self.env.now))
+
+    def _micro_step_done(self, cell: int) -> None:
+        self.in_flight -= 1
+        if cell in self.members:
+            self.members[cell].busy = False
+        if self.fed == self.cfg.B and self.queue == 0 and self.in_flight == 0:
+            self._finish_batch()
+        else:
+            self._assign()
+
+    def _finish_batch(self) -> None:
+        version, self.version = self.version, None
+        tail = self.costs.drain_s + self.costs.grad_reduce_s + self.costs.optimizer_s
+        self.env.timeout(tail).callbacks.append(lambda _e: self._send(ev.StepDone(self.env.now, version)))
