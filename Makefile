@@ -22,7 +22,7 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.base-installed
 
 run: $(VENV)/.base-installed
-	$(BIN)/gyre demo
+	$(BIN)/gyre sim
 
 test: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -q
