@@ -1,0 +1,81 @@
+"""The simulated training plane against hand-computed timings, and the cost switches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import simpy
+
+from gyre import events as ev
+from gyre.config import SchedulerConfig
+from gyre.sim.costs import CostError, CostModel, parse_cost_overrides
+from gyre.sim.runner import run_simulation
+from gyre.sim.trace_presets import generate_trace
+from gyre.sim.training import TrainingPlane
+
+COSTS = CostModel(micro_steps_per_group=2, micro_step_node_s=10.0, warmup_s=5.0, drain_s=1.0,
+                  grad_reduce_s=1.0, optimizer_s=1.0)
+
+
+def plane_with(members: int, streaming: bool = False) -> tuple[simpy.Environment, TrainingPlane, list]:
+    env = simpy.Environment()
+    cfg = SchedulerConfig(K=2, C_e=1, C_s=1, N=1, B=1, phi=0.0, mu=1, nodes_per_cell=1, streaming=streaming)
+    sent: list = []
+    plane = TrainingPlane(env, cfg, COSTS, sent.append)
+    for cell in range(members):
+        plane.join(cell)
+    return env, plane, sent
+
+
+@pytest.mark.parametrize("members, step_done_at", [(1, 28.0), (2, 18.0)])
+def test_micro_steps_split_across_cells(members, step_done_at):
+    # one cell: warm-up 5 + 10, then 10, then drain + reduce + optimizer 3 = 28
+    # two cells: each claims one micro-step (5 + 10), then 3 = 18
+    env, plane, sent = plane_with(members)
+    plane.start_batch(0)
+    plane.feed(0, (0,))
+    env.run()
+    assert sent == [ev.StepDone(step_done_at, 0)]
+    assert sum(plane.micro_steps_by_cell.values()) == 2
+    assert len(plane.micro_steps_by_cell) == members
+
+
+def test_streaming_asks_for_groups_and_a_late_joiner_pays_its_pull():
+    env, plane, sent = plane_with(1, streaming=True)
+    plane.start_batch(0)
+    assert sent == [ev.GroupWanted(0)]
+    plane.feed(0, (0,))
+    plane.join(1, delay=12.0)  # cell 1 is free at 12, before cell 0 at 15: it claims micro-step 2
+    env.run()
+    assert sent[-1] == ev.StepDone(12.0 + 5.0 + 10.0 + 3.0, 0)
+    assert plane.micro_steps_by_cell == {0: 1, 1: 1}
+
+
+def test_every_micro_step_is_claimed_once_across_a_run():
+    trace = generate_trace("nl2repo-122b", 120, np.random.default_rng(0))
+    result = run_simulation("E0", trace, steps=6, seed=0)
+    steps = result.record.step_rows()
+    assert len(steps) == 6 and max(s["training_cells_max"] for s in steps) > 1
+
+
+def test_cost_switches_slow_the_run_down():
+    trace = generate_trace("nl2repo-122b", 120, np.random.default_rng(0))
+    base = run_simulation("E0", trace, steps=6, seed=0).summary["total_hours"]
+    loaded = run_simulation("E0", trace, steps=6, seed=0, costs=CostModel(slowdown_per_load=0.5))
+    assert loaded.summary["total_hours"] > base
+    rerouted = run_simulation("E0", trace, steps=6, seed=0, costs=CostModel(reroute_recompute_s=3600.0))
+    assert rerouted.summary["reroutes"] > 0
+    moved = [r for r in rerouted.record.executions.values() if r["reroutes"] and r["end_s"] is not None]
+    plain = run_simulation("E0", trace, steps=6, seed=0).record.executions
+    x = moved[0]["execution"]
+    assert moved[0]["end_s"] - moved[0]["start_s"] == pytest.approx(
+        plain[x]["end_s"] - plain[x]["start_s"] + 3600.0 * moved[0]["reroutes"])
+
+
+def test_bad_costs_name_the_field():
+    with pytest.raises(CostError, match="warmup_s"):
+        CostModel(warmup_s=-1)
+    with pytest.raises(CostError, match="micro_steps_per_group"):
+        CostModel(micro_steps_per_group=0)
+    with pytest.raises(CostError, match="unknown cost field 'speed'"):
+        parse_cost_overrides(["speed=2"])
