@@ -51,7 +51,7 @@ def test_streaming_asks_for_groups_and_a_late_joiner_pays_its_pull():
     assert plane.micro_steps_by_cell == {0: 1, 1: 1}
 
 
-def test_every_micro_step_is_claimed_once_across_a_run():
+def test_satellites_join_training_in_an_elastic_run():
     trace = generate_trace("nl2repo-122b", 120, np.random.default_rng(0))
     result = run_simulation("E0", trace, steps=6, seed=0)
     steps = result.record.step_rows()
