@@ -1,0 +1,322 @@
+"""Rollout-duration traces: the table format, its loader and its validator.
+
+A trace is one row per harness execution; the N executions of one query form
+its rollout group. Columns:
+
+=================  ========  ==================================================
+column             required  meaning
+=================  ========  ==================================================
+query_id           yes       query identifier; integers, or any text
+execution_index    yes       integer >= 0, distinct within a query; orders it
+duration_s         yes       wall-clock seconds from start to termination, >= 0
+outcome            yes       one of ``OUTCOMES`` (see ``Outcome``)
+input_tokens       no        tokens the execution fed the model over its life
+output_tokens      no        tokens the model generated for it
+call_count         no        number of model calls the execution made
+call_durations_s   no        JSON list of per-call seconds, e.g. ``[3.1, 12.0]``;
+                             its length equals ``call_count`` when both exist
+=================  ========  ==================================================
+
+Both CSV and Parquet hold the same table; ``call_durations_s`` is JSON text in
+both. Other columns are kept untouched. Integer ``query_id`` values (in CSV:
+canonical decimals such as ``12``, not ``012``) become int64 and sort
+numerically; any other ids stay text and sort lexicographically.
+
+Invariants of every ``Trace`` (checked when it is built, whatever the source):
+
+* every required column exists and holds a value in every row;
+* durations are finite and non-negative; token and call counts are
+  non-negative integers; outcomes are known;
+* no (query_id, execution_index) pair repeats;
+* every query has exactly N executions (N given, or taken from the query of
+  the first row), so the trace reshapes to a (queries, N) grid;
+* ``frame`` is sorted by (query_id, execution_index) with a fresh RangeIndex.
+
+A rejected table raises ``TraceError`` naming the row and the column. Rows are
+numbered from 1 in file order and the header is row 0, so in a CSV file row r
+is on line r + 1.
+
+The simulator draws queries in trace order and cycles: ``query_at(k)`` is group
+``k mod queries``, a pure function of k.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Iterator, NoReturn
+
+import numpy as np
+import pandas as pd
+
+
+class TraceError(ValueError):
+    """A trace file or table breaks the format; the message names row and column."""
+
+
+class Outcome(StrEnum):
+    """How an execution ended, and what that means for its reward (SPEC 4.3)."""
+
+    COMPLETED = "completed"  # harness finished; scored
+    HARNESS_TIMEOUT = "harness_timeout"  # hit the harness ceiling; partial work scored
+    OVERALL_TIMEOUT = "overall_timeout"  # total budget spent, no valid reward: excluded
+    FAILED = "failed"  # nothing evaluable; a reward-0 placeholder keeps the group whole
+
+
+OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
+REQUIRED_COLUMNS = ("query_id", "execution_index", "duration_s", "outcome")
+COUNT_COLUMNS = ("input_tokens", "output_tokens", "call_count")
+CALL_TIMING_COLUMN = "call_durations_s"
+CSV_SUFFIXES = (".csv",)
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def _fail(source: str, row: int, column: str, problem: str) -> NoReturn:
+    raise TraceError(f"{source}: row {row}, column {column!r}: {problem}")
+
+
+def _show(value: object) -> str:
+    """repr without numpy's scalar wrappers: 3, not np.int64(3)."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _numbers(frame: pd.DataFrame, column: str, source: str, *, integer: bool) -> np.ndarray:
+    """Column as finite, non-negative floats (integral if asked), or TraceError."""
+    raw = frame[column]
+    if pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_bool_dtype(raw):
+        values = raw.to_numpy(dtype=float, na_value=np.nan)
+    else:
+        values = pd.to_numeric(raw.astype(object), errors="coerce").to_numpy(dtype=float)
+    checks = (
+        (~np.isfinite(values), "is not a finite number"),
+        (values < 0, "is negative"),
+        (values != np.floor(values) if integer else np.zeros(len(values), bool), "is not an integer"),
+    )
+    for bad, problem in checks:
+        if bad.any():
+            position = int(np.flatnonzero(bad)[0])
+            _fail(source, position + 1, column, f"value {_show(raw.iloc[position])} {problem}")
+    return values
+
+
+def _query_ids(frame: pd.DataFrame, source: str) -> pd.Series:
+    raw = frame["query_id"]
+    if pd.api.types.is_integer_dtype(raw):
+        return raw.astype("int64")
+    text = raw.astype(object)
+    missing = text.isna().to_numpy() | (text.astype(str).str.strip() == "").to_numpy()
+    if missing.any():
+        _fail(source, int(np.flatnonzero(missing)[0]) + 1, "query_id", "missing value")
+    text = text.astype(str)
+    canonical = text.str.fullmatch(r"0|-?[1-9][0-9]{0,17}")
+    return text.astype("int64") if bool(canonical.all()) else text
+
+
+def _outcomes(frame: pd.DataFrame, source: str) -> pd.Categorical:
+    text = frame["outcome"].astype(object).astype(str)
+    unknown = ~text.isin(OUTCOMES).to_numpy()
+    if unknown.any():
+        position = int(np.flatnonzero(unknown)[0])
+        problem = f"unknown outcome {text.iloc[position]!r} (expected one of {', '.join(OUTCOMES)})"
+        _fail(source, position + 1, "outcome", problem)
+    return pd.Categorical(text, categories=OUTCOMES)
+
+
+def _call_timing(frame: pd.DataFrame, source: str) -> list[str]:
+    """Per-call durations as canonical JSON text; list-valued cells are accepted too."""
+    counts = frame["call_count"].to_numpy() if "call_count" in frame else None
+    canonical = []
+    for position, cell in enumerate(frame[CALL_TIMING_COLUMN].tolist()):
+        try:
+            calls = json.loads(cell) if isinstance(cell, str) else list(cell)
+            seconds = [float(c) for c in calls]
+        except (TypeError, ValueError):
+            _fail(source, position + 1, CALL_TIMING_COLUMN, f"{cell!r} is not a JSON list of numbers")
+        if not all(np.isfinite(s) and s >= 0 for s in seconds):
+            _fail(source, position + 1, CALL_TIMING_COLUMN, "call durations must be finite and >= 0")
+        if counts is not None and len(seconds) != counts[position]:
+            problem = f"{len(seconds)} call durations but call_count is {int(counts[position])}"
+            _fail(source, position + 1, CALL_TIMING_COLUMN, problem)
+        canonical.append(json.dumps(seconds))
+    return canonical
+
+
+def _check_keys(frame: pd.DataFrame, source: str) -> None:
+    keys = ["query_id", "execution_index"]
+    repeated = frame.duplicated(keys, keep="first").to_numpy()
+    if repeated.any():
+        position = int(np.flatnonzero(repeated)[0])
+        qid, index = frame.at[position, "query_id"], frame.at[position, "execution_index"]
+        first = frame.index[(frame["query_id"] == qid) & (frame["execution_index"] == index)][0]
+        problem = f"duplicate (query_id={_show(qid)}, execution_index={index}); first seen in row {first + 1}"
+        _fail(source, position + 1, "execution_index", problem)
+
+
+def _group_size(frame: pd.DataFrame, N: int | None, source: str) -> int:
+    sizes = frame.groupby("query_id", sort=False).size()
+    expected = int(sizes.iloc[0]) if N is None else N
+    wrong = sizes[sizes != expected]
+    if len(wrong):
+        qid, size = wrong.index[0], int(wrong.iloc[0])
+        first = int(np.flatnonzero((frame["query_id"] == qid).to_numpy())[0])
+        how = "given" if N is not None else f"taken from query {_show(sizes.index[0])}"
+        problem = f"query {_show(qid)} has {size} executions, expected N={expected} ({how})"
+        _fail(source, first + 1, "query_id", problem)
+    return expected
+
+
+def validate_frame(
+    frame: pd.DataFrame, N: int | None = None, source: str = "<frame>"
+) -> tuple[pd.DataFrame, int]:
+    """Check a raw table against the format; return (normalized sorted copy, N)."""
+    if N is not None and (int(N) != N or N < 1):
+        raise ValueError(f"N must be a positive integer or None, got {N!r}")
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        found = ", ".join(map(str, frame.columns))
+        _fail(source, 0, missing[0], f"required column is missing (found: {found})")
+    if len(frame) == 0:
+        raise TraceError(f"{source}: the trace has no rows")
+    out = frame.reset_index(drop=True).copy()
+    out["query_id"] = _query_ids(out, source)
+    out["execution_index"] = _numbers(out, "execution_index", source, integer=True).astype("int64")
+    out["duration_s"] = _numbers(out, "duration_s", source, integer=False)
+    out["outcome"] = _outcomes(out, source)
+    for column in (c for c in COUNT_COLUMNS if c in out.columns):
+        out[column] = _numbers(out, column, source, integer=True).astype("int64")
+    if CALL_TIMING_COLUMN in out.columns:
+        out[CALL_TIMING_COLUMN] = _call_timing(out, source)
+    _check_keys(out, source)
+    n = _group_size(out, None if N is None else int(N), source)
+    out = out.sort_values(["query_id", "execution_index"], kind="stable", ignore_index=True)
+    return out, n
+
+
+@dataclass(frozen=True, eq=False)
+class QueryGroup:
+    """The N executions of one query, ordered by execution_index.
+
+    Count arrays are None when the trace lacks the column; per-call durations,
+    when present, stay in ``trace.frame["call_durations_s"]`` as JSON text.
+    """
+
+    position: int  # index of the query in the trace, 0-based
+    query_id: object
+    durations_s: np.ndarray
+    outcomes: np.ndarray  # str values from OUTCOMES
+    input_tokens: np.ndarray | None = None
+    output_tokens: np.ndarray | None = None
+    call_count: np.ndarray | None = None
+
+    @property
+    def query_duration_s(self) -> float:
+        """A group is ready only when its slowest execution ends."""
+        return float(self.durations_s.max())
+
+
+def _frozen(values: np.ndarray, N: int) -> np.ndarray:
+    grid = np.ascontiguousarray(values).reshape(-1, N)
+    grid.setflags(write=False)
+    return grid
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Trace:
+    """A validated trace: a sorted DataFrame plus (queries, N) array views.
+
+    ``Trace(frame)`` validates and normalizes ``frame`` (a copy is kept; do not
+    mutate ``trace.frame``). ``N=None`` infers the group size from the query of
+    the first row.
+    """
+
+    frame: pd.DataFrame
+    N: int | None = None
+    source: str = "<frame>"
+
+    def __post_init__(self) -> None:
+        frame, n = validate_frame(self.frame, self.N, self.source)
+        object.__setattr__(self, "frame", frame)
+        object.__setattr__(self, "N", n)
+        grids = {c: _frozen(frame[c].to_numpy(), n) for c in ("duration_s", *COUNT_COLUMNS) if c in frame}
+        grids["outcome"] = _frozen(frame["outcome"].to_numpy(dtype=str), n)
+        object.__setattr__(self, "_grids", grids)
+        object.__setattr__(self, "_query_ids", frame["query_id"].to_numpy()[::n].copy())
+
+    def __repr__(self) -> str:
+        return f"Trace(queries={self.queries}, N={self.N}, source={self.source!r})"
+
+    @property
+    def queries(self) -> int:
+        return len(self._query_ids)
+
+    @property
+    def durations_s(self) -> np.ndarray:
+        """Read-only (queries, N) grid of execution durations in seconds."""
+        return self._grids["duration_s"]
+
+    @property
+    def outcomes(self) -> np.ndarray:
+        """Read-only (queries, N) grid of outcome strings."""
+        return self._grids["outcome"]
+
+    def column(self, name: str) -> np.ndarray | None:
+        """Read-only (queries, N) grid of an optional count column, or None."""
+        return self._grids.get(name)
+
+    def group(self, i: int) -> QueryGroup:
+        """The i-th query's executions in execution_index order (0 <= i < queries)."""
+        if not 0 <= i < self.queries:
+            raise IndexError(f"query {i} out of range for a trace of {self.queries} queries")
+        counts = {c: (None if c not in self._grids else self._grids[c][i]) for c in COUNT_COLUMNS}
+        return QueryGroup(i, self._query_ids[i], self.durations_s[i], self.outcomes[i], **counts)
+
+    def query_at(self, k: int) -> QueryGroup:
+        """The k-th query drawn by a simulator: group k mod queries (k >= 0)."""
+        if k < 0:
+            raise IndexError(f"draw index must be >= 0, got {k}")
+        return self.group(k % self.queries)
+
+    def iter_groups(self) -> Iterator[QueryGroup]:
+        return (self.group(i) for i in range(self.queries))
+
+    def equals(self, other: Trace) -> bool:
+        return self.N == other.N and self.frame.equals(other.frame)
+
+
+def _suffix(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in CSV_SUFFIXES + PARQUET_SUFFIXES:
+        known = ", ".join(CSV_SUFFIXES + PARQUET_SUFFIXES)
+        raise TraceError(f"{path}: unknown trace file suffix {suffix!r} (expected one of {known})")
+    return suffix
+
+
+def load_trace(path: str | Path, N: int | None = None) -> Trace:
+    """Read a CSV or Parquet trace (chosen by suffix) and validate it."""
+    path = Path(path)
+    suffix = _suffix(path)
+    try:
+        if suffix in CSV_SUFFIXES:
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        else:
+            frame = pd.read_parquet(path)
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except (OSError, ValueError) as exc:  # pandas and pyarrow parse errors are ValueErrors
+        raise TraceError(f"{path}: cannot read trace: {exc}") from exc
+    return Trace(frame, N=N, source=str(path))
+
+
+def save_trace(trace: Trace, path: str | Path) -> Path:
+    """Write a trace as CSV or Parquet (chosen by suffix); return the path."""
+    path = Path(path)
+    try:
+        if _suffix(path) in CSV_SUFFIXES:
+            trace.frame.to_csv(path, index=False)
+        else:
+            trace.frame.to_parquet(path, index=False)
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot write trace: {exc}") from exc
+    return path
