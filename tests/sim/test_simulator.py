@@ -137,3 +137,13 @@ def test_bad_trace_fails_naming_row_and_column(tmp_path, capsys):
     pd.DataFrame(rows[:8]).assign(duration_s=10.0).to_csv(wrong_n, index=False)
     assert gyre_main(["sim", "--trace", str(wrong_n), "--steps", "1"]) == 2
     assert "16" in capsys.readouterr().err
+
+
+def test_methods_grid_reports_gyre_speedups(tmp_path):
+    assert gyre_main(["sim", "--grid", "methods", "--trace", "deepswe", "--steps", "2",
+                      "--out", str(tmp_path)]) == 0
+    table = pd.read_csv(tmp_path / "methods.csv")
+    assert list(table.workload) == ["deepswe", "deepswe"] and list(table["E[d]"]) == [1.0, 1.5]
+    assert np.allclose(table.speedup_vs_async, table.async_hours / table.gyre_hours, atol=1e-5)
+    assert np.allclose(table.speedup_vs_colocate, table.colocate_hours / table.gyre_hours, atol=1e-5)
+    assert (tmp_path / "deepswe" / "gyre-1.5" / "summary.json").exists()
