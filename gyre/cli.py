@@ -14,6 +14,7 @@ import sys
 COMMAND_MODULES: tuple[str, ...] = (
     "gyre.sim.cli",
     "gyre.sim.trace_cli",
+    "gyre.trajectory.cli",
 )
 
 

@@ -1,0 +1,107 @@
+"""Trajectory buffer by group and group-relative advantages (groups.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gyre.trajectory.evaluation import EvalState, EvaluationBinding, EvaluationResult
+from gyre.trajectory.groups import TrajectoryBuffer, TrajectoryBufferError, group_advantages
+from gyre.trajectory.records import ModelCall
+
+
+def binding(e):
+    return EvaluationBinding(e, "v1", f"refs/{e}")
+
+
+def finish(buffer, e, score, now=1.0):
+    buffer.close_execution(e, now, binding(e))
+    buffer.record_evaluation(EvaluationResult(binding(e), score, True), now)
+
+
+def test_exact_std_normalisation():
+    rewards = [1.0, 0.0, 0.0, 1.0, 0.5]
+    r = np.array(rewards)
+    expected = (r - r.mean()) / (np.sqrt(((r - r.mean()) ** 2).mean()) + 1e-6)
+    assert np.allclose(group_advantages(rewards), expected, rtol=0, atol=1e-12)
+    assert np.allclose(group_advantages(rewards, "mean"), r - r.mean())
+    assert np.array_equal(group_advantages([0.3, 0.3, 0.3]), [0.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="normalisation"):
+        group_advantages(rewards, "rank")
+
+
+@given(st.lists(st.floats(-10, 10), min_size=1, max_size=32))
+def test_advantages_sum_to_zero(rewards):
+    assert abs(group_advantages(rewards).sum()) < 1e-6 * max(1.0, len(rewards))
+
+
+def test_group_ready_only_when_all_n_valid():
+    buffer = TrajectoryBuffer(3)
+    buffer.open_group("g1", 0, ["a", "b", "c"], deadline=100.0)
+    finish(buffer, "a", 1.0)
+    finish(buffer, "b", 0.0)
+    buffer.close_execution("c", 2.0, binding("c"))
+    assert buffer.pop_ready_group() is None  # c is pending: pending is not zero
+    buffer.record_evaluation(EvaluationResult(binding("c"), 0.0, True), 3.0)
+    group = buffer.pop_ready_group()
+    assert [e.execution_id for e in group.executions] == ["a", "b", "c"]
+    assert np.allclose([e.advantage for e in group.executions], group_advantages([1.0, 0.0, 0.0]))
+    with pytest.raises(TrajectoryBufferError, match="unknown execution 'a'"):
+        buffer.tree("a")  # popped groups leave the buffer
+
+
+def test_placeholder_keeps_group_counts_complete():
+    buffer = TrajectoryBuffer(2)
+    buffer.open_group("g1", 0, ["a", "b"], deadline=100.0)
+    finish(buffer, "a", 1.0)
+    buffer.close_execution("b", 1.0, None)  # total failure
+    group = buffer.pop_ready_group()
+    assert [(e.reward, e.placeholder) for e in group.executions] == [(1.0, False), (0.0, True)]
+
+
+def test_excluded_execution_drops_the_group_without_oversampling():
+    buffer = TrajectoryBuffer(2)
+    buffer.open_group("g1", 0, ["a", "b"], deadline=10.0)
+    finish(buffer, "a", 1.0)
+    buffer.close_execution("b", 1.0, binding("b"))
+    buffer.evaluator_failed("b", 5.0)
+    buffer.tick(10.0)
+    assert buffer.evaluation("b").state is EvalState.INVALID
+    assert buffer.pop_ready_group() is None and buffer.dropped_group_ids() == ["g1"]
+
+
+def test_oversampling_designates_the_first_n_valid():
+    buffer = TrajectoryBuffer(2)
+    buffer.open_group("g1", 0, ["a", "b", "c"], deadline=100.0)
+    finish(buffer, "c", 0.2)
+    finish(buffer, "a", 0.8)
+    group = buffer.pop_ready_group()
+    assert [e.execution_id for e in group.executions] == ["c", "a"]
+
+
+def test_pull_order_is_oldest_policy_version_first():
+    buffer = TrajectoryBuffer(1)
+    for group, version in (("new", 5), ("old", 2), ("older-but-later", 2)):
+        buffer.open_group(group, version, [f"{group}-x"], deadline=100.0)
+    for group in ("new", "old", "older-but-later"):
+        finish(buffer, f"{group}-x", 1.0)
+    assert [buffer.pop_ready_group().group_id for _ in range(3)] == ["old", "older-but-later", "new"]
+
+
+def test_bad_events_raise_clearly():
+    buffer = TrajectoryBuffer(2)
+    with pytest.raises(TrajectoryBufferError, match="at least 2 distinct"):
+        buffer.open_group("g", 0, ["a", "a"], deadline=1.0)
+    buffer.open_group("g", 0, ["a", "b"], deadline=1.0)
+    with pytest.raises(TrajectoryBufferError, match="already open"):
+        buffer.open_group("g", 0, ["c", "d"], deadline=1.0)
+    with pytest.raises(TrajectoryBufferError, match="already belong"):
+        buffer.open_group("h", 0, ["a", "z"], deadline=1.0)
+    call = ModelCall(execution_id="ghost", request_id="r", input_ids=[1], output_ids=[2],
+                     output_logprobs=[-1.0], policy_version=0)
+    with pytest.raises(TrajectoryBufferError, match="unknown execution 'ghost'"):
+        buffer.add(call)
+    with pytest.raises(TrajectoryBufferError, match="group_size"):
+        TrajectoryBuffer(0)
