@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # keeps pip from resolving a multi-GB CUDA build for the `real` extra.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: run test bench clean
+.PHONY: run test bench figs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,9 @@ run: $(VENV)/.base-installed
 
 test: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -q
+
+figs: $(VENV)/.base-installed
+	$(BIN)/gyre figs --out figs
 
 bench: $(VENV)/.dev-installed
 	$(BIN)/python -m bench

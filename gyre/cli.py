@@ -15,6 +15,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gyre.sim.cli",
     "gyre.sim.trace_cli",
     "gyre.trajectory.cli",
+    "gyre.analysis.theorem_cli",
+    "gyre.analysis.figs_cli",
 )
 
 

@@ -1,0 +1,7 @@
+"""Paper figures, one script per figure, each regenerated from simulator outputs.
+
+Every ``figN_*.py`` has ``main(out_dir, quick=False) -> list[Path]`` writing a
+PNG and an SVG, and runs on its own (``python paper_figs/fig1_role_timeline.py
+DIR [--quick]``). ``make_all.py`` runs them all (``gyre figs --out DIR``).
+Figure 7 (trajectory-tree prefix graph) waits for the trajectory processor.
+"""

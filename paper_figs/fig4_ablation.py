@@ -1,0 +1,72 @@
+"""Figure 4: the ablation family (SPEC.md 3.7) against E0.
+
+Each bar is a preset's total time for 12 steps (quick: 3) on the NL2Repo 122B
+cluster divided by E0's (above 1: slower than E0), coloured by family (A:
+Async variants, C: Colocate variants, E: elastic cells). The label at each bar
+gives the ratio and the preset's total hours; the right-hand labels repeat the
+preset's description.
+
+``plot(totals_h, out_dir)`` draws any {preset: total hours} that contains E0.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gyre.analysis.plotting import FAMILY_COLORS, house_style, new_figure, save_figure, style_axes
+from gyre.analysis.runs import run_from_result
+from gyre.analysis.timing import total_hours
+
+STEM = "fig4_ablation"
+
+
+def simulate(quick: bool = False) -> dict[str, float]:
+    """Total hours per ablation preset, in the order of SPEC.md 3.7."""
+    from gyre.presets import ABLATION_NAMES
+    from gyre.sim.runner import run_simulation
+
+    steps = 3 if quick else 12
+    return {name: total_hours(run_from_result(run_simulation(name, "nl2repo-122b", steps=steps, seed=0)))
+            for name in ABLATION_NAMES}
+
+
+def plot(totals_h: dict[str, float], out_dir: Path) -> list[Path]:
+    from gyre.presets import PRESETS
+
+    if "E0" not in totals_h:
+        raise ValueError("the ablation figure needs E0 as its reference")
+    names = list(totals_h)[::-1]  # first preset on top
+    ratios = [totals_h[n] / totals_h["E0"] for n in names]
+    with house_style():
+        fig, ax = new_figure(7.5, 4.6)
+        bars = ax.barh(names, ratios, color=[FAMILY_COLORS.get(n[0], "#999999") for n in names], height=0.65)
+        for bar, name, ratio in zip(bars, names, ratios):
+            ax.text(bar.get_width() + 0.01, bar.get_y() + bar.get_height() / 2,
+                    f"{ratio:.2f}x  ({totals_h[name]:.1f} h)", va="center", fontsize=7.5)
+        for family, label in (("A", "Async family"), ("C", "Colocate family"), ("E", "elastic cells (Gyre)")):
+            ax.bar(0, 0, color=FAMILY_COLORS[family], label=label)
+        fig.legend(loc="outside lower center", ncol=3, frameon=False)
+        ax.axvline(1.0, color="black", lw=0.8, ls=":")
+        ax.set_xlim(0, max(ratios) * 1.25)
+        ax.set_xlabel("total time relative to E0 (x; above 1 = slower than E0)")
+        ax.set_ylabel("preset")
+        ax.set_title("Ablations at E[d] = 1.5: total time for the same steps, relative to E0")
+        secondary = ax.secondary_yaxis("right")
+        secondary.set_yticks(range(len(names)), [_short(PRESETS[n].description) for n in names], fontsize=6.5)
+        secondary.tick_params(length=0)
+        style_axes(ax)
+        return save_figure(fig, out_dir, STEM)
+
+
+def _short(text: str, width: int = 46) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def main(out_dir: Path, quick: bool = False) -> list[Path]:
+    return plot(simulate(quick), Path(out_dir))
+
+
+if __name__ == "__main__":
+    for path in main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("figs"), quick="--quick" in sys.argv):
+        print(path)
