@@ -7,12 +7,12 @@ generated trace, keeps the steady-state window of whole bursts
 with phi + (mu - 1) / 2. It also records what the identity does not cover:
 the token-weighted mean, the maximum, percentiles and the distribution.
 
-Continuous dispatch has no simulator mode yet; each grid point runs the
-group-level queue model (``dispatch.simulate_queue``) on the same trace's
-query durations for both policies and compares continuous dispatch with its
-closed form phi + mu + (mu - 1) / 2; the model's boundary mode cross-checks
-the full simulator. ``difference`` = continuous mean (model) - boundary mean
-(simulator), predicted to be exactly mu.
+Continuous dispatch runs the same simulator with the policy core's
+``dispatch="continuous"`` and is compared with its closed form
+phi + mu + (mu - 1) / 2; the group-level queue model
+(``dispatch.simulate_queue``) cross-checks both policies
+(``model_boundary_measured``, ``model_continuous_measured``). ``difference`` =
+continuous mean - boundary mean (both simulator), predicted to be exactly mu.
 
 Named rows run the Colocate and Async method presets themselves (global
 switch; static split) rather than E0 with their (phi, mu).
@@ -175,9 +175,12 @@ def run_point(point: GridPoint) -> dict[str, Any]:
         **_stats_row("", groups, window, predicted_mean("boundary", cfg.phi, cfg.mu)),
     }
     if not point.named:
-        cont = _model_groups(cfg, trace, "continuous", point.steps)
-        bound = _model_groups(cfg, trace, "boundary", point.steps)
+        cont_cfg = cfg.replace_fields(dispatch="continuous")
+        cont = pd.DataFrame(Simulation(cont_cfg, trace, CostModel(), point.steps).run().consumed_groups(point.steps))
         row.update(_stats_row("continuous_", cont, window, predicted_mean("continuous", cfg.phi, cfg.mu)))
+        model_cont = _model_groups(cfg, trace, "continuous", point.steps)
+        row["model_continuous_measured"] = staleness_stats(model_cont, window)["mean"]
+        bound = _model_groups(cfg, trace, "boundary", point.steps)
         bound_stats = staleness_stats(bound, window)
         row["model_boundary_measured"], row["model_boundary_max"] = bound_stats["mean"], bound_stats["max"]
         row["difference"] = row["continuous_measured"] - row["measured"]

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 Granularity = Literal["none", "global", "coarse", "fine"]
 GRANULARITIES: tuple[str, ...] = ("none", "global", "coarse", "fine")
+DISPATCH_POLICIES: tuple[str, ...] = ("boundary", "continuous")
 
 
 class ConfigError(ValueError):
@@ -47,6 +48,9 @@ class SchedulerConfig:
       - ``fine``: cells switch one at a time, core first, by the waterlevel rule.
     ``oversample``: extra executions dispatched per group (group of ``N + oversample``);
       a group is ready once ``N`` have closed, the surplus is cancelled.
+    ``dispatch``: ``boundary`` (SPEC.md 2: mu*B new groups after each
+      publication) or ``continuous`` (a consumed group's slot is refilled at
+      once, at the newest published version; same depth (phi + mu) * B).
     ``nodes_per_cell``: informational for drivers' cost models (training speed);
       the policy never uses it.
     """
@@ -64,6 +68,7 @@ class SchedulerConfig:
     streaming: bool = True
     static_train_cells: int = 0
     oversample: int = 0
+    dispatch: str = "boundary"
     nodes_per_cell: int = 4
 
     def __post_init__(self) -> None:
@@ -87,8 +92,14 @@ class SchedulerConfig:
 
     @property
     def predicted_staleness(self) -> float:
-        """Theorem A.1: E[d] = phi + (mu - 1) / 2 under boundary dispatch."""
-        return self.phi + (self.mu - 1) / 2
+        """Theorem A.1: E[d] = phi + (mu - 1) / 2 under boundary dispatch.
+
+        Continuous dispatch at the same depth refills a burst's freed slots with
+        the weights the burst started from, so each group is mu versions staler:
+        E[d] = phi + mu + (mu - 1) / 2 (derivation in gyre.analysis.dispatch).
+        """
+        boundary = self.phi + (self.mu - 1) / 2
+        return boundary + self.mu if self.dispatch == "continuous" else boundary
 
     @property
     def static(self) -> bool:
@@ -134,6 +145,8 @@ def _validate(cfg: SchedulerConfig) -> None:
     _check(cfg.tau >= 0, "tau", f"tau must be >= 0 seconds, got {cfg.tau}")
     _check(cfg.oversample >= 0, "oversample", f"oversample must be >= 0, got {cfg.oversample}")
     _check(cfg.nodes_per_cell >= 1, "nodes_per_cell", f"nodes_per_cell must be >= 1, got {cfg.nodes_per_cell}")
+    _check(cfg.dispatch in DISPATCH_POLICIES, "dispatch",
+           f"dispatch must be one of {', '.join(DISPATCH_POLICIES)}, got {cfg.dispatch!r}")
     _check(cfg.granularity in GRANULARITIES, "granularity",
            f"granularity must be one of {', '.join(GRANULARITIES)}, got {cfg.granularity!r}")
     if cfg.granularity == "none":

@@ -8,8 +8,10 @@ Invariants (each is tested by a Hypothesis state machine):
 - counters d >= p >= f never decrease; queued = d - p, running = p - f;
 - running executions never exceed C_R, and each sits on an engine whose cell
   is in the rollout role (or the separate pool);
-- the waterlevel w = d - f never rises between two publications (d only grows
-  at Begin and at PublishDone);
+- under boundary dispatch the waterlevel w = d - f never rises between two
+  publications (d only grows at Begin and at PublishDone); under continuous
+  dispatch d also grows by one group per group fed, so the dispatched but
+  unconsumed depth stays (phi + mu) * B;
 - cells in (or entering) training form a prefix 0..k-1 that starts at the core;
   only one unit switches into training at a time;
 - every group is fed to exactly one batch, ready groups oldest policy version
@@ -287,13 +289,15 @@ class Scheduler:
         self.awaiting_publish = False
         self.published = event.version
         self.burst += 1
-        self._dispatch(self.cfg.mu * self.cfg.B, out)
+        if self.cfg.dispatch == "boundary":
+            self._dispatch(self.cfg.mu * self.cfg.B, out)
 
     # ---- follow-ups common to every event -----------------------------------
     def _settle(self, out: list[act.Action]) -> None:
         self._start_queued(out)
         self._open_batch(out)
-        self._feed(out)
+        if self._feed(out) and self.cfg.dispatch == "continuous":
+            self._start_queued(out)
         self._track_supply()
         self._maybe_transition(out)
 
@@ -333,15 +337,16 @@ class Scheduler:
         out.append(act.StartBatch(self.version))
         self._restart_timer()
 
-    def _feed(self, out: list[act.Action]) -> None:
+    def _feed(self, out: list[act.Action]) -> int:
+        """Hand ready groups to the open batch; under continuous dispatch refill their slots."""
         if not self.batch_open:
-            return
+            return 0
         if self.cfg.streaming:
             n = min(self.wants, len(self._ready))
         else:
             n = self.cfg.B if self.fed == 0 and len(self._ready) >= self.cfg.B else 0
         if n == 0:
-            return
+            return 0
         fed = tuple(heapq.heappop(self._ready)[1] for _ in range(n))
         for g in fed:
             self.groups[g].v_t = self.version
@@ -349,6 +354,9 @@ class Scheduler:
         if self.cfg.streaming:
             self.wants -= n
         out.append(act.FeedGroups(self.version, fed))
+        if self.cfg.dispatch == "continuous":
+            self._dispatch(n, out)
+        return n
 
     # ---- the supply timer and the transition test ---------------------------
     def _batch_need(self) -> int:

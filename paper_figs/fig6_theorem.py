@@ -3,7 +3,7 @@
 Left: steady-state group-weighted mean staleness against its closed form for
 every grid point (``gyre theorem``'s grid: phi x mu x (B, N) x traces), for
 boundary dispatch (full simulator, circles; named Colocate/Async preset rows,
-squares) and continuous dispatch at equal depth (group-level queue model,
+squares) and continuous dispatch at equal depth (full simulator,
 triangles; closed form phi + mu + (mu-1)/2). Middle: the error of each point
 with the tolerance band. Right: what the identity does not fix, for boundary
 dispatch: the token-weighted mean, the 90th percentile and the maximum
@@ -47,7 +47,7 @@ def _measured_panel(ax, grid, named) -> None:
         ax.scatter(named["predicted"], named["measured"], s=30, marker="s", color="black",
                    label="Colocate / Async presets")
     ax.scatter(grid["continuous_predicted"] + _jitter(grid), grid["continuous_measured"], s=14, marker="^",
-               color=POLICY_COLORS["continuous"], label="continuous, queue model")
+               color=POLICY_COLORS["continuous"], label="continuous, simulator")
     top = float(np.nanmax(grid[["measured", "continuous_measured"]].to_numpy())) + 0.5
     ax.plot([0, top], [0, top], color="black", lw=0.8, ls=":", label="measured = predicted")
     ax.set_xlabel("predicted mean staleness (versions)")
@@ -63,7 +63,7 @@ def _error_panel(ax, grid, named, tolerance: float) -> None:
     if len(named):
         ax.scatter(named["predicted"], named["error"], s=30, marker="s", color="black", label="presets")
     ax.scatter(grid["continuous_predicted"] + _jitter(grid), grid["continuous_error"], s=14, marker="^",
-               color=POLICY_COLORS["continuous"], label="continuous, queue model")
+               color=POLICY_COLORS["continuous"], label="continuous, simulator")
     ax.set_ylim(-2 * tolerance, 2 * tolerance)
     ax.set_xlabel("predicted mean staleness (versions)")
     ax.set_ylabel("measured - predicted (versions)")

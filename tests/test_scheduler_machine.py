@@ -35,7 +35,8 @@ def configs(draw) -> SchedulerConfig:
             K=K, C_e=draw(st.integers(1, 6)), C_s=C_s, N=draw(st.integers(1, 3)), B=B, phi=phi,
             mu=draw(st.integers(1, 3)), rho_min=draw(st.sampled_from([0.3, 0.5, 1.0])),
             tau=draw(st.sampled_from([0.0, 5.0])), granularity=granularity,
-            streaming=draw(st.booleans()), static_train_cells=static, oversample=draw(st.integers(0, 1)))
+            streaming=draw(st.booleans()), static_train_cells=static, oversample=draw(st.integers(0, 1)),
+            dispatch=draw(st.sampled_from(["boundary", "boundary", "continuous"])))
     except ConfigError:
         return SchedulerConfig(K=K, C_e=2, N=2, B=2, phi=0.5, mu=2, granularity="fine")
 
@@ -253,9 +254,17 @@ class SchedulerMachine(RuleBasedStateMachine):
     def waterlevel_never_rises_inside_a_burst(self) -> None:
         burst, w = self.s.burst, self.s.waterlevel
         prev_burst, prev_w = self.prev_w
-        if prev_burst == burst:
+        if prev_burst == burst and self.cfg.dispatch == "boundary":
             assert w <= prev_w
         self.prev_w = (burst, w)
+
+    @invariant()
+    def dispatch_depth(self) -> None:
+        """Groups dispatched but not yet fed: (phi + mu) * B at start, never more."""
+        unconsumed = len(self.v_d) - len(self.fed_groups)
+        assert unconsumed <= self.cfg.initial_groups
+        if self.cfg.dispatch == "continuous":
+            assert unconsumed == self.cfg.initial_groups
 
     @invariant()
     def training_is_a_prefix(self) -> None:
