@@ -3,5 +3,5 @@
 Every ``figN_*.py`` has ``main(out_dir, quick=False) -> list[Path]`` writing a
 PNG and an SVG, and runs on its own (``python paper_figs/fig1_role_timeline.py
 DIR [--quick]``). ``make_all.py`` runs them all (``gyre figs --out DIR``).
-Figure 7 (trajectory-tree prefix graph) waits for the trajectory processor.
+Figure 7 draws the trajectory-tree prefix graph of one SPEC 4.2-shaped execution.
 """

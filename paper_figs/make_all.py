@@ -26,6 +26,7 @@ FIGURES: tuple[str, ...] = (
     "fig4_ablation",
     "fig5_staleness",
     "fig6_theorem",
+    "fig7_prefix_graph",
 )
 
 

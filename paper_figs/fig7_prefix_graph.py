@@ -1,0 +1,61 @@
+"""Figure 7: the trajectory-tree prefix graph of one long execution.
+
+Data: the seeded synthetic execution shaped like SPEC.md 4.2 (main agent with
+a compaction, three sub-agents on their own roots, one with a compaction,
+retries; ``gyre.trajectory.synthetic``), recorded into a trajectory tree
+exactly as the proxy records real calls, and drawn with the same renderer as
+``gyre traj show``: each node is a segment from its first to its last token
+depth, leaves are rows, colours are the Claude Code role classes of the
+leaves below a node (black where roles are mixed). Quick mode uses a smaller
+execution with the same structure.
+
+Invariant: the drawing is a pure function of the seed and the shape.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SEED = 0
+STEM = "fig7_prefix_graph"
+
+
+def build_tree(quick: bool = False):
+    """The recorded synthetic execution as a closed trajectory tree."""
+    from gyre.trajectory.synthetic import ExecutionShape, synthetic_execution
+    from gyre.trajectory.tree import TrajectoryTree
+
+    shape = ExecutionShape()
+    if quick:
+        shape = ExecutionShape(main_segments=(12, 8), subagent_segments=((10, 4), (5,), (4,)),
+                               spawn_turns=(3, 9, 9), retry_turns=(("main", 5), ("sub-1", 6)),
+                               main_system_tokens=1_200, subagent_system_tokens=300)
+    tree = TrajectoryTree.from_records(synthetic_execution(np.random.default_rng(SEED), shape))
+    tree.close()
+    return tree
+
+
+def main(out_dir: Path, quick: bool = False) -> list[Path]:
+    from gyre.trajectory.prefix_graph import render_prefix_graph
+    from gyre.trajectory.roles import leaf_roles, roles_for
+    from gyre.trajectory.tree_stats import tree_stats
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tree = build_tree(quick)
+    stats = tree_stats(tree)
+    title = (f"one execution: {stats.requests} requests, {stats.nodes} nodes, {stats.leaves} candidate "
+             f"trajectories (x axis: token depth)")
+    roles = leaf_roles(tree, roles_for("claude-code"))
+    paths = [render_prefix_graph(tree, roles, out_dir / f"{STEM}{suffix}", title) for suffix in (".png", ".svg")]
+    for path in paths:
+        if path.stat().st_size == 0:
+            raise RuntimeError(f"empty figure file: {path}")
+    return paths
+
+
+if __name__ == "__main__":
+    print("\n".join(str(p) for p in main(Path(sys.argv[1] if len(sys.argv) > 1 else "figs"))))
