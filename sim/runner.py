@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from gyre.analysis.staleness import steady_window
 from gyre.config import SchedulerConfig
 from gyre.presets import PAPER_SHAPE, WORKLOAD_SHAPES, build_preset
 from gyre.sim.costs import CostModel
@@ -77,6 +78,7 @@ def summarize(cfg: SchedulerConfig, record: Recorder, preset: str, trace: str, s
     staleness = np.array([row["staleness"] for row in consumed], dtype=float)
     tokens = np.array([row["tokens"] for row in consumed], dtype=float)
     total_s = record.end_s
+    steady = _steady_mean(cfg, consumed, steps)
     return {
         "preset": preset, "trace": trace, "steps": steps, "seed": seed,
         "total_hours": round(total_s / 3600, 6),
@@ -86,6 +88,8 @@ def summarize(cfg: SchedulerConfig, record: Recorder, preset: str, trace: str, s
         if staleness.size and tokens.sum() > 0 else None,
         "staleness_max": int(staleness.max()) if staleness.size else None,
         "staleness_predicted": cfg.predicted_staleness,
+        "staleness_steady_mean": steady[0],
+        "steady_steps": steady[1],
         "groups_consumed": len(consumed),
         "transitions": record.action_counts.get("begin_transition", 0),
         "reroutes": record.action_counts.get("reroute", 0),
@@ -93,3 +97,13 @@ def summarize(cfg: SchedulerConfig, record: Recorder, preset: str, trace: str, s
         "wall_seconds": round(wall, 3),
         "config": {k: v for k, v in vars(cfg).items()},
     }
+
+
+def _steady_mean(cfg: SchedulerConfig, consumed: list[dict[str, Any]], steps: int) -> tuple[float | None, str]:
+    """Group mean staleness over whole bursts after the warm-up (None if the run is too short)."""
+    try:
+        first, stop = steady_window(cfg.phi, cfg.mu, steps)
+    except ValueError:
+        return None, ""
+    window = [row["staleness"] for row in consumed if first <= row["v_t"] < stop]
+    return (round(float(np.mean(window)), 6) if window else None), f"{first}..{stop - 1}"

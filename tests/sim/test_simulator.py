@@ -99,7 +99,7 @@ def test_cli_writes_the_documented_tables(tmp_path, capsys):
         "group_id", "query_id", "v_d", "v_t", "staleness", "dispatched_at_s", "ready_at_s",
         "consumed_at_s", "consumed_step"]
     assert list(pd.read_csv(tmp_path / "roles.csv").columns) == ["cell", "role", "start_s", "end_s"]
-    assert "staleness, group mean" in capsys.readouterr().out
+    assert "staleness, steady-state group mean" in capsys.readouterr().out
 
 
 def test_ablation_grid_writes_ratios_against_e0(tmp_path, capsys):
