@@ -1,0 +1,189 @@
+"""Harness runner: one OS process per execution, in its own sandbox, with budgets.
+
+Each execution gets ``ROOT/exec-<id>/`` holding ``workspace/`` (its working
+directory and artifact state), ``home/`` (HOME and harness config dirs) and
+``harness.log`` (stdout + stderr). The harness reaches the model only through
+the proxy's base URL with its own per-execution key. Adapters turn a task into
+argv + environment for a harness: the built-in scripted harness,
+mini-swe-agent, Claude Code and Codex (command lines from
+shared/notes/harness-clients.md).
+
+Outcomes (the trace vocabulary): ``completed`` (exit 0), ``failed`` (non-zero
+exit or a start failure), ``harness_timeout`` (killed at its harness timeout:
+the workspace is kept and still scored), ``cancelled`` (``cancel``).
+
+Invariants: a run ends exactly once with one outcome; the whole process group
+is killed on timeout or cancellation (TERM, then KILL after a grace period),
+so no harness outlives its execution; the workspace is never deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    task_id: str
+    prompt: str
+    files: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budgets:
+    harness_timeout_s: float = 4 * 3600.0
+    grace_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    execution: int
+    outcome: str
+    returncode: int | None
+    workspace: Path
+    started_at: float
+    ended_at: float
+
+
+class HarnessAdapter(Protocol):
+    name: str
+
+    def command(self, task: Task, base_url: str, key: str, home: Path) -> tuple[list[str], dict[str, str]]:
+        """argv and extra environment to start the harness on ``task``."""
+
+
+@dataclass(frozen=True)
+class ScriptedHarness:
+    """The built-in scripted multi-call harness (``runtime_scripted_harness``)."""
+
+    calls: int = 6
+    compact_every: int = 3
+    subagent_at: tuple[int, ...] = (2,)
+    sleep_s: float = 0.0
+    name: str = "scripted"
+
+    def command(self, task: Task, base_url: str, key: str, home: Path) -> tuple[list[str], dict[str, str]]:
+        argv = [sys.executable, "-m", "gyre.real.runtime_scripted_harness", "--base-url", base_url,
+                "--calls", str(self.calls), "--compact-every", str(self.compact_every),
+                "--sleep", str(self.sleep_s), "--task-file", "TASK.md"]
+        if self.subagent_at:
+            argv += ["--subagent-at", *map(str, self.subagent_at)]
+        return argv, {"OPENAI_API_KEY": key}
+
+
+@dataclass(frozen=True)
+class ClaudeCode:
+    """``claude -p`` against the proxy's Anthropic endpoint (no outside lookups)."""
+
+    binary: str = "claude"
+    name: str = "claude-code"
+
+    def command(self, task: Task, base_url: str, key: str, home: Path) -> tuple[list[str], dict[str, str]]:
+        env = {"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": key, "CLAUDE_CONFIG_DIR": str(home),
+               "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1",
+               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}
+        return [self.binary, "-p", task.prompt, "--output-format", "json", "--allowedTools", "Bash"], env
+
+
+@dataclass(frozen=True)
+class Codex:
+    """``codex exec`` with a local model provider written into CODEX_HOME."""
+
+    binary: str = "codex"
+    name: str = "codex"
+
+    def command(self, task: Task, base_url: str, key: str, home: Path) -> tuple[list[str], dict[str, str]]:
+        config = (f'model = "gyre"\nmodel_provider = "local"\napproval_policy = "never"\n'
+                  f'sandbox_mode = "danger-full-access"\n[model_providers.local]\nname = "local"\n'
+                  f'base_url = "{base_url.rstrip("/")}/v1"\nenv_key = "GYRE_KEY"\nwire_api = "responses"\n')
+        (home / "config.toml").write_text(config)
+        argv = [self.binary, "exec", "--skip-git-repo-check", "--disable", "plugins", "--disable", "apps",
+                "-c", "analytics.enabled=false", "-c", "check_for_update_on_startup=false", task.prompt]
+        return argv, {"CODEX_HOME": str(home), "GYRE_KEY": key}
+
+
+@dataclass(frozen=True)
+class MiniSweAgent:
+    """mini-swe-agent on the proxy's OpenAI endpoint."""
+
+    binary: str = "mini"
+    name: str = "mini-swe-agent"
+
+    def command(self, task: Task, base_url: str, key: str, home: Path) -> tuple[list[str], dict[str, str]]:
+        argv = [self.binary, "-y", "--exit-immediately", "-m", "openai/gyre",
+                "-c", f"model.model_kwargs.api_base={base_url.rstrip('/')}/v1", "-t", task.prompt]
+        return argv, {"OPENAI_API_KEY": key, "MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors",
+                      "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+
+class HarnessRunner:
+    def __init__(self, root: str | Path, base_url: str, adapter: HarnessAdapter, budgets: Budgets = Budgets()) -> None:
+        self.root, self.base_url, self.adapter, self.budgets = Path(root), base_url, adapter, budgets
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._cancelled: set[int] = set()
+
+    def sandbox(self, execution: int, task: Task) -> tuple[Path, Path]:
+        base = self.root / f"exec-{execution}"
+        workspace, home = base / "workspace", base / "home"
+        workspace.mkdir(parents=True, exist_ok=True)
+        home.mkdir(parents=True, exist_ok=True)
+        (workspace / "TASK.md").write_text(task.prompt)
+        for name, text in task.files.items():
+            (workspace / name).write_text(text)
+        return workspace, home
+
+    async def run(self, execution: int, task: Task, key: str) -> ExecutionResult:
+        workspace, home = self.sandbox(execution, task)
+        argv, extra = self.adapter.command(task, self.base_url, key, home)
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "LANG": "C.UTF-8", **extra}
+        env.update({k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "VIRTUAL_ENV")})
+        started = time.monotonic()
+        log = open(workspace.parent / "harness.log", "ab")
+        try:
+            proc = await asyncio.create_subprocess_exec(*argv, cwd=workspace, env=env, stdout=log,
+                                                        stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            log.write(f"could not start {argv[0]}: {exc}\n".encode())
+            log.close()
+            return ExecutionResult(execution, "failed", None, workspace, started, time.monotonic())
+        self._procs[execution] = proc
+        outcome = await self._wait(execution, proc)
+        log.close()
+        self._procs.pop(execution, None)
+        return ExecutionResult(execution, outcome, proc.returncode, workspace, started, time.monotonic())
+
+    async def _wait(self, execution: int, proc: asyncio.subprocess.Process) -> str:
+        try:
+            await asyncio.wait_for(proc.wait(), self.budgets.harness_timeout_s)
+        except asyncio.TimeoutError:
+            await self._kill(proc)
+            return "cancelled" if execution in self._cancelled else "harness_timeout"
+        if execution in self._cancelled:
+            return "cancelled"
+        return "completed" if proc.returncode == 0 else "failed"
+
+    async def cancel(self, execution: int) -> None:
+        """Cancel a running execution (oversampling surplus); its run() ends 'cancelled'."""
+        proc = self._procs.get(execution)
+        if proc is not None:
+            self._cancelled.add(execution)
+            await self._kill(proc)
+
+    async def _kill(self, proc: asyncio.subprocess.Process) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                await asyncio.wait_for(proc.wait(), self.budgets.grace_s)
+                return
+            except asyncio.TimeoutError:
+                continue

@@ -1,0 +1,67 @@
+"""Evaluators and built-in toy tasks with computable rewards (SPEC.md 4.3).
+
+An evaluator scores the *preserved* workspace of a closed execution, also
+after a harness timeout, and returns a result bound to (execution, artifact
+version, branch reference): the artifact version is a content hash of the
+workspace, so a later evaluation of a changed workspace can never be mistaken
+for, or overwrite, an earlier one. Rewards never come from elapsed time,
+length or termination status.
+
+Toy task ``emit-token``: the reward is the share of whitespace-separated words
+in ``answer.txt`` equal to a target word (partial credit, easy to learn: a
+policy raises it by emitting the target more often). A workspace without
+``answer.txt`` is a total failure with no evaluable work (``None``: the group
+gets a zero-reward placeholder); an unreadable one is an evaluator failure
+(``EvaluatorFailure``: stays pending and may be retried).
+
+Invariant: ``evaluate`` is a pure function of the workspace's files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from gyre.real.runtime_harness import Task
+from gyre.trajectory.evaluation import EvaluationBinding, EvaluationResult
+
+
+class EvaluatorFailure(RuntimeError):
+    """The evaluator could not score preserved work (retry on the same state)."""
+
+
+class Evaluator(Protocol):
+    def evaluate(self, execution_id: str, workspace: Path) -> EvaluationResult | None:
+        """A result bound to the workspace's state, or None when there is no evaluable work."""
+
+
+def artifact_version(workspace: Path) -> str:
+    """Content hash of every file under ``workspace`` (names and bytes, sorted)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in workspace.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(workspace)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class EmitTokenTask:
+    target: str = "gyre"
+    answer_file: str = "answer.txt"
+
+    def task(self, task_id: str) -> Task:
+        return Task(task_id=task_id, prompt=f"Reply with the word {self.target!r} as often as you can.")
+
+    def evaluate(self, execution_id: str, workspace: Path) -> EvaluationResult | None:
+        answer = workspace / self.answer_file
+        if not answer.exists():
+            return None
+        try:
+            words = answer.read_text().split()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EvaluatorFailure(f"{answer}: {exc}") from exc
+        score = sum(w.strip(".,!?'\"") == self.target for w in words) / len(words) if words else 0.0
+        binding = EvaluationBinding(execution_id, artifact_version(workspace), "main")
+        return EvaluationResult(binding, score, True)

@@ -1,0 +1,142 @@
+"""Harness runner + scripted harness + toy evaluator, against a loopback chat server.
+
+The model server here is the outer edge (a stdlib HTTP server speaking the
+OpenAI Chat Completions shape); the harness is a real process making real
+HTTP calls, and the runner's sandboxes, budgets and kills are real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from gyre.real.runtime_harness import Budgets, HarnessRunner, ScriptedHarness, Task
+from gyre.real.runtime_scripted_harness import MAIN_SYSTEM, SUB_SYSTEM, SUMMARY_REQUEST
+from gyre.real.runtime_tasks import EmitTokenTask, artifact_version
+
+
+class ChatServer:
+    def __init__(self, fail_first: int = 0, always_fail: bool = False) -> None:
+        self.requests: list[dict] = []
+        self.fail_left, self.always_fail = fail_first, always_fail
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if server.always_fail or server.fail_left > 0:
+                    server.fail_left -= 1
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                server.requests.append({"auth": self.headers["Authorization"], **body})
+                reply = {"choices": [{"message": {"role": "assistant", "content": "gyre gyre other"}}]}
+                data = json.dumps(reply).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+
+
+@pytest.fixture
+def server():
+    s = ChatServer()
+    yield s
+    s.close()
+
+
+def run_one(runner: HarnessRunner, execution: int = 7):
+    return asyncio.run(runner.run(execution, EmitTokenTask().task("q0"), key=f"key-{execution}"))
+
+
+@pytest.mark.timeout(60)
+def test_scripted_harness_runs_a_multi_call_execution(tmp_path, server):
+    adapter = ScriptedHarness(calls=6, compact_every=3, subagent_at=(2,))
+    result = run_one(HarnessRunner(tmp_path, server.url, adapter))
+    assert result.outcome == "completed" and result.returncode == 0
+    systems = [r["messages"][0]["content"] for r in server.requests]
+    assert systems.count(SUB_SYSTEM) == 2 and systems.count(MAIN_SYSTEM) == 6 + 1  # 6 calls + 1 summary
+    summaries = [r for r in server.requests if r["messages"][-1]["content"] == SUMMARY_REQUEST]
+    assert len(summaries) == 1
+    after = server.requests[server.requests.index(summaries[0]) + 1]
+    assert len(after["messages"]) < len(summaries[0]["messages"])  # compaction shrank the context
+    assert {r["auth"] for r in server.requests} == {"Bearer key-7"}
+    evaluation = EmitTokenTask().evaluate("7", result.workspace)
+    assert evaluation.valid and evaluation.score == pytest.approx(2 / 3)
+    assert evaluation.binding.artifact_version == artifact_version(result.workspace)
+
+
+@pytest.mark.timeout(60)
+def test_transient_errors_are_retried_inside_the_harness(tmp_path):
+    server = ChatServer(fail_first=3)
+    try:
+        result = run_one(HarnessRunner(tmp_path, server.url, ScriptedHarness(calls=2, subagent_at=())))
+    finally:
+        server.close()
+    assert result.outcome == "completed" and len(server.requests) == 2
+
+
+@pytest.mark.timeout(60)
+def test_dead_engine_fails_the_execution_after_the_retry_budget(tmp_path):
+    server = ChatServer(always_fail=True)
+    try:
+        result = run_one(HarnessRunner(tmp_path, server.url, ScriptedHarness(calls=2, subagent_at=())))
+    finally:
+        server.close()
+    assert result.outcome == "failed" and result.returncode == 3
+    assert "HTTP 503" in (tmp_path / "exec-7" / "harness.log").read_text()
+    assert EmitTokenTask().evaluate("7", result.workspace) is None  # no evaluable work: placeholder
+
+
+@pytest.mark.timeout(60)
+def test_harness_timeout_kills_the_group_and_keeps_partial_work(tmp_path, server):
+    adapter = ScriptedHarness(calls=50, compact_every=0, subagent_at=(), sleep_s=0.2)
+    result = run_one(HarnessRunner(tmp_path, server.url, adapter, Budgets(harness_timeout_s=1.0, grace_s=1.0)))
+    assert result.outcome == "harness_timeout"
+    assert 0 < len(server.requests) < 50
+    evaluation = EmitTokenTask().evaluate("7", result.workspace)
+    assert evaluation.valid and evaluation.score > 0  # partial scoring after a timeout
+
+
+@pytest.mark.timeout(60)
+def test_cancel_ends_the_execution_as_cancelled(tmp_path, server):
+    runner = HarnessRunner(tmp_path, server.url, ScriptedHarness(calls=50, subagent_at=(), sleep_s=0.2))
+
+    async def scenario():
+        task = asyncio.create_task(runner.run(3, EmitTokenTask().task("q"), key="k"))
+        await asyncio.sleep(0.8)
+        await runner.cancel(3)
+        return await task
+
+    assert asyncio.run(scenario()).outcome == "cancelled"
+
+
+def test_missing_harness_binary_is_a_failed_start(tmp_path, server):
+    from gyre.real.runtime_harness import ClaudeCode
+
+    result = run_one(HarnessRunner(tmp_path, server.url, ClaudeCode(binary=str(tmp_path / "no-claude"))))
+    assert result.outcome == "failed" and result.returncode is None
+    assert "could not start" in (tmp_path / "exec-7" / "harness.log").read_text()
+
+
+def test_workspace_hash_changes_with_content(tmp_path):
+    (tmp_path / "a.txt").write_text("x")
+    before = artifact_version(tmp_path)
+    (tmp_path / "a.txt").write_text("y")
+    assert artifact_version(tmp_path) != before
+    assert Task(task_id="t", prompt="p").files == {}
