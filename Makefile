@@ -24,7 +24,17 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 run: $(VENV)/.base-installed
 	$(BIN)/gyre sim
 
-test: $(VENV)/.dev-installed
+# The real-engine tier: a separate SGLang CPU virtualenv (shared/notes/cpu-stack.md)
+# and the npm harnesses (Claude Code, Codex) the proxy's harness tests run.
+.venv-sglang/.installed: tools/setup_sglang_cpu.sh tools/sglang_cpu_requirements.txt tools/sglang_cpu_constraints.txt
+	PY=$(PY) bash tools/setup_sglang_cpu.sh .venv-sglang
+	touch $@
+
+.harness/.installed: tools/setup_harnesses.sh
+	bash tools/setup_harnesses.sh .harness
+	touch $@
+
+test: $(VENV)/.dev-installed .venv-sglang/.installed .harness/.installed
 	$(BIN)/python -m pytest -q
 
 figs: $(VENV)/.base-installed

@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gyre.trajectory.cli",
     "gyre.analysis.theorem_cli",
     "gyre.analysis.figs_cli",
+    "gyre.real.proxy_cli",
 )
 
 

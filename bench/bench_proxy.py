@@ -1,0 +1,176 @@
+"""Proxy overhead: added latency over a direct engine call, and requests per second.
+
+Three processes: a scripted engine speaking SGLang's ``/generate`` contract
+(``tests/real/proxy_fixtures.py``, answers "ok, done" = a few tokens), the
+proxy (``python -m gyre.real.proxy_cli``, records fsynced, the tiny
+locally-trained tokenizer), and this client (aiohttp).
+
+- added latency: sequential calls, time to the last byte. Direct: streaming
+  ``/generate`` with the prompt's token ids. Proxied: streaming Anthropic
+  ``/v1/messages`` with the same conversation (so the proxy also renders,
+  tokenizes, parses, records). Added = proxied - direct, at p50 and p99;
+- the same on Claude-Code-sized requests (30 KB system prompt, 24 tools):
+  the first call of an execution (whole prompt tokenized) and a follow-up
+  (recorded prefix reused, only the new turn tokenized), against a direct
+  engine call with the same number of input ids;
+- requests per second through the proxy with 1, 64 and 384 concurrent
+  clients, each its own execution, each sending streaming calls back to back
+  for ``window_s`` seconds.
+
+Goal (issue 6): p50 added latency under 2 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spawn(args: list[str], env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **(env or {})),
+                               cwd=ROOT)
+    line = process.stdout.readline()
+    if not line:
+        raise RuntimeError(f"{args} did not start")
+    return process, json.loads(line)["url"]
+
+
+async def _timed(session, method_url: str, body: dict, headers: dict) -> float:
+    start = time.perf_counter()
+    async with session.post(method_url, json=body, headers=headers) as response:
+        await response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}")
+    return time.perf_counter() - start
+
+
+async def _latency(engine_url: str, proxy_url: str, input_ids: list[int], calls: int) -> dict:
+    import aiohttp
+
+    direct_body = {"input_ids": input_ids, "stream": True, "return_logprob": True,
+                   "sampling_params": {"max_new_tokens": 64}}
+    proxied_body = {"model": "m", "max_tokens": 64, "stream": True,
+                    "messages": [{"role": "user", "content": "how are you?"}]}
+    async with aiohttp.ClientSession() as session:
+        direct, proxied = [], []
+        for i in range(calls + 20):  # 20 warm-up calls of each
+            d = await _timed(session, engine_url + "/generate", dict(direct_body, rid=f"b{i}"), {})
+            p = await _timed(session, proxy_url + "/v1/messages", proxied_body, {"x-api-key": "bench-key-0"})
+            if i >= 20:
+                direct.append(d)
+                proxied.append(p)
+    direct_ms, proxied_ms = np.array(direct) * 1e3, np.array(proxied) * 1e3
+    return {"direct_p50_ms": float(np.percentile(direct_ms, 50)), "direct_p99_ms": float(np.percentile(direct_ms, 99)),
+            "proxy_p50_ms": float(np.percentile(proxied_ms, 50)), "proxy_p99_ms": float(np.percentile(proxied_ms, 99)),
+            "added_p50_ms": float(np.percentile(proxied_ms, 50) - np.percentile(direct_ms, 50)),
+            "added_p99_ms": float(np.percentile(proxied_ms, 99) - np.percentile(direct_ms, 99))}
+
+
+def _big_conversation() -> tuple[list, list, str]:
+    """A Claude-Code-sized first request: ~30 KB system prompt, 24 tools of ~3 KB schema each."""
+    words = "read the file then run the tests and report what failed and why ".split()
+    system = " ".join(words[i % len(words)] for i in range(5000))
+    tools = [{"name": f"Tool{i}", "description": system[i * 100:i * 100 + 600],
+              "input_schema": {"type": "object", "properties": {f"p{k}": {"type": "string", "description": system[:80]}
+                                                                for k in range(20)}}} for i in range(24)]
+    return [{"role": "user", "content": "run the tests"}], tools, system
+
+
+async def _big_latency(engine_url: str, proxy_url: str, chat, calls: int) -> dict:
+    """Added latency on Claude-Code-sized requests: the first call of an execution (whole
+    prompt tokenized) and its follow-up (prefix reused, only the new turn tokenized)."""
+    import aiohttp
+
+    messages, tools, system = _big_conversation()
+    from gyre.real.proxy_anthropic import canonical_tools
+    from gyre.real.proxy_chat import template_tools
+
+    prompt = chat.render([{"role": "system", "content": system}, *messages], template_tools(canonical_tools(tools)))
+    input_ids = chat.encode(prompt)
+    first_ms, follow_ms, direct_ms = [], [], []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for i in range(calls):
+            headers = {"x-api-key": f"bench-key-{100 + i}"}
+            body = {"model": "m", "max_tokens": 64, "stream": True, "system": system, "tools": tools,
+                    "messages": messages}
+            first_ms.append(await _timed(session, proxy_url + "/v1/messages", body, headers) * 1e3)
+            follow = dict(body, messages=[*messages, {"role": "assistant", "content": "ok, done"},
+                                          {"role": "user", "content": "and now?"}])
+            follow_ms.append(await _timed(session, proxy_url + "/v1/messages", follow, headers) * 1e3)
+            direct = {"input_ids": input_ids, "stream": True, "return_logprob": True, "rid": f"big{i}",
+                      "sampling_params": {"max_new_tokens": 64}}
+            direct_ms.append(await _timed(session, engine_url + "/generate", direct, {}) * 1e3)
+    direct_p50 = float(np.percentile(direct_ms, 50))
+    return {"big_prompt_tokens": len(input_ids), "big_direct_p50_ms": direct_p50,
+            "big_first_added_p50_ms": float(np.percentile(first_ms, 50)) - direct_p50,
+            "big_followup_added_p50_ms": float(np.percentile(follow_ms, 50)) - direct_p50}
+
+
+async def _throughput(proxy_url: str, clients: int, window_s: float) -> float:
+    import aiohttp
+
+    body = {"model": "m", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    done = 0
+    stop_at = time.perf_counter() + window_s
+
+    async def client(index: int, session) -> None:
+        nonlocal done
+        headers = {"x-api-key": f"bench-key-{index}"}
+        while time.perf_counter() < stop_at:
+            await _timed(session, proxy_url + "/v1/messages", body, headers)
+            done += 1
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(i, session) for i in range(clients)))
+        return done / (time.perf_counter() - start)
+
+
+def main(calls: int = 300, window_s: float = 4.0) -> dict:
+    sys.path.insert(0, str(ROOT / "tests" / "real"))
+    from proxy_fixtures import build_tiny_tokenizer
+
+    from gyre.real.proxy_tokenize import ChatTokenizer
+
+    with tempfile.TemporaryDirectory() as scratch:
+        model = build_tiny_tokenizer(Path(scratch) / "tiny")
+        chat = ChatTokenizer(str(model))
+        input_ids = chat.encode(chat.render([{"role": "user", "content": "how are you?"}], None))
+        engine, engine_url = _spawn([str(ROOT / "tests" / "real" / "proxy_fixtures.py"), "--model", str(model),
+                                     "--script", "short"])
+        config = {"model_path": str(model), "records_dir": str(Path(scratch) / "records"), "fsync": True,
+                  "admin_token": "bench-admin-token", "engines": [{"id": "e0", "url": engine_url}],
+                  "executions": {f"bench-key-{i}": f"bench-{i}" for i in range(400)}}
+        (Path(scratch) / "proxy.json").write_text(json.dumps(config))
+        proxy, proxy_url = _spawn(["-m", "gyre.real.proxy_cli", "--config", str(Path(scratch) / "proxy.json"),
+                                   "--port", "0"])
+        try:
+            figures = asyncio.run(_latency(engine_url, proxy_url, input_ids, calls))
+            figures.update(asyncio.run(_big_latency(engine_url, proxy_url, chat, 15)))
+            for clients in (1, 64, 384):
+                figures[f"rps_{clients}"] = asyncio.run(_throughput(proxy_url, clients, window_s))
+        finally:
+            for process in (proxy, engine):
+                process.send_signal(signal.SIGTERM)
+                process.wait(20)
+    for name, value in figures.items():
+        print(f"   {name:26s} {value:9.2f}")
+    print(f"   goal p50 added < 2 ms: {'met' if figures['added_p50_ms'] < 2 else 'NOT met'}")
+    return figures
+
+
+if __name__ == "__main__":
+    main()

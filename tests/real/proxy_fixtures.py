@@ -1,0 +1,548 @@
+"""Shared helpers for the proxy tests: a tiny model and tokenizer, and servers.
+
+- ``build_tiny_tokenizer`` trains a byte-level BPE tokenizer locally (seconds,
+  nothing downloaded) with Qwen's special tokens and a Qwen2.5-style chat
+  template (tools in the system turn, ``<tool_call>`` JSON blocks, tool results
+  in ``<tool_response>``), saved so ``AutoTokenizer`` loads it offline;
+- ``build_tiny_qwen2`` saves a seeded random 2-layer Qwen2 next to it (for the
+  real SGLang tier);
+- ``ServerThread`` runs an aiohttp application on 127.0.0.1 in a background
+  thread with its own event loop, so the synchronous SDK clients can call it;
+- the scripted engine lives in ``proxy_scripted_engine``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+ADDED = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>"]
+
+CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "<tools>{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}\n</tools>\n\n"
+    "For each function call, return a json object within <tool_call></tool_call> XML tags:\n"
+    "<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n"
+    "{% if message.content %}{{ message.content }}{% endif %}"
+    "{% for tc in message.tool_calls or [] %}"
+    "{% if tc.function is defined %}{% set tc = tc.function %}{% endif %}"
+    "{% if loop.first and message.content %}{{ '\\n' }}{% endif %}"
+    "<tool_call>\n{\"name\": \"{{ tc.name }}\", \"arguments\": "
+    "{% if tc.arguments is string %}{{ tc.arguments }}{% else %}{{ tc.arguments | tojson }}{% endif %}"
+    "}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif message.role == 'tool' %}"
+    "{% if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n' }}<tool_response>\n{{ message.content }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_CORPUS_WORDS = (
+    "the of and to in is you that it he was for on are as with his they at be this from have or by one had "
+    "not but what all were when we there can an your which their said if do will each about how up out them "
+    "then she many some so these would other into has more her two like him see time could no make than first "
+    "been its who now people my made over did down only way find use may water long little very after words "
+    "called just where most know file files list run command bash ls cat echo hello world done ok result error "
+    "function name arguments description type object string properties required tool call response assistant "
+    "user system model code python test tests pass fail print def return import class self value true false null"
+).split()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _corpus(seed: int = 0) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(3000):
+        words = [rng.choice(_CORPUS_WORDS) for _ in range(rng.randint(3, 16))]
+        lines.append(" ".join(words))
+        lines.append(json.dumps({"name": rng.choice(_CORPUS_WORDS), "arguments": {"command": " ".join(words[:3])}}))
+    lines.append("".join(chr(c) for c in range(32, 127)))
+    return lines
+
+
+def build_tiny_tokenizer(path: str | os.PathLike, *, vocab_size: int = 1024, seed: int = 0) -> Path:
+    """Train and save a byte-level BPE tokenizer with Qwen-style tokens and template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    path = Path(path)
+    if (path / "tokenizer.json").exists():
+        return path
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>"], clean_up_tokenization_spaces=False)
+    fast.add_tokens(ADDED)
+    fast.chat_template = CHAT_TEMPLATE
+    path.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(path)
+    return path
+
+
+def shared_tiny_dir(tmp_path_factory: Any, name: str = "tiny-model") -> Path:
+    """One folder per test session for the tiny tokenizer/model (built once, reused)."""
+    return Path(tmp_path_factory.getbasetemp()) / name
+
+
+def build_tiny_qwen2(path: str | os.PathLike, *, seed: int = 0) -> Path:
+    """A seeded random 2-layer Qwen2 (hidden 64) beside the tiny tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    path = Path(path)
+    build_tiny_tokenizer(path)
+    if (path / "model.safetensors").exists():
+        return path
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+                         tie_word_embeddings=True, torch_dtype="float32")
+    generator = torch.Generator().manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+class ServerThread:
+    """Run ``make_app()`` (an aiohttp Application factory) on 127.0.0.1 in a thread."""
+
+    def __init__(self, make_app: Any, port: int | None = None) -> None:
+        self.make_app = make_app
+        self.port = port or free_port()
+        self.loop = asyncio.new_event_loop()
+        self.app: Any = None
+        self._runner: Any = None
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+        self.call(self._start())
+        return self
+
+    async def _start(self) -> None:
+        from aiohttp import web
+
+        self.app = self.make_app()
+        if asyncio.iscoroutine(self.app):
+            self.app = await self.app
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    def call(self, coro: Any, timeout: float = 60) -> Any:
+        """Run a coroutine on the server's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            self.call(self._runner.cleanup())
+            self._runner = None
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# -- the scripted engine ---------------------------------------------------------
+
+
+def token_logprob(token: int, position: int) -> float:
+    """Deterministic behaviour log-probability of ``token`` at output ``position``.
+
+    It depends only on (token, position), so a continuation resubmitted to
+    another engine reports exactly what one uninterrupted engine would have.
+    """
+    return -(((token * 7919 + position * 104729) % 1000) / 500.0 + 0.01)
+
+
+class ScriptedEngine:
+    """An engine speaking SGLang's ``/generate`` streaming contract, driven by a script.
+
+    ``script(prompt_text) -> output_text`` decides the answer from the prompt up to
+    the last ``<|im_start|>assistant\\n``; input ids past that marker are tokens
+    already generated (a resubmission after a reroute or failure), and the engine
+    continues after them. Lists are cumulative, like SGLang's default. Faults:
+    ``fail_next`` (HTTP statuses for the next submissions), ``die_after`` (close
+    the connection after that many tokens of a submission), ``hold_after`` (stop
+    after that many tokens until ``release()``).
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, script: Any, *, engine_id: str = "scripted",
+                 token_delay: float = 0.0, chunk_tokens: int = 1) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.script = script
+        self.engine_id = engine_id
+        self.token_delay = token_delay
+        self.chunk_tokens = chunk_tokens
+        self.im_start = self.tokenizer.convert_tokens_to_ids("<|im_start|>")
+        self.eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.marker = self.tokenizer.encode("assistant\n", add_special_tokens=False)
+        self.requests: list[dict[str, Any]] = []
+        self.aborted: list[str] = []
+        self.fail_next: list[int] = []
+        self.die_after: int | None = None
+        self.hold_after: int | None = None
+        self.tokens_sent = 0
+        self._release: asyncio.Event | None = None
+        self._cache: dict[str, list[int]] = {}
+
+    def plan(self, input_ids: list[int]) -> tuple[list[int], int]:
+        """(full output ids the script wants, tokens of it already generated)."""
+        starts = [i for i, t in enumerate(input_ids) if t == self.im_start]
+        cut = len(input_ids)
+        for start in reversed(starts):
+            if input_ids[start + 1 : start + 1 + len(self.marker)] == self.marker:
+                cut = start + 1 + len(self.marker)
+                break
+        prompt = self.tokenizer.decode(input_ids[:cut], skip_special_tokens=False)
+        if prompt not in self._cache:
+            text = self.script(prompt)
+            self._cache[prompt] = self.tokenizer.encode(text, add_special_tokens=False) + [self.eos]
+        target = self._cache[prompt]
+        done = input_ids[cut:]
+        if target[: len(done)] != done:
+            raise ValueError("resubmitted tokens are not a prefix of the scripted answer")
+        return target, len(done)
+
+    def release(self) -> None:
+        self.hold_after = None
+        if self._release is not None:
+            self._release.set()
+
+    def application(self) -> Any:
+        from aiohttp import web
+
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.add_routes([web.post("/generate", self.generate), web.post("/abort_request", self.abort),
+                        web.get("/health_generate", self.health), web.get("/health", self.health)])
+        return app
+
+    async def health(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.Response(text="ok")
+
+    async def abort(self, request: Any) -> Any:
+        from aiohttp import web
+
+        body = await request.json()
+        self.aborted.append(str(body.get("rid", "")))
+        return web.Response(status=200)
+
+    def _chunk(self, rid: str, ids: list[int], start: int, n_prompt: int, finish: Any) -> bytes:
+        meta = {"id": rid, "finish_reason": finish, "prompt_tokens": n_prompt, "weight_version": "default",
+                "completion_tokens": len(ids),
+                "output_token_logprobs": [[token_logprob(t, start + k), t, None] for k, t in enumerate(ids)]}
+        return b"data: " + json.dumps({"text": "", "output_ids": ids, "meta_info": meta}).encode() + b"\n\n"
+
+    async def generate(self, request: Any) -> Any:
+        from aiohttp import web
+
+        body = await request.json()
+        self.requests.append(body)
+        if self.fail_next:
+            return web.json_response({"error": {"message": "scripted failure"}}, status=self.fail_next.pop(0))
+        input_ids = list(body["input_ids"])
+        target, start = self.plan(input_ids)
+        budget = int(body.get("sampling_params", {}).get("max_new_tokens", 1 << 30))
+        out = target[start : start + budget]
+        finish = {"type": "stop", "matched": self.eos} if start + len(out) == len(target) \
+            else {"type": "length", "length": len(out)}
+        rid = str(body.get("rid", ""))
+        if not body.get("stream"):
+            return web.Response(body=self._chunk(rid, out, start, len(input_ids), finish)[6:-2],
+                                content_type="application/json")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await self._stream(request, response, rid, out, start, len(input_ids), finish)
+        return response
+
+    async def _stream(self, request: Any, response: Any, rid: str, out: list[int], start: int, n_prompt: int,
+                      finish: Any) -> None:
+        sent = 0
+        while sent < len(out):
+            if self.die_after is not None and sent >= self.die_after:
+                request.transport.close()  # the engine "dies" mid-stream
+                return
+            if self.hold_after is not None and sent >= self.hold_after:
+                self._release = self._release or asyncio.Event()
+                await self._release.wait()
+            if rid in self.aborted:
+                return
+            step = min(self.chunk_tokens, len(out) - sent)
+            sent += step
+            self.tokens_sent += step
+            done = finish if sent == len(out) else None
+            await response.write(self._chunk(rid, out[:sent], start, n_prompt, done))
+            if self.token_delay:
+                await asyncio.sleep(self.token_delay)
+        if not out:
+            await response.write(self._chunk(rid, [], start, n_prompt, finish))
+        await response.write(b"data: [DONE]\n\n")
+
+
+# -- scripts ----------------------------------------------------------------------
+
+
+def last_block(prompt: str, role: str) -> str:
+    """Content of the last ``<|im_start|>{role}`` turn of a rendered prompt."""
+    head = f"<|im_start|>{role}\n"
+    index = prompt.rfind(head)
+    if index < 0:
+        return ""
+    return prompt[index + len(head):].split("<|im_end|>", 1)[0]
+
+
+def echo_script(prompt: str) -> str:
+    """Answer ``echo: <last user text>`` (tool results count as user text)."""
+    return "echo: " + last_block(prompt, "user").strip()[:200]
+
+
+def tool_loop_script(command: str = "echo hello", tool: str = "Bash", final: str = "All done.",
+                     arguments: dict | None = None, commands: list | None = None) -> Any:
+    """Call ``tool`` once per entry of ``commands`` (default: once, with ``command``), one
+    call per turn, then answer ``final`` plus the last tool output.
+
+    The turn is the number of ``<tool_response>`` blocks already in the prompt. An
+    entry of ``commands`` is either a command string (sent as ``{"command": ...}``) or
+    a full arguments dict.
+    """
+    from gyre.real.proxy_toolcalls import format_tool_call
+
+    steps = list(commands) if commands is not None else [arguments or {"command": command}]
+
+    def script(prompt: str) -> str:
+        turn = prompt.count("<tool_response>")
+        if turn < len(steps):
+            step = steps[turn]
+            return f"Step {turn + 1}.\n" + format_tool_call(tool, step if isinstance(step, dict) else {"command": step})
+        last = last_block(prompt, "user")
+        result = last.split("<tool_response>")[-1].split("</tool_response>", 1)[0].strip()
+        return f"{final} Output: {result[:80]}"
+
+    return script
+
+
+# -- a proxy in front of engines ---------------------------------------------------
+
+
+def proxy_config(model_dir: Any, records_dir: Any, engines: dict[str, str], **overrides: Any) -> Any:
+    from gyre.real.proxy_config import EngineSpec, ProxyConfig
+
+    values = dict(model_path=str(model_dir), records_dir=str(records_dir), admin_token="admin-secret-token",
+                  engines=tuple(EngineSpec(id=i, url=u) for i, u in engines.items()),
+                  executions={"key-a": "exec-a", "key-b": "exec-b"}, fsync=False)
+    values.update(overrides)
+    return ProxyConfig(**values)
+
+
+def start_proxy(config: Any, chat: Any = None) -> tuple[ServerThread, Any]:
+    """Start a ``ProxyServer`` in a thread; returns (thread, server)."""
+    from gyre.real.proxy_app import ProxyServer
+
+    holder: dict[str, Any] = {}
+
+    def make_app() -> Any:
+        holder["server"] = ProxyServer(config, chat=chat)
+        return holder["server"].application()
+
+    thread = ServerThread(make_app).start()
+    return thread, holder["server"]
+
+
+# -- test-side checks --------------------------------------------------------------
+
+
+def admin(url: str, method: str, path: str, body: Any = None, token: str = "admin-secret-token") -> Any:
+    """Call the proxy's admin API synchronously; returns (status, json)."""
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method,
+                                     headers={"authorization": f"Bearer {token}", "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def new_key(url: str, execution_id: str) -> str:
+    status, body = admin(url, "POST", "/admin/executions", {"execution_id": execution_id})
+    assert status == 200, body
+    return body["api_key"]
+
+
+def check_records(records_dir: Any, execution_id: str, model_dir: Any) -> list[Any]:
+    """Read an execution's log from disk and check it against the scripted engine's contract.
+
+    Every output ends with ``<|im_end|>`` and carries ``token_logprob`` values
+    (so reroutes and retries left no gap and no duplicate), request ids are
+    unique, and the tree rebuilt from disk reproduces every request exactly.
+    """
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from gyre.trajectory.storage import ExecutionStore
+    from gyre.trajectory.tree import TrajectoryTree
+
+    records = ExecutionStore(records_dir).read(execution_id)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert len({r.request_id for r in records}) == len(records)
+    for record in records:
+        out = record.output_ids.tolist()
+        assert out and out[-1] == eos, "every scripted answer ends with <|im_end|>"
+        expected = [token_logprob(t, k) for k, t in enumerate(out)]
+        np.testing.assert_allclose(record.output_logprobs, expected, rtol=0, atol=1e-12)
+    tree = TrajectoryTree.from_records(records)
+    for index, record in enumerate(records):
+        assert np.array_equal(tree.request_sequence(index), record.sequence)
+    return records
+
+
+# -- load driving ----------------------------------------------------------------------
+
+
+def parse_sse(body: bytes) -> list[tuple[str, dict]]:
+    """(event name, data) pairs of an Anthropic SSE body."""
+    events = []
+    for block in body.decode().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "data" in lines:
+            events.append((lines.get("event", ""), json.loads(lines["data"])))
+    return events
+
+
+async def anthropic_turn(session: Any, url: str, key: str, messages: list, tools: list) -> tuple[str, list, float]:
+    """One streaming Messages call: (text, tool_use blocks, seconds to the last byte)."""
+    import time
+
+    body = {"model": "m", "max_tokens": 256, "stream": True, "messages": messages, "tools": tools}
+    start = time.perf_counter()
+    async with session.post(url + "/v1/messages", json=body, headers={"x-api-key": key}) as response:
+        raw = await response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {raw[:300]!r}")
+    elapsed = time.perf_counter() - start
+    events = parse_sse(raw)
+    if events[-1][0] != "message_stop":
+        raise RuntimeError(f"stream did not end with message_stop: {events[-1]}")
+    text = "".join(d["delta"].get("text", "") for e, d in events if e == "content_block_delta")
+    calls = [d["content_block"] for e, d in events
+             if e == "content_block_start" and d["content_block"]["type"] == "tool_use"]
+    return text, calls, elapsed
+
+
+async def tool_loop_execution(session: Any, url: str, key: str) -> list[float]:
+    """Two calls of one execution: the tool call, then the answer after the tool result."""
+    tools = [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]
+    messages = [{"role": "user", "content": "run the command"}]
+    text, calls, first = await anthropic_turn(session, url, key, messages, tools)
+    if len(calls) != 1:
+        raise RuntimeError(f"expected one tool call, got {calls}")
+    content = [{"type": "text", "text": text}, {**calls[0], "input": {"command": "echo hello"}}]
+    messages += [{"role": "assistant", "content": content},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": calls[0]["id"],
+                                               "content": "hello"}]}]
+    text, calls, second = await anthropic_turn(session, url, key, messages, tools)
+    if calls or not text.startswith("All done."):
+        raise RuntimeError(f"unexpected final answer {text!r}")
+    return [first, second]
+
+
+def start_proxy_process(config: dict, path: Path, extra_env: dict | None = None) -> tuple[Any, str]:
+    """Run ``python -m gyre.real.proxy_cli`` on ``config``; returns (process, url)."""
+    import subprocess
+    import sys
+
+    path.write_text(json.dumps(config))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **(extra_env or {}))
+    process = subprocess.Popen([sys.executable, "-m", "gyre.real.proxy_cli", "--config", str(path), "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    line = process.stdout.readline()
+    if not line:
+        raise RuntimeError(f"proxy did not start: {process.stderr.read()}")
+    return process, json.loads(line)["url"]
+
+
+# -- a standalone scripted engine process (benchmarks, harness tests) --------------------
+
+SCRIPTS = {"echo": lambda **kw: echo_script, "tool_loop": tool_loop_script,
+           "short": lambda **kw: (lambda prompt: "ok, done")}
+
+
+def serve_scripted_engine(model_dir: str, script: str, port: int = 0, token_delay: float = 0.0,
+                          options: dict | None = None) -> None:
+    """Run a ScriptedEngine in the foreground; prints ``{"url": ...}`` once listening."""
+    from aiohttp import web
+
+    async def serve() -> None:
+        engine = ScriptedEngine(model_dir, SCRIPTS[script](**(options or {})), token_delay=token_delay)
+        runner = web.AppRunner(engine.application(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", port)
+        await site.start()
+        print(json.dumps({"url": f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"}), flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="run a scripted SGLang-contract engine")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--script", default="short", choices=sorted(SCRIPTS))
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--token-delay", type=float, default=0.0)
+    parser.add_argument("--options", default="{}", help="JSON keyword arguments of the script factory")
+    options = parser.parse_args()
+    serve_scripted_engine(options.model, options.script, options.port, options.token_delay,
+                          json.loads(options.options))

@@ -1,0 +1,241 @@
+"""Fast unit tests of the proxy's pure parts: output parsing, engine chunks, routing, retries, config."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from gyre.real.proxy_config import ConfigError, EngineSpec, RetryPolicy, config_from_mapping, load_proxy_config
+from gyre.real.proxy_engine_client import ChunkDecoder, EngineError, TokenChunk
+from gyre.real.proxy_generation import Generation, Overloaded
+from gyre.real.proxy_routing import Flight, Router, RoutingError
+from gyre.real.proxy_toolcalls import OutputSplitter, _merged, format_tool_call, parse_output
+
+pytestmark = pytest.mark.timeout(60)
+
+# -- Qwen-style output parsing ------------------------------------------------------------
+
+segments = st.one_of(
+    st.text(alphabet="ab <>/\n{}\"", max_size=12),
+    st.builds(format_tool_call, st.sampled_from(["Bash", "read"]),
+              st.dictionaries(st.sampled_from(["command", "path"]), st.text(max_size=5), max_size=2)),
+    st.just("<tool_call>not json</tool_call>"), st.just("<tool_call>{\"name\": \"x\""),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(think=st.one_of(st.none(), st.text(alphabet="ab <\n", max_size=10)), parts=st.lists(segments, max_size=4),
+       cuts=st.lists(st.integers(0, 200), max_size=6))
+def test_splitter_is_independent_of_how_the_stream_is_cut(think, parts, cuts):
+    text = (f"<think>{think}</think>" if think is not None else "") + "".join(parts)
+    whole = OutputSplitter()
+    expected = whole.feed(text) + whole.finish()
+    pieces, last = [], 0
+    for cut in sorted(c for c in cuts if c <= len(text)) + [len(text)]:
+        pieces.append(text[last:cut])
+        last = cut
+    splitter = OutputSplitter()
+    events = [e for piece in pieces for e in splitter.feed(piece)] + splitter.finish()
+    assert _merged(events) == _merged(expected)
+
+
+def test_parse_output_thinking_text_and_calls():
+    text = "<think>plan</think>\n\nRunning.\n" + format_tool_call("Bash", {"command": "ls"}) + "\n" + \
+        format_tool_call("read", {"path": "a"})
+    parsed = parse_output(text)
+    assert (parsed.thinking, parsed.text) == ("plan", "Running.")
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("Bash", {"command": "ls"}), ("read", {"path": "a"})]
+    broken = parse_output("x <tool_call>{oops}</tool_call>")
+    assert broken.tool_calls == () and "<tool_call>{oops}</tool_call>" in broken.text
+    assert parse_output("plan</think>answer", in_thinking=True).thinking == "plan"
+
+
+# -- SGLang stream chunks -----------------------------------------------------------------
+
+def _sglang_chunks(ids, *, incremental):
+    chunks = []
+    for n in range(1, len(ids) + 1):
+        part = ids[n - 1:n] if incremental else ids[:n]
+        chunks.append({"output_ids": part, "meta_info": {
+            "completion_tokens": n, "finish_reason": {"type": "stop"} if n == len(ids) else None,
+            "output_token_logprobs": [[-0.1 * (k + 1), t, None] for k, t in enumerate(ids) if
+                                      (k == n - 1 if incremental else k < n)]}})
+    return chunks
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_chunk_decoder_handles_cumulative_and_incremental_streams(incremental):
+    decoder = ChunkDecoder("e0")
+    out = [decoder.decode(c) for c in _sglang_chunks([5, 6, 7], incremental=incremental)]
+    assert [c.ids for c in out] == [(5,), (6,), (7,)]
+    assert [c.logprobs for c in out] == [(-0.1,), (-0.2,), (pytest.approx(-0.3),)]
+    assert out[-1].finish == {"type": "stop"}
+
+
+def test_chunk_decoder_rejects_errors_and_inconsistent_chunks():
+    with pytest.raises(EngineError):
+        ChunkDecoder("e0").decode({"error": {"message": "boom"}})
+    with pytest.raises(EngineError):
+        ChunkDecoder("e0").decode({"output_ids": [1], "meta_info": {"completion_tokens": 2,
+                                                                     "output_token_logprobs": [[-1, 1, None]]}})
+    chunk = ChunkDecoder("e0").decode({"output_ids": [1], "meta_info": {"completion_tokens": 1,
+                                                                         "output_token_logprobs": [[1e-9, 1, None]]}})
+    assert chunk.logprobs == (0.0,)
+
+
+# -- generation across moves and failures ------------------------------------------------
+
+class FakeClient:
+    """Serves ``answer`` token by token; ``plan`` lists per-submission behaviour."""
+
+    def __init__(self, answer, plan):
+        self.answer, self.plan, self.submissions, self.aborted = answer, list(plan), [], []
+
+    async def stream(self, engine, rid, input_ids, sampling, attach=None):
+        action = self.plan.pop(0) if self.plan else "ok"
+        self.submissions.append((engine.id, list(input_ids)))
+        done = len(input_ids) - 2  # the prompt is two tokens
+        for k, token in enumerate(self.answer[done:done + sampling["max_new_tokens"]]):
+            if action == "fail" and k == 2:
+                raise EngineError(engine.id, "reset")
+            finish = {"type": "stop"} if done + k + 1 == len(self.answer) else None
+            yield TokenChunk((token,), (-0.5,), finish)
+            await asyncio.sleep(0)
+
+    async def abort(self, engine, rid):
+        self.aborted.append((engine.id, rid))
+        return True
+
+
+def _run(router, client, attempts=3):
+    generation = Generation(router, client, RetryPolicy(attempts=attempts, backoff_s=0), execution_id="x",
+                            request_id="r", input_ids=[1, 2], sampling={"max_new_tokens": 50})
+
+    async def consume():
+        return [t for chunk in [c async for c in generation] for t in chunk.ids]
+
+    return generation, asyncio.run(consume())
+
+
+def _router():
+    return Router([EngineSpec(id="e0", url="http://127.0.0.1:1"), EngineSpec(id="e1", url="http://127.0.0.1:2")])
+
+
+def test_generation_continues_after_failures_without_gap_or_duplicate():
+    answer = list(range(100, 110))
+    router = _router()
+    generation, tokens = _run(router, FakeClient(answer, ["fail", "fail", "ok"]))
+    assert tokens == answer and generation.log.engines == ["e0", "e1", "e0"]
+    assert router.engines["e0"].in_flight == router.engines["e1"].in_flight == 0
+
+
+def test_generation_gives_up_after_the_retry_budget():
+    with pytest.raises(Overloaded):
+        _run(_router(), FakeClient(list(range(10)), ["fail"] * 5), attempts=2)
+
+
+def test_all_engines_draining_is_overload():
+    router = _router()
+    router.drain("e0")
+    router.drain("e1")
+    with pytest.raises(Overloaded):
+        _run(router, FakeClient([1], []))
+
+
+# -- the router as a state machine --------------------------------------------------------
+
+class RouterMachine(RuleBasedStateMachine):
+    """Random drains, reroutes and submissions; invariants from SPEC.md 3.5."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = Router([EngineSpec(id=f"e{i}", url=f"http://127.0.0.1:{i + 1}") for i in range(3)])
+        self.flights: list[Flight] = []
+
+    @rule(execution=st.sampled_from(["a", "b", "c"]))
+    def submit(self, execution):
+        engine = self.router.engine_for(execution)
+        if engine is None:
+            assert all(s.draining for s in self.router.engines.values())
+            return
+        assert not engine.draining
+        flight = Flight(execution, f"r{len(self.flights)}")
+        self.router.begin(flight, engine)
+        self.flights.append(flight)
+
+    @precondition(lambda self: self.flights)
+    @rule(data=st.data())
+    def finish(self, data):
+        flight = self.flights.pop(data.draw(st.integers(0, len(self.flights) - 1)))
+        self.router.end(flight, finished=True)
+
+    @rule(engine=st.sampled_from(["e0", "e1", "e2"]), draining=st.booleans())
+    def drain(self, engine, draining):
+        self.router.drain(engine, draining)
+
+    @rule(execution=st.sampled_from(["a", "b", "c"]), dest=st.sampled_from(["e0", "e1", "e2"]))
+    def reroute(self, execution, dest):
+        try:
+            self.router.reroute(execution, dest)
+        except RoutingError:
+            assert self.router.engines[dest].draining
+            return
+        for flight in self.flights:
+            if flight.execution_id == execution and flight.engine_id != dest:
+                assert flight.moved, "every in-flight request elsewhere is moved"
+
+    @invariant()
+    def routes_name_known_engines_and_counts_match(self):
+        assert set(self.router.routes.values()) <= set(self.router.engines)
+        for engine_id, state in self.router.engines.items():
+            assert state.in_flight == sum(1 for f in self.flights if f.engine_id == engine_id)
+
+
+TestRouterMachine = RouterMachine.TestCase
+TestRouterMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+# -- configuration and CLI ----------------------------------------------------------------
+
+def test_config_files_and_errors(tmp_path):
+    base = {"model_path": "m", "records_dir": "r", "admin_token": "long-enough-token",
+            "engines": [{"id": "e0", "url": "http://127.0.0.1:1/"}]}
+    (tmp_path / "p.json").write_text(json.dumps(base))
+    config = load_proxy_config(tmp_path / "p.json")
+    assert config.engines[0].url == "http://127.0.0.1:1" and config.fsync is True
+    (tmp_path / "p.toml").write_text('model_path = "m"\nrecords_dir = "r"\nadmin_token = "long-enough-token"\n'
+                                     '[[engines]]\nid = "e0"\nurl = "http://127.0.0.1:1"\n[retry]\nattempts = 2\n')
+    assert load_proxy_config(tmp_path / "p.toml").retry.attempts == 2
+    for change, needle in [({"bogus": 1}, "bogus"), ({"engines": []}, "engines"), ({"admin_token": "x"}, "admin_token"),
+                           ({"retry": {"attempts": 0}}, "retry.attempts"),
+                           ({"engines": [{"id": "e 0", "url": "http://x"}]}, "engines[].id")]:
+        with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+            config_from_mapping({**base, **change})
+
+
+def test_cli_registers_the_proxy_subcommand():
+    from gyre.real import proxy_cli
+
+    parser = argparse.ArgumentParser()
+    proxy_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["proxy", "--config", "x.json", "--port", "0"])
+    assert args.func is proxy_cli.run and args.port == 0
+
+
+def test_prefix_cache_reuses_the_longest_exact_text_prefix():
+    from gyre.real.proxy_tokenize import PrefixCache
+
+    sequences = {0: [1, 2, 3, 4], 1: [1, 2, 3, 4, 5, 6, 7]}
+    cache = PrefixCache(sequences.__getitem__, size=2)
+    cache.add("ab", "cd", 2, 0)  # prompt "ab" -> [1, 2], output "cd" -> [3, 4]
+    assert cache.best_prefix("abcdXY") == (4, [1, 2, 3, 4])
+    assert cache.best_prefix("abZZ") == (2, [1, 2])
+    assert cache.best_prefix("xbcd") == (0, [])
+    cache.add("abcdef", "g", 6, 1)
+    assert cache.best_prefix("abcdefgh") == (7, [1, 2, 3, 4, 5, 6, 7])
