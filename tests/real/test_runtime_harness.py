@@ -140,3 +140,35 @@ def test_workspace_hash_changes_with_content(tmp_path):
     (tmp_path / "a.txt").write_text("y")
     assert artifact_version(tmp_path) != before
     assert Task(task_id="t", prompt="p").files == {}
+
+
+@pytest.mark.timeout(120)
+def test_scripted_harness_through_the_real_proxy_builds_its_tree(tmp_path_factory, tmp_path):
+    """The same runner and harness, now through Gyre's proxy in front of a /generate engine."""
+    pytest.importorskip("aiohttp")
+    try:
+        from proxy_fixtures import (ScriptedEngine, ServerThread, build_tiny_tokenizer, check_records, echo_script,
+                                    new_key, proxy_config, shared_tiny_dir, start_proxy)
+    except ImportError:
+        from .proxy_fixtures import (ScriptedEngine, ServerThread, build_tiny_tokenizer, check_records, echo_script,
+                                     new_key, proxy_config, shared_tiny_dir, start_proxy)
+    from gyre.trajectory.tree import TrajectoryTree
+
+    model = build_tiny_tokenizer(shared_tiny_dir(tmp_path_factory))
+    records = tmp_path / "records"
+    engine = ServerThread(ScriptedEngine(model, echo_script).application).start()
+    proxy, _server = start_proxy(proxy_config(model, records, {"e0": engine.url}))
+    try:
+        key = new_key(proxy.url, "exec-9")
+        adapter = ScriptedHarness(calls=5, compact_every=3, subagent_at=(2,))
+        result = asyncio.run(HarnessRunner(tmp_path / "runs", proxy.url, adapter).run(
+            9, EmitTokenTask().task("q"), key=key))
+    finally:
+        proxy.stop()
+        engine.stop()
+    assert result.outcome == "completed"
+    recorded = check_records(records, "exec-9", model)
+    assert len(recorded) == 5 + 2 + 1  # main calls, sub-agent calls, one compaction summary
+    tree = TrajectoryTree.from_records(recorded)
+    roots = {tree.request_sequence(i)[:8].tobytes() for i in range(len(recorded))}
+    assert len(roots) >= 2  # the sub-agent's context starts apart from the main agent's
