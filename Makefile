@@ -16,7 +16,16 @@ $(VENV)/.base-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
-$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
+# Mooncake's Transfer Engine needs the RDMA user-space libraries even on tcp.
+$(VENV)/.system-libs: | $(BIN)/python
+	@if ! ldconfig -p | grep -q 'libibverbs.so.1 '; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && apt-get install -y -qq libibverbs1 libnl-3-200 libnl-route-3-200; \
+	  else echo "Mooncake needs libibverbs1 libnl-3-200 libnl-route-3-200: install them (apt-get) and rerun"; exit 1; fi; \
+	fi
+	touch $@
+
+$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python $(VENV)/.system-libs
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
 	$(BIN)/python -m pip install -q -e '.[dev,real]'
 	touch $@ $(VENV)/.base-installed
