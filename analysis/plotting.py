@@ -12,6 +12,8 @@ role or a method are the same in every figure.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +68,12 @@ def save_figure(fig: Figure, out_dir: str | Path, stem: str) -> list[Path]:
         if path.stat().st_size == 0:
             raise RuntimeError(f"matplotlib wrote an empty file: {path}")
     return paths
+
+
+def run_as_script(main: "Callable[..., list[Path]]") -> None:
+    """The command line of every figure script: ``python FIG.py [OUT_DIR] [--quick]``."""
+    import sys
+
+    args = [a for a in sys.argv[1:] if a != "--quick"]
+    for path in main(Path(args[0]) if args else Path("figs"), quick="--quick" in sys.argv):
+        print(path)

@@ -13,10 +13,9 @@ is the one after the first with the most satellite joins (``busiest_burst``). ``
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from gyre.analysis.plotting import HOUR_S, ROLE_COLORS, ROLE_LABELS, house_style, new_figure, save_figure, style_axes
+from gyre.analysis.plotting import HOUR_S, ROLE_COLORS, ROLE_LABELS, house_style, new_figure, save_figure, style_axes, run_as_script
 from gyre.analysis.runs import Run, run_from_result
 from gyre.analysis.timeline import burst_span, publications, running_executions, satellite_joins
 
@@ -107,5 +106,4 @@ def main(out_dir: Path, quick: bool = False) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for path in main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("figs"), quick="--quick" in sys.argv):
-        print(path)
+    run_as_script(main)

@@ -14,12 +14,11 @@ out_dir)`` draws any pair of duration arrays in hours.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from gyre.analysis.plotting import HOUR_S, house_style, new_figure, save_figure, style_axes
+from gyre.analysis.plotting import HOUR_S, house_style, new_figure, save_figure, style_axes, run_as_script
 
 STEM = "fig2_durations"
 OVERFLOW_H = 4.45
@@ -74,5 +73,4 @@ def main(out_dir: Path, quick: bool = False) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for path in main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("figs"), quick="--quick" in sys.argv):
-        print(path)
+    run_as_script(main)

@@ -12,10 +12,9 @@ divided by Gyre's (``timing.cumulative_speedup``); above 1 means Gyre is ahead.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from gyre.analysis.plotting import HOUR_S, METHOD_COLORS, house_style, new_figure, save_figure, style_axes
+from gyre.analysis.plotting import HOUR_S, METHOD_COLORS, house_style, new_figure, save_figure, style_axes, run_as_script
 from gyre.analysis.runs import Run, run_from_result
 from gyre.analysis.timing import cumulative_speedup, step_durations
 
@@ -62,5 +61,4 @@ def main(out_dir: Path, quick: bool = False) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for path in main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("figs"), quick="--quick" in sys.argv):
-        print(path)
+    run_as_script(main)

@@ -13,12 +13,11 @@ short for one (quick mode) uses all consumed groups, and the title says so.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from gyre.analysis.plotting import METHOD_COLORS, house_style, new_figure, save_figure, style_axes
+from gyre.analysis.plotting import METHOD_COLORS, house_style, new_figure, save_figure, style_axes, run_as_script
 from gyre.analysis.runs import Run, consumed_groups, run_from_result
 from gyre.analysis.staleness import staleness_distribution, staleness_stats, steady_window, token_distribution
 
@@ -86,5 +85,4 @@ def main(out_dir: Path, quick: bool = False) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for path in main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("figs"), quick="--quick" in sys.argv):
-        print(path)
+    run_as_script(main)

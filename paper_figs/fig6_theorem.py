@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from gyre.analysis.plotting import POLICY_COLORS, house_style, new_figure, save_figure, style_axes
+from gyre.analysis.plotting import POLICY_COLORS, house_style, new_figure, save_figure, style_axes, run_as_script
 from gyre.analysis.theorem import SMALL_GRID, TheoremGrid, TheoremReport, run_theorem
 
 STEM = "fig6_theorem"
@@ -106,5 +105,4 @@ def main(out_dir: Path, quick: bool = False) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for path in main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("figs"), quick="--quick" in sys.argv):
-        print(path)
+    run_as_script(main)

@@ -14,10 +14,11 @@ Invariant: the drawing is a pure function of the seed and the shape.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
+
+from gyre.analysis.plotting import run_as_script
 
 SEED = 0
 STEM = "fig7_prefix_graph"
@@ -58,4 +59,4 @@ def main(out_dir: Path, quick: bool = False) -> list[Path]:
 
 
 if __name__ == "__main__":
-    print("\n".join(str(p) for p in main(Path(sys.argv[1] if len(sys.argv) > 1 else "figs"))))
+    run_as_script(main)
