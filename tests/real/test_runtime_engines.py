@@ -1,0 +1,118 @@
+"""The SGLang engine manager against a real SGLang CPU engine on a tiny Qwen2.
+
+One engine is launched on the tiny random Qwen2 of ``proxy_fixtures`` (built
+locally, nothing downloaded) and driven through its whole control surface:
+greedy ``/generate`` with ``input_ids`` and ``return_logprob``, memory release
+and resume, pause and continue, an in-place weight update from a perturbed
+copy saved with transformers (logprobs of the same tokens must change, and the
+weight version must move), abort_all, shutdown (the process group is gone and
+later calls name the dead engine). A launch on a missing model path must fail
+naming the engine and showing the log tail. Skipped, with the reason, when
+the SGLang virtualenv is absent.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+try:
+    from proxy_fixtures import build_tiny_qwen2, free_port, shared_tiny_dir
+except ImportError:
+    from .proxy_fixtures import build_tiny_qwen2, free_port, shared_tiny_dir
+
+from gyre.real.runtime_engines import EngineError, EngineManager, EngineSpec, launch_command, sglang_python
+
+SGLANG_PYTHON = sglang_python()
+SMALL = ("--mem-fraction-static", "0.05", "--max-total-tokens", "32768", "--skip-server-warmup")
+NO_VENV = f"SGLang CPU venv not found at {SGLANG_PYTHON} (run tools/setup_sglang_cpu.sh)"
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
+              pytest.mark.skipif(not SGLANG_PYTHON.exists(), reason=NO_VENV)]
+PROMPT = [1, 5, 17, 42, 99, 7, 300, 12]
+
+
+def _perturbed_copy(model: Path, out: Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(model, out)
+    weights = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in weights.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    weights.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def _greedy(manager: EngineManager, engine: str) -> tuple[list[int], list[float]]:
+    body = {"input_ids": PROMPT, "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}}
+    meta = manager.generate(engine, body)["meta_info"]
+    pairs = meta["output_token_logprobs"]
+    return [p[1] for p in pairs], [p[0] for p in pairs]
+
+
+def _scored(manager: EngineManager, engine: str, ids: list[int]) -> list[float]:
+    """Teacher-forced logprobs of ``ids`` (positions 1..) under the engine's current weights."""
+    body = {"input_ids": ids, "return_logprob": True, "logprob_start_len": 0,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+    pairs = manager.generate(engine, body)["meta_info"]["input_token_logprobs"]
+    return [p[0] for p in pairs if p[0] is not None]
+
+
+def test_launch_command_binds_loopback_with_cpu_flags():
+    spec = EngineSpec(engine_id="e0", model_path="/m", port=1234, extra_args=("--x",))
+    argv = launch_command(spec, Path("/py"))
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and "--disable-cuda-graph" in argv and argv[-1] == "--x"
+    assert "--device" not in launch_command(EngineSpec(engine_id="g", model_path="/m", port=1, cpu=False), Path("/py"))
+
+
+def test_engine_lifecycle_on_real_sglang(tmp_path_factory):
+    model = build_tiny_qwen2(shared_tiny_dir(tmp_path_factory, "tiny-qwen2"))
+    perturbed = _perturbed_copy(model, tmp_path_factory.mktemp("perturbed") / "model")
+    manager = EngineManager(tmp_path_factory.mktemp("engine-logs"))
+    spec = EngineSpec(engine_id="rollout-0", model_path=str(model), port=free_port(), extra_args=SMALL)
+    engine = manager.launch(spec)
+    try:
+        manager.wait_healthy("rollout-0", timeout=180)
+        tokens, before = _greedy(manager, "rollout-0")
+        assert len(tokens) == 4 and all(lp <= 0 for lp in before)
+
+        manager.release_memory("rollout-0")
+        manager.resume_memory("rollout-0")
+        manager.pause("rollout-0")
+        manager.resume_generation("rollout-0")
+        assert _greedy(manager, "rollout-0") == (tokens, before)
+        scored = _scored(manager, "rollout-0", PROMPT + tokens)
+        assert scored[-4:] == pytest.approx(before, abs=1e-4)
+
+        result = manager.update_weights_from_disk("rollout-0", perturbed, weight_version="v1")
+        assert result["success"] and manager.weight_version("rollout-0") == "v1"
+        after = _scored(manager, "rollout-0", PROMPT + tokens)
+        assert len(after) == len(scored)
+        assert max(abs(a - b) for a, b in zip(after, scored)) > 1e-3, "logprobs unchanged by the update"
+
+        manager.abort("rollout-0")
+        manager.abort("rollout-0", rid="no-such-request")
+    finally:
+        manager.shutdown_all()
+    assert engine.process.poll() is not None
+    with pytest.raises(EngineError, match="rollout-0"):
+        manager.weight_version("rollout-0")
+
+
+def test_launch_on_missing_model_names_engine_and_log(tmp_path):
+    manager = EngineManager(tmp_path / "logs")
+    spec = EngineSpec(engine_id="broken-7", model_path=str(tmp_path / "nope"), port=free_port(), extra_args=SMALL)
+    manager.launch(spec)
+    try:
+        with pytest.raises(EngineError) as info:
+            manager.wait_healthy("broken-7", timeout=120)
+    finally:
+        manager.shutdown_all()
+    message = str(info.value)
+    assert "broken-7" in message and "exited with code" in message and "log tail" in message
+    assert "nope" in message, message[-800:]

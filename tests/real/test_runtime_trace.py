@@ -1,0 +1,88 @@
+"""Real-run results written as simulator traces: round trip, replay, and rejection of bad input.
+
+The results are built by hand the way a real run reports them (wall-clock
+start/end, outcomes, counts from ``ModelCall`` records); the trace is read
+back with the simulator's own ``load_trace`` and replayed by
+``run_simulation`` on a small cluster.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gyre.real.runtime_trace import CANCELLED, ExecutionResult, counts_from_calls, trace_from_results, write_trace
+from gyre.sim.runner import run_simulation
+from gyre.sim.trace_format import TraceError, load_trace
+from gyre.trajectory.records import ModelCall
+
+N = 3
+
+
+def _call(n_in: int, n_out: int, k: int) -> ModelCall:
+    return ModelCall(execution_id="e", request_id=f"r{k}", input_ids=np.arange(n_in), output_ids=np.arange(n_out),
+                     output_logprobs=np.full(n_out, -0.5), policy_version=0)
+
+
+def _results(queries: int = 4) -> list[ExecutionResult]:
+    outcomes = ["completed", "harness_timeout", "failed", "overall_timeout"]
+    results = []
+    for q in range(queries):
+        for i in range(N + 1):  # one oversampled execution per query; the slowest is cancelled
+            start = 100.0 + q
+            counts = counts_from_calls([_call(20 + i, 5 + q, 0), _call(40 + i, 7, 1)])
+            outcome = CANCELLED if i == N else outcomes[(q + i) % 4]
+            results.append(ExecutionResult(query_id=q, execution_index=i, start_s=start, end_s=start + 30 + 10 * i,
+                                           outcome=outcome, **counts))
+    return results
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_round_trip_drops_cancelled_surplus(tmp_path, suffix):
+    path = write_trace(_results(), tmp_path / f"run{suffix}", N=N)
+    trace = load_trace(path, N=N)
+    assert trace.queries == 4 and trace.N == N
+    assert (trace.outcomes != CANCELLED).all()
+    np.testing.assert_allclose(trace.durations_s, np.tile([30.0, 40.0, 50.0], (4, 1)))
+    np.testing.assert_array_equal(trace.column("call_count"), 2)
+    np.testing.assert_array_equal(trace.column("input_tokens")[0], [60, 62, 64])
+    np.testing.assert_array_equal(trace.column("output_tokens")[:, 0], [12, 13, 14, 15])
+    assert trace.outcomes[1, 0] == "harness_timeout"
+
+
+def test_real_run_trace_replays_in_simulator(tmp_path):
+    path = write_trace(_results(queries=6), tmp_path / "run.csv", N=N)
+    result = run_simulation("E0", load_trace(path, N=N), steps=1, overrides={"K": 2, "C_e": 8, "N": N, "B": 2})
+    assert result.summary["steps"] == 1 and result.summary["total_hours"] > 0
+
+
+def test_counts_are_optional_but_all_or_none():
+    bare = [ExecutionResult(query_id="q", execution_index=i, start_s=0.0, end_s=1.0, outcome="completed")
+            for i in range(2)]
+    assert trace_from_results(bare).column("input_tokens") is None
+    mixed = [bare[0], ExecutionResult(query_id="q", execution_index=1, start_s=0.0, end_s=1.0,
+                                      outcome="completed", input_tokens=3)]
+    with pytest.raises(TraceError, match=r"execution_index=0\).*no input_tokens"):
+        trace_from_results(mixed)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"outcome": "timeout"}, r"query_id=2, execution_index=1\): unknown outcome 'timeout'"),
+    ({"end_s": 90.0}, r"query_id=2, execution_index=1\): negative duration"),
+    ({"end_s": float("nan")}, r"execution_index=1\): .*must be finite"),
+    ({"output_tokens": -1}, r"execution_index=1\): output_tokens=-1"),
+    ({"execution_index": -1}, r"execution_index=-1\): execution_index must be"),
+])
+def test_bad_result_names_the_execution(tmp_path, change, match):
+    results = _results()
+    fields = {**results[9].__dict__, **change}
+    results[9] = ExecutionResult(**fields)
+    with pytest.raises(TraceError, match=match):
+        write_trace(results, tmp_path / "bad.csv", N=N)
+    assert not (tmp_path / "bad.csv").exists()
+
+
+def test_group_short_of_n_after_dropping_is_rejected():
+    results = [r for r in _results() if not (r.query_id == 1 and r.execution_index == 0)]
+    with pytest.raises(TraceError, match=r"query 1 has 2 executions, expected N=3"):
+        trace_from_results(results, N=N)
