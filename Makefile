@@ -44,7 +44,7 @@ run: $(VENV)/.base-installed
 	touch $@
 
 test: $(VENV)/.dev-installed .venv-sglang/.installed .harness/.installed
-	$(BIN)/python -m pytest -q
+	bash tools/isolated.sh $(BIN)/python -m pytest -q
 
 figs: $(VENV)/.base-installed
 	$(BIN)/gyre figs --out figs
