@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gyre.analysis.theorem_cli",
     "gyre.analysis.figs_cli",
     "gyre.real.proxy_cli",
+    "gyre.real.runtime_cli",
 )
 
 

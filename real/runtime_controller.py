@@ -65,13 +65,17 @@ class Controller:
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, fields))
 
     # ---- the loop --------------------------------------------------------------------
-    async def run(self, steps: int, timeout_s: float | None = None) -> None:
-        """Run until the core has completed ``steps`` optimizer steps."""
+    async def run(self, steps: int, timeout_s: float | None = None, finish_publication: bool = False) -> None:
+        """Run until the core has completed ``steps`` optimizer steps.
+
+        With ``finish_publication`` the run also waits for a publication still
+        pending after the last step (the engines then serve the final weights).
+        """
         self._loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue()
         self._feed(ev.Begin(self.clock()))
         deadline_run = None if timeout_s is None else self.clock() + timeout_s
-        while self.core.version < steps:
+        while self.core.version < steps or (finish_publication and self.core.awaiting_publish):
             if deadline_run is not None and self.clock() > deadline_run:
                 raise ControllerError(f"run exceeded {timeout_s} s at step {self.core.version} of {steps}")
             self._feed(await self._next_event(deadline_run))

@@ -117,3 +117,13 @@ def test_backend_failure_names_the_action_and_keeps_the_log(tmp_path):
 def test_report_before_run_is_an_error():
     with pytest.raises(ControllerError, match="before run"):
         Controller(CFG, TimedBackend(CFG, 0)).report(ev.GroupWanted)
+
+
+@pytest.mark.timeout(60)
+def test_finish_publication_waits_for_the_last_burst_to_publish():
+    backend = TimedBackend(CFG, 2)
+    ctl = Controller(CFG, backend)
+    backend.ctl = ctl
+    asyncio.run(ctl.run(2, timeout_s=30, finish_publication=True))  # mu = 2: step 2 ends a burst
+    assert ctl.core.version == 2 and not ctl.core.awaiting_publish and ctl.core.published == 2
+    assert ctl.events[-1]["kind"] == "publish_done"

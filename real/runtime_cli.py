@@ -1,0 +1,36 @@
+"""``gyre run --config FILE``: one real run (SGLang CPU engines, proxy, harnesses, training cells).
+
+The TOML file holds a ``[job]`` table of ``runtime_job.JobConfig`` fields;
+``--set name=value`` overrides one field (parsed as TOML, e.g. ``steps=20``).
+Prints the run's summary (staleness, reward curve, replay check) as JSON and
+exits 0 only when the run finished and the replay differential check held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("run", help="run a real job: SGLang engines + proxy + harnesses + training cells")
+    parser.add_argument("--config", required=True, help="job configuration (.toml with a [job] table)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="override one JobConfig field (TOML value)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import tomllib
+
+    from gyre.real.runtime_job import load_job_config, run_job
+
+    overrides = {}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        overrides[name.strip()] = tomllib.loads(f"v = {value}")["v"]
+    summary = run_job(load_job_config(args.config, **overrides))
+    keys = ("steps", "published", "replay_identical", "staleness_mean", "staleness_predicted", "reward_curve",
+            "step_wall_s", "outcomes", "trace", "log", "timings")
+    print(json.dumps({k: summary[k] for k in keys}, indent=2, default=str))
+    return 0 if summary["replay_identical"] and summary["published"] >= summary["steps"] else 1

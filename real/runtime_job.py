@@ -1,0 +1,263 @@
+"""A whole real run from one TOML file: ``run_job(JobConfig) -> summary``.
+
+``JobConfig`` (frozen, loaded by ``load_job_config``) names the policy knobs
+(K, C_e, N, B, phi, mu, tau, rho_min), the toy task, the harness shape and
+the run length. ``run_job`` builds, in order: the tiny tokenizer (trained
+locally if missing), the training plane (K cells, Megatron-core on CPU), the
+initial Qwen2 checkpoint *exported from the plane's version-0 weights* (so the
+engines' behaviour policy and the trainer start identical), one SGLang CPU
+engine per cell, the proxy (in-process thread, 127.0.0.1), the harness runner
+and the ``RealBackend``; then runs the ``Controller`` for ``steps`` steps and
+writes, under ``workdir``: ``log/`` (events.csv + summary.json, replayable by
+``gyre.sim.replay.replay_run``), ``trace.csv`` (complete groups, simulator
+format) and ``summary.json``.
+
+Invariants: everything binds 127.0.0.1 on ports chosen at run time; every
+process started here is stopped in ``finally`` (harnesses, engines, cells,
+proxy); the summary's ``replay_identical`` is the differential check (the
+simulator's driver regenerates the controller's action sequence exactly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import shutil
+import socket
+import statistics
+import threading
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gyre.actions import SEPARATE
+from gyre.config import SchedulerConfig
+from gyre.real.runtime_backend import Parts, RealBackend
+from gyre.real.runtime_controller import Controller
+from gyre.real.runtime_engines import EngineManager, EngineSpec
+from gyre.real.tiny_model import build_tiny_tokenizer
+from gyre.real.runtime_harness import Budgets, HarnessRunner, ScriptedHarness
+from gyre.real.runtime_tasks import artifact_version
+from gyre.trajectory.evaluation import EvaluationBinding, EvaluationResult
+from gyre.real.runtime_harness import Task
+
+ADMIN_TOKEN = "gyre-job-admin"
+SMALL_ENGINE = ("--mem-fraction-static", "0.05", "--max-total-tokens", "16384", "--skip-server-warmup")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    workdir: str = "runs/cpu-demo"
+    model_dir: str = "runs/tiny-tokenizer"
+    K: int = 2
+    C_e: int = 2
+    N: int = 2
+    B: int = 2
+    phi: float = 0.0
+    mu: int = 2
+    tau: float = 0.0
+    rho_min: float = 0.5
+    granularity: str = "fine"
+    steps: int = 4
+    separate_engine: bool = False
+    calls: int = 2
+    max_tokens: int = 12
+    target: str = "e"
+    lr: float = 1e-3
+    seed: int = 0
+    token_budget: int = 4096
+    timeout_s: float = 900.0
+
+    def scheduler(self) -> SchedulerConfig:
+        return SchedulerConfig(K=self.K, C_e=self.C_e, C_s=self.C_e if self.separate_engine else 0, N=self.N,
+                               B=self.B, phi=self.phi, mu=self.mu, tau=self.tau, rho_min=self.rho_min,
+                               granularity=self.granularity, streaming=False)
+
+
+def load_job_config(path: str | Path, **overrides: Any) -> JobConfig:
+    data = tomllib.loads(Path(path).read_text())
+    data = dict(data.get("job", data), **overrides)
+    return JobConfig(**data)
+
+
+@dataclass(frozen=True)
+class EmitCharTask:
+    """Toy task: reward = share of non-space characters of ``answer.txt`` equal to ``target``.
+
+    A one-character target (a single byte-level token of the tiny tokenizer)
+    gives a reward with spread even under a random policy, so group-relative
+    advantages are non-zero from the first step (emit-token on whole words is
+    ~0 everywhere for a random 1k-token policy). Pure function of the workspace.
+    """
+
+    target: str = "e"
+
+    def task(self, task_id: str) -> Task:
+        return Task(task_id=task_id, prompt=f"Write the letter {self.target} many times.")
+
+    def evaluate(self, execution_id: str, workspace: Path) -> EvaluationResult | None:
+        answer = workspace / "answer.txt"
+        if not answer.exists():
+            return None
+        chars = [c for c in answer.read_text(errors="replace") if not c.isspace()]
+        score = sum(c == self.target for c in chars) / len(chars) if chars else 0.0
+        return EvaluationResult(EvaluationBinding(execution_id, artifact_version(workspace), "main"), score, True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ProxyThread:
+    """The proxy's aiohttp app on its own event loop in a daemon thread."""
+
+    def __init__(self, proxy_config) -> None:
+        self.config, self.loop = proxy_config, asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="gyre-proxy")
+        self.runner = None
+
+    def start(self) -> "ProxyThread":
+        from aiohttp import web
+
+        from gyre.real.proxy_app import ProxyServer
+
+        async def up():
+            self.runner = web.AppRunner(ProxyServer(self.config).application(), access_log=None)
+            await self.runner.setup()
+            await web.TCPSite(self.runner, "127.0.0.1", self.config.port).start()
+
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(up(), self.loop).result(60)
+        return self
+
+    def stop(self) -> None:
+        if self.runner is not None:
+            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def _initial_model(plane, tokenizer_dir: Path, work: Path) -> Path:
+    """Export the plane's version-0 weights as an HF Qwen2 folder with the tokenizer (engine model)."""
+    plane.call(0, "enter_training")
+    answer = plane.call(0, "publish", version=0, endpoints=[], directory=str(work / "checkpoints"))
+    plane.call(0, "leave_training")
+    model = work / "engine-model"
+    shutil.copytree(answer["path"], model)
+    for item in tokenizer_dir.iterdir():
+        if item.is_file() and item.name not in ("config.json", "model.safetensors"):
+            shutil.copy(item, model / item.name)
+    return model
+
+
+def run_job(job: JobConfig) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from gyre.real.proxy_config import EngineSpec as ProxyEngine
+    from gyre.real.proxy_config import Limits, ProxyConfig
+    from gyre.real.runtime_trace import write_trace
+    from gyre.real.train_model import ModelConfig
+    from gyre.real.train_plane import PlaneConfig, TrainingPlane
+    from gyre.real.train_state import OptimConfig
+    from gyre.sim.replay import replay_run
+
+    work = Path(job.workdir)
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    tok_dir = build_tiny_tokenizer(Path(job.model_dir))
+    vocab = len(AutoTokenizer.from_pretrained(str(tok_dir)))
+    model_cfg = ModelConfig(vocab_size=vocab, max_sequence_length=4096, init_seed=1234 + job.seed)
+    cfg = job.scheduler()
+    plane = TrainingPlane(PlaneConfig(cells=job.K, model=model_cfg, optim=OptimConfig(lr=job.lr), timeout_s=300.0),
+                          work / "plane")
+    engines = EngineManager(work / "engine-logs")
+    proxy = runner = None
+    try:
+        plane.start()
+        model = _initial_model(plane, tok_dir, work)
+        names = {c: f"e{c}" for c in range(job.K)}
+        if job.separate_engine:
+            names[SEPARATE] = "sep"
+        for name in names.values():
+            engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=_free_port(),
+                                      extra_args=SMALL_ENGINE))
+        for name in names.values():
+            engines.wait_healthy(name, timeout=300)
+        timings["startup_s"] = time.monotonic() - t0
+        proxy_cfg = ProxyConfig(model_path=str(model), records_dir=str(work / "records"), admin_token=ADMIN_TOKEN,
+                                engines=tuple(ProxyEngine(id=n, url=engines.engines[n].url) for n in names.values()),
+                                port=_free_port(), fsync=False, limits=Limits(default_max_tokens=job.max_tokens))
+        proxy = ProxyThread(proxy_cfg).start()
+        proxy_url = f"http://127.0.0.1:{proxy_cfg.port}"
+        runner = HarnessRunner(work / "executions", proxy_url,
+                               ScriptedHarness(calls=job.calls, compact_every=0, subagent_at=()),
+                               Budgets(harness_timeout_s=600.0))
+        parts = Parts(proxy_url=proxy_url, admin_token=ADMIN_TOKEN, engines=engines, engine_names=names,
+                      plane=plane, runner=runner, records_dir=work / "records",
+                      checkpoint_dir=work / "checkpoints", task=EmitCharTask(job.target))
+        backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget, mu=job.mu)
+        controller = Controller(cfg, backend)
+        backend.bind(controller)
+
+        async def main() -> None:
+            try:
+                run = asyncio.ensure_future(controller.run(job.steps, timeout_s=job.timeout_s,
+                                                           finish_publication=True))
+                while not run.done():  # a failed backend task (engine, cell, proxy) stops the run at once
+                    await asyncio.wait({run}, timeout=0.5)
+                    if backend.errors and not run.done():
+                        run.cancel()
+                        raise RuntimeError(f"backend task failed: {backend.errors}")
+                run.result()
+            finally:
+                await backend.stop()
+
+        t_run = time.monotonic()
+        try:
+            asyncio.run(main())
+        finally:
+            log_dir = controller.write_log(work / "log")
+        timings["run_s"] = time.monotonic() - t_run
+        return _summarise(job, cfg, controller, backend, log_dir, replay_run(log_dir), write_trace, work, timings)
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        engines.shutdown_all()
+        plane.close()
+
+
+def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, work, timings) -> dict[str, Any]:
+    m = backend.metrics
+    complete = {}
+    for r in m.trace:
+        complete.setdefault(r.query_id, []).append(r)
+    kept = [r for rs in complete.values() if len([x for x in rs if x.outcome != "cancelled"]) == cfg.N for r in rs]
+    trace_path = write_trace(kept, work / "trace.csv", N=cfg.N) if kept else None
+    staleness = m.staleness()
+    curve = [statistics.fmean(m.rewards[v]) for v in sorted(m.rewards)]
+    finished = [o for x, o in m.outcomes.items()]
+    summary = {
+        "steps": controller.core.version, "published": controller.core.published, "bursts": controller.core.burst,
+        "replay_identical": replayed == controller.actions, "actions": len(controller.actions),
+        "events": len(controller.events),
+        "staleness_mean": statistics.fmean(staleness) if staleness else None,
+        "staleness_predicted": cfg.predicted_staleness, "staleness_per_group": staleness,
+        "reward_curve": curve, "losses": [m.steps[v]["loss"] for v in sorted(m.steps)],
+        "step_wall_s": [m.steps[v]["wall_s"] for v in sorted(m.steps)],
+        "participants": [m.steps[v]["participants"] for v in sorted(m.steps)],
+        "publishes": m.publishes, "transitions": m.transitions, "reroutes": len(m.reroutes),
+        "executions_in_flight_at_transitions": m.in_flight_at_transition,
+        "outcomes": {o: finished.count(o) for o in sorted(set(finished))},
+        "backend_errors": backend.errors, "trace": str(trace_path) if trace_path else None,
+        "log": str(log_dir), "timings": timings, "config": dataclasses.asdict(job),
+    }
+    (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
