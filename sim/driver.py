@@ -38,6 +38,8 @@ class SimulationStalled(RuntimeError):
 class Simulation:
     def __init__(self, cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
                  on_step: Callable[[int], None] | None = None) -> None:
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
         if trace.N != cfg.N:
             raise ValueError(f"trace has groups of {trace.N} executions but the schedule has N={cfg.N}")
         self.cfg, self.trace, self.costs, self.steps = cfg, trace, costs, steps
@@ -60,9 +62,10 @@ class Simulation:
         for cell in range(self.cfg.static_train_cells):
             self.plane.join(cell)
         self.send(ev.Begin(0.0))
-        self.env.run(until=self._done) if self.steps > 0 else None
-        if self.steps > 0 and not self._done.triggered:
-            raise SimulationStalled(self._stall_message())
+        while not self._done.triggered:
+            if self.env.peek() == float("inf"):
+                raise SimulationStalled(self._stall_message())
+            self.env.step()
         self.record.close(self.env.now)
         return self.record
 

@@ -147,3 +147,16 @@ def test_methods_grid_reports_gyre_speedups(tmp_path):
     assert np.allclose(table.speedup_vs_async, table.async_hours / table.gyre_hours, atol=1e-5)
     assert np.allclose(table.speedup_vs_colocate, table.colocate_hours / table.gyre_hours, atol=1e-5)
     assert (tmp_path / "deepswe" / "gyre-1.5" / "summary.json").exists()
+
+
+def test_a_run_that_runs_out_of_events_names_the_core_state(small_trace):
+    from gyre.presets import build_preset
+    from gyre.sim.costs import CostModel
+    from gyre.sim.driver import Simulation, SimulationStalled
+
+    sim = Simulation(build_preset("E0"), small_trace, CostModel(), steps=2)
+    sim.plane._finish_batch = lambda: None  # the training plane never reports StepDone
+    with pytest.raises(SimulationStalled, match=r"stalled at t=.* after 0 of 2 steps: d=\d+"):
+        sim.run()
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        Simulation(build_preset("E0"), small_trace, CostModel(), steps=0)
