@@ -43,6 +43,17 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for engines, proxies, stores)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
 CPU_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
             "--grammar-backend", "none", "--disable-cuda-graph", "--dtype", "float32")
 LOG_TAIL_CHARS = 3000

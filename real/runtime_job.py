@@ -24,7 +24,6 @@ import asyncio
 import dataclasses
 import json
 import shutil
-import socket
 import statistics
 import threading
 import time
@@ -37,7 +36,7 @@ from gyre.actions import SEPARATE
 from gyre.config import SchedulerConfig
 from gyre.real.runtime_backend import Parts, RealBackend
 from gyre.real.runtime_controller import Controller
-from gyre.real.runtime_engines import EngineManager, EngineSpec
+from gyre.real.runtime_engines import EngineManager, EngineSpec, free_port
 from gyre.real.tiny_model import build_tiny_tokenizer
 from gyre.real.runtime_harness import Budgets, HarnessRunner, ScriptedHarness
 from gyre.real.runtime_tasks import artifact_version
@@ -105,12 +104,6 @@ class EmitCharTask:
         chars = [c for c in answer.read_text(errors="replace") if not c.isspace()]
         score = sum(c == self.target for c in chars) / len(chars) if chars else 0.0
         return EvaluationResult(EvaluationBinding(execution_id, artifact_version(workspace), "main"), score, True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ProxyThread:
@@ -187,14 +180,14 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         if job.separate_engine:
             names[SEPARATE] = "sep"
         for name in names.values():
-            engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=_free_port(),
+            engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=free_port(),
                                       extra_args=SMALL_ENGINE))
         for name in names.values():
             engines.wait_healthy(name, timeout=300)
         timings["startup_s"] = time.monotonic() - t0
         proxy_cfg = ProxyConfig(model_path=str(model), records_dir=str(work / "records"), admin_token=ADMIN_TOKEN,
                                 engines=tuple(ProxyEngine(id=n, url=engines.engines[n].url) for n in names.values()),
-                                port=_free_port(), fsync=False, limits=Limits(default_max_tokens=job.max_tokens))
+                                port=free_port(), fsync=False, limits=Limits(default_max_tokens=job.max_tokens))
         proxy = ProxyThread(proxy_cfg).start()
         proxy_url = f"http://127.0.0.1:{proxy_cfg.port}"
         runner = HarnessRunner(work / "executions", proxy_url,

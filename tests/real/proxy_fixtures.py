@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,14 +18,9 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from gyre.real.runtime_engines import free_port  # noqa: F401  (re-exported for the tests)
 from gyre.real.tiny_model import (ADDED, CHAT_TEMPLATE, SPECIAL, build_tiny_qwen2,  # noqa: F401
                                    build_tiny_tokenizer)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def shared_tiny_dir(tmp_path_factory: Any, name: str = "tiny-model") -> Path:
