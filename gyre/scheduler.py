@@ -378,12 +378,10 @@ class Scheduler:
         """The next unit allowed to switch into training, if any (serial, prefix)."""
         if self.cfg.static or self.awaiting_publish or R.TO_TRAINING in self.roles:
             return None
-        for index, unit in enumerate(self._units):
+        for unit in self._units:
             if all(self.roles[c] == R.TRAINING for c in unit):
                 continue
             if any(self.roles[c] != R.ROLLOUT for c in unit):
-                return None
-            if index == 0 and self.batch_open:
                 return None
             return unit
         return None
