@@ -239,6 +239,7 @@ class ChatService:
     def _record(self, prepared: Prepared, generation: Generation, calls: list[dict[str, Any]]) -> ModelCall:
         hints = role_hints(prepared.request)
         hints.update(harness=self.config.harness, engines=",".join(generation.log.engines), moves=str(generation.log.moves),
+                     move_stalls_ms=",".join(f"{x * 1e3:.1f}" for x in generation.log.move_stalls_s),
                      reused_ids=str(prepared.reused_ids), finish=str((generation.log.finish or {}).get("type")))
         version = generation.log.weight_version
         policy = int(version) if version is not None and version.isdigit() else self.policy_version

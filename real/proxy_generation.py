@@ -21,7 +21,10 @@ Invariants:
   recorded call is one call, never a fragment or a duplicate);
 - the flight is registered with the router for exactly the lifetime of each
   submission, so ``Router.reroute`` reaches every in-flight request;
-- the total number of output tokens never exceeds ``max_new_tokens``.
+- the total number of output tokens never exceeds ``max_new_tokens``;
+- ``log.move_stalls_s`` has one entry per move after which a chunk reached the
+  consumer: the time from the last chunk before the move (or the call's start)
+  to the first chunk after it, i.e. the pause a harness sees in its stream.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class GenerationLog:
     engines: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     moves: int = 0
+    move_stalls_s: list[float] = field(default_factory=list)  # per move: last token before -> first after
     finish: dict[str, Any] | None = None
     weight_version: str | None = None
 
@@ -71,6 +75,8 @@ class Generation:
         self.logprobs: list[float] = []
         self.log = GenerationLog()
         self._background: set[asyncio.Task] = set()
+        self._last_token_at = time.monotonic()  # the call's start until its first token
+        self._stall_from: float | None = None   # set by a move, closed by the next token
 
     async def __aiter__(self) -> AsyncIterator[TokenChunk]:
         deadline = time.monotonic() + self.retry.budget_s
@@ -123,6 +129,7 @@ class Generation:
                 if chunk.finish is not None:
                     self.log.finish = chunk.finish
                 if chunk.ids or chunk.finish is not None:
+                    self._mark_delivery()
                     yield chunk
                 if chunk.finish is not None:
                     return
@@ -136,7 +143,17 @@ class Generation:
         return TokenChunk(chunk.ids[:room], chunk.logprobs[:room], {"type": "length", "length": self.max_new},
                           chunk.weight_version)
 
+    def _mark_delivery(self) -> None:
+        """A chunk reaches the consumer: close the stall a move opened (the wait a harness sees)."""
+        now = time.monotonic()
+        if self._stall_from is not None:
+            self.log.move_stalls_s.append(now - self._stall_from)
+            self._stall_from = None
+        self._last_token_at = now
+
     def _on_move(self, engine_id: str, rid: str) -> None:
+        if self._stall_from is None:
+            self._stall_from = self._last_token_at
         self.log.moves += 1
         self.flight.reroutes += 1
         self._schedule_abort(engine_id, rid)

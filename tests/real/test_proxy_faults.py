@@ -118,12 +118,15 @@ def test_drain_and_reroute_during_streaming(pair, model):
     deadline = time.time() + 20
     while source.tokens_sent < 10 and time.time() < deadline:
         time.sleep(0.01)
+    time.sleep(0.3)  # the source holds: the harness's stream pauses from its 10th token to the move and beyond
     status, body = admin(pair["url"], "POST", "/admin/engines/e0/drain", {"evacuate": True, "to": "e1"})
     assert status == 200 and body["moved"] == {"fault-reroute": "e1"}
     worker.join(30)
     assert result["text"] == long_script("") and result["final"].stop_reason == "end_turn"
     [record] = check_records(pair["records"], "fault-reroute", model)
     assert record.role_hints["engines"] == "e0,e1" and record.role_hints["moves"] == "1"
+    [stall_ms] = map(float, record.role_hints["move_stalls_ms"].split(","))
+    assert 300 <= stall_ms < 20_000, stall_ms  # from the last token on e0 to the first from e1
     assert len(dest.requests) == 1 and dest.requests[0]["input_ids"][-10:] == record.output_ids[:10].tolist()
     deadline = time.time() + 5
     while not source.aborted and time.time() < deadline:

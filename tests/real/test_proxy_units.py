@@ -104,6 +104,9 @@ class FakeClient:
         for k, token in enumerate(self.answer[done:done + sampling["max_new_tokens"]]):
             if action == "fail" and k == 2:
                 raise EngineError(engine.id, "reset")
+            if action == "move" and k == 2:
+                await asyncio.sleep(0.05)  # the source stalls, then the admin reroutes the execution
+                self.router.reroute("x", "e1")
             finish = {"type": "stop"} if done + k + 1 == len(self.answer) else None
             yield TokenChunk((token,), (-0.5,), finish)
             await asyncio.sleep(0)
@@ -133,6 +136,20 @@ def test_generation_continues_after_failures_without_gap_or_duplicate():
     generation, tokens = _run(router, FakeClient(answer, ["fail", "fail", "ok"]))
     assert tokens == answer and generation.log.engines == ["e0", "e1", "e0"]
     assert router.engines["e0"].in_flight == router.engines["e1"].in_flight == 0
+
+
+def test_generation_measures_the_stall_a_move_causes():
+    answer = list(range(100, 110))
+    router = _router()
+    router.reroute("x", "e0")
+    client = FakeClient(answer, ["move", "ok"])
+    client.router = router
+    generation, tokens = _run(router, client)
+    assert tokens == answer and generation.log.engines == ["e0", "e1"] and generation.log.moves == 1
+    [stall] = generation.log.move_stalls_s
+    assert 0.05 <= stall < 5.0, stall
+    failed, _ = _run(_router(), FakeClient(answer, ["fail", "ok"]))
+    assert failed.log.move_stalls_s == [], "a failure is not a move"
 
 
 def test_generation_gives_up_after_the_retry_budget():
