@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -106,7 +108,7 @@ def test_dead_engine_fails_the_execution_after_the_retry_budget(tmp_path):
 @pytest.mark.timeout(60)
 def test_harness_timeout_kills_the_group_and_keeps_partial_work(tmp_path, server):
     adapter = ScriptedHarness(calls=50, compact_every=0, subagent_at=(), sleep_s=0.2)
-    result = run_one(HarnessRunner(tmp_path, server.url, adapter, Budgets(harness_timeout_s=1.0, grace_s=1.0)))
+    result = run_one(HarnessRunner(tmp_path, server.url, adapter, Budgets(harness_timeout_s=3.0, grace_s=1.0)))
     assert result.outcome == "harness_timeout"
     assert 0 < len(server.requests) < 50
     evaluation = EmitTokenTask().evaluate("7", result.workspace)
@@ -124,6 +126,31 @@ def test_cancel_ends_the_execution_as_cancelled(tmp_path, server):
         return await task
 
     assert asyncio.run(scenario()).outcome == "cancelled"
+
+
+class StdinReader:
+    """A harness that reads stdin to its end, as ``codex exec`` does when stdin is not a terminal."""
+
+    name = "stdin-reader"
+
+    def command(self, task, base_url, key, home):
+        code = "import sys, pathlib; pathlib.Path('stdin.txt').write_text(repr(sys.stdin.read()))"
+        return [sys.executable, "-c", code], {}
+
+
+@pytest.mark.timeout(60)
+def test_harness_stdin_is_closed_even_when_the_runner_has_an_open_pipe(tmp_path, server):
+    read_end, write_end = os.pipe()  # never written to, never closed while the harness runs
+    saved = os.dup(0)
+    os.dup2(read_end, 0)
+    try:
+        result = run_one(HarnessRunner(tmp_path, server.url, StdinReader(), Budgets(harness_timeout_s=10.0)))
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read_end, write_end):
+            os.close(fd)
+    assert result.outcome == "completed", (tmp_path / "exec-7" / "harness.log").read_text()
+    assert (result.workspace / "stdin.txt").read_text() == "''"
 
 
 def test_missing_harness_binary_is_a_failed_start(tmp_path, server):
