@@ -19,6 +19,8 @@ and ``srt/managers/io_struct.py``:
 * ``POST /abort_request`` with ``{"rid": ...}`` or ``{"abort_all": true}``;
 * ``POST /pause_generation`` ``{"mode": "abort"|"retract"|"in_place"}``,
   ``POST /continue_generation``;
+* ``POST /flush_cache?timeout=T``: waits up to T s for the scheduler to be
+  fully idle, then flushes the radix cache (200), else 400 (see ``quiesce``);
 * the weight version is ``weight_version`` of ``GET /model_info`` (0.5.23 has
   no ``/get_weight_version`` route).
 
@@ -215,6 +217,28 @@ class EngineManager:
         if mode not in ("abort", "retract", "in_place"):
             raise ValueError(f"pause mode must be abort, retract or in_place, got {mode!r}")
         return self._post(engine, "/pause_generation", {"mode": mode})
+
+    def quiesce(self, engine: Engine | str, timeout: float = 60.0) -> None:
+        """Abort whatever still runs on the engine and return once it is fully idle.
+
+        SGLang asserts full idleness in ``release_memory_occupation`` (no
+        running or waiting request *and* the last batch cleared, which happens
+        only on the scheduler's next idle pass), so a release right after the
+        last request can kill the engine. ``abort_all`` ends every request
+        still there (for instance one whose client moved to another engine);
+        ``/flush_cache?timeout=`` is SGLang's own idleness wait: the scheduler
+        answers once it sees itself fully idle, and the flush clears the last
+        batch. Both go through the scheduler's one ordered input, so a release
+        sent afterwards finds it idle (the caller keeps new work away, e.g. by
+        draining the engine in the proxy). Raises ``EngineError`` naming the
+        engine when it is not idle within ``timeout`` seconds.
+        """
+        self.abort(engine)
+        try:
+            self._request(engine, "POST", f"/flush_cache?timeout={timeout:g}", None)
+        except EngineError as exc:
+            raise EngineError(f"engine {self._get(engine).engine_id!r} not idle within {timeout:g} s "
+                              f"after abort_all: {exc}") from None
 
     def resume_generation(self, engine: Engine | str) -> Any:
         return self._post(engine, "/continue_generation", {"torch_empty_cache": not self._get(engine).spec.cpu})

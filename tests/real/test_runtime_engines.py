@@ -3,9 +3,11 @@
 One engine is launched on the tiny random Qwen2 of ``proxy_fixtures`` (built
 locally, nothing downloaded) and driven through its whole control surface:
 greedy ``/generate`` with ``input_ids`` and ``return_logprob``, memory release
-and resume, pause and continue, an in-place weight update from a perturbed
-copy saved with transformers (logprobs of the same tokens must change, and the
-weight version must move), abort_all, shutdown (the process group is gone and
+and resume, pause and continue, a release racing a running generation
+(``quiesce``: the generation ends aborted, the engine survives and answers as
+before), an in-place weight update from a perturbed copy saved with
+transformers (logprobs of the same tokens must change, and the weight version
+must move), abort_all, shutdown (the process group is gone and
 later calls name the dead engine). A launch on a missing model path must fail
 naming the engine and showing the log tail. Skipped, with the reason, when
 the SGLang virtualenv is absent.
@@ -14,6 +16,8 @@ the SGLang virtualenv is absent.
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +67,28 @@ def _scored(manager: EngineManager, engine: str, ids: list[int]) -> list[float]:
     return [p[0] for p in pairs if p[0] is not None]
 
 
+def _running_requests(manager: EngineManager, engine: str) -> int:
+    return sum(load.get("num_running_reqs", 0) for load in manager._request(engine, "GET", "/v1/loads", None)["loads"])
+
+
+def _release_under_a_running_generation(manager: EngineManager, engine: str) -> dict:
+    """quiesce + release while a long generation is decoding (the race a fixed sleep used to hide)."""
+    answers: list = []
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3000, "temperature": 0.0, "ignore_eos": True}}
+    worker = threading.Thread(target=lambda: answers.append(manager.generate(engine, body)))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while _running_requests(manager, engine) == 0:
+        assert time.monotonic() < deadline, "the long generation never started running"
+        time.sleep(0.02)
+    manager.quiesce(engine)
+    manager.release_memory(engine)  # SGLang asserts full idleness here; a crash kills the engine
+    manager.resume_memory(engine)
+    worker.join(60)
+    assert answers, "the aborted generation never answered"
+    return answers[0]["meta_info"]["finish_reason"]
+
+
 def test_launch_command_binds_loopback_with_cpu_flags():
     spec = EngineSpec(engine_id="e0", model_path="/m", port=1234, extra_args=("--x",))
     argv = launch_command(spec, Path("/py"))
@@ -85,6 +111,10 @@ def test_engine_lifecycle_on_real_sglang(tmp_path_factory):
         manager.resume_memory("rollout-0")
         manager.pause("rollout-0")
         manager.resume_generation("rollout-0")
+        assert _greedy(manager, "rollout-0") == (tokens, before)
+
+        finish = _release_under_a_running_generation(manager, "rollout-0")
+        assert finish["type"] == "abort", finish
         assert _greedy(manager, "rollout-0") == (tokens, before)
         scored = _scored(manager, "rollout-0", PROMPT + tokens)
         assert scored[-4:] == pytest.approx(before, abs=1e-4)
