@@ -14,10 +14,10 @@ an asyncio task whose completion is reported back with
 |                                | exit: records -> tree, evaluator, close in the buffer      | GroupReady        |
 | CancelExecutions               | ``runner.cancel`` (the run then reports as cancelled)     | ExecutionFinished |
 | Reroute                        | proxy route change (in-flight requests move)              |                   |
-| BeginTransition(c, training)   | drain c's engine, wait idle, pause(abort), release_memory, | TransitionDone   |
+| BeginTransition(c, training)   | drain c's engine, wait idle, quiesce, release_memory,      | TransitionDone   |
 |                                | enter_training                                             |                  |
-| BeginTransition(c, rollout)    | leave_training, resume_memory, continue_generation, load  | TransitionDone   |
-|                                | newest weights, undrain                                    |                  |
+| BeginTransition(c, rollout)    | leave_training, resume_memory, load newest weights,       | TransitionDone   |
+|                                | undrain                                                    |                  |
 | StartBatch(v)                  | ``step`` sent to the core cell (claims as groups arrive)  | StepDone          |
 | FeedGroups(v, gs)              | admission + packing of exactly these groups into batch v  |                   |
 | Broadcast                      | carried out by the core cell at the end of the step       |                   |
@@ -40,7 +40,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gyre import actions as act
 from gyre import events as ev
@@ -51,9 +51,6 @@ from gyre.trajectory.groups import ReadyGroup, TrajectoryBuffer
 from gyre.trajectory.packing import StreamPacker
 from gyre.trajectory.roles import GenericRoles
 from gyre.trajectory.storage import ExecutionStore
-
-
-IDLE_SETTLE_S = 2.0  # SGLang 0.5.23 asserts full idleness (incl. last_batch) in release_memory_occupation
 
 
 class PickingBuffer(TrajectoryBuffer):
@@ -102,14 +99,17 @@ class Metrics:
     trace: list[TraceResult] = field(default_factory=list)
     reroutes: list[dict] = field(default_factory=list)
     in_flight_at_transition: list[int] = field(default_factory=list)
+    move_stalls_ms: list[float] = field(default_factory=list)  # per moved call: the pause its harness saw
 
     def staleness(self) -> list[int]:
         return [self.v_t[g] - self.v_d[g] for g in sorted(self.v_t)]
 
 
 class RealBackend:
-    def __init__(self, cfg, parts: Parts, *, seed: int, token_budget: int, mu: int) -> None:
+    def __init__(self, cfg, parts: Parts, *, seed: int, token_budget: int, mu: int,
+                 progress: Callable[[str], None] | None = None, steps: int | None = None) -> None:
         self.cfg, self.parts, self.mu = cfg, parts, mu
+        self.progress, self._of = progress or (lambda line: None), "" if steps is None else f"/{steps}"
         self.buffer = PickingBuffer(cfg.N)
         self.packer = StreamPacker(self.buffer, GenericRoles(), groups_per_batch=cfg.B,
                                    token_budget=token_budget, seed=seed)
@@ -176,6 +176,8 @@ class RealBackend:
         eid, now = f"x{x}", time.monotonic()
         calls = await asyncio.to_thread(self.store.read, eid) if self.store.path_for(eid).exists() else []
         self.metrics.outcomes[x] = result.outcome
+        self.metrics.move_stalls_ms += [float(v) for c in calls
+                                        for v in c.role_hints.get("move_stalls_ms", "").split(",") if v]
         self.metrics.trace.append(TraceResult(query_id=g, execution_index=x - g * self.cfg.group_size,
                                               start_s=result.started_at, end_s=result.ended_at,
                                               outcome=result.outcome, **counts_from_calls(calls)))
@@ -218,9 +220,7 @@ class RealBackend:
         while any(e["id"] == name and e["in_flight"] for e in self.admin("GET", "/admin/engines")["engines"]):
             await asyncio.sleep(0.05)
         t_idle = time.monotonic()
-        # SGLang releases memory only when fully idle: abort leftovers (moved flights) and wait for them
-        await asyncio.to_thread(self.parts.engines.pause, name, "abort")
-        await asyncio.sleep(IDLE_SETTLE_S)  # the scheduler clears its last batch on its next idle pass
+        await asyncio.to_thread(self.parts.engines.quiesce, name)  # idle by construction: release cannot race
         await asyncio.to_thread(self.parts.engines.release_memory, name)
         ticket = self.parts.plane.send(cell, "enter_training")
         await asyncio.to_thread(ticket.result)
@@ -232,7 +232,6 @@ class RealBackend:
         t0, name = time.monotonic(), self.parts.engine_names[cell]
         await asyncio.to_thread(ticket.result)
         await asyncio.to_thread(self.parts.engines.resume_memory, name)
-        await asyncio.to_thread(self.parts.engines.resume_generation, name)
         if self._publishing is not None:
             await asyncio.shield(self._publishing)
         if self.latest is not None:
@@ -256,6 +255,10 @@ class RealBackend:
         self.metrics.steps[version] = {"loss": report["loss"], "participants": report["participants"],
                                        "microsteps": report["microsteps"],
                                        "wall_s": time.monotonic() - self._step_sent[version]}
+        rewards = self.metrics.rewards.get(version, [])
+        reward = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
+        self.progress(f"step {version + 1}{self._of}: loss {report['loss']:.4f}, mean reward {reward}, "
+                      f"cells {report['participants']}, {self.metrics.steps[version]['wall_s']:.2f} s")
         self._report(ev.StepDone, version=version)
 
     def _feed_groups(self, a: act.FeedGroups) -> None:
@@ -293,3 +296,4 @@ class RealBackend:
             await self.parts.runner.cancel(x)
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=120)
+        await self.parts.runner.close()

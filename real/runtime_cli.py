@@ -2,14 +2,17 @@
 
 The TOML file holds a ``[job]`` table of ``runtime_job.JobConfig`` fields;
 ``--set name=value`` overrides one field (parsed as TOML, e.g. ``steps=20``).
-Prints the run's summary (staleness, reward curve, replay check) as JSON and
-exits 0 only when the run finished and the replay differential check held.
+Progress (start-up phases, one line per trained step) goes to stderr; the
+run's summary (staleness, reward curve, replay check) is printed to stdout as
+JSON; the whole summary is in ``WORKDIR/summary.json``. Exits 0 only when the
+run finished and the replay differential check held.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     for item in args.set:
         name, _, value = item.partition("=")
         overrides[name.strip()] = tomllib.loads(f"v = {value}")["v"]
-    summary = run_job(load_job_config(args.config, **overrides))
+    summary = run_job(load_job_config(args.config, **overrides),
+                      progress=lambda line: print(f"[gyre run] {line}", file=sys.stderr, flush=True))
     keys = ("steps", "published", "replay_identical", "staleness_mean", "staleness_predicted", "reward_curve",
             "step_wall_s", "outcomes", "trace", "log", "timings")
     print(json.dumps({k: summary[k] for k in keys}, indent=2, default=str))

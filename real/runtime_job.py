@@ -10,7 +10,8 @@ engine per cell, the proxy (in-process thread, 127.0.0.1), the harness runner
 and the ``RealBackend``; then runs the ``Controller`` for ``steps`` steps and
 writes, under ``workdir``: ``log/`` (events.csv + summary.json, replayable by
 ``gyre.sim.replay.replay_run``), ``trace.csv`` (complete groups, simulator
-format) and ``summary.json``.
+format), ``summary.json`` and ``run.png``/``run.svg`` (reward and staleness per
+step, ``gyre.analysis.real_run``).
 
 Invariants: everything binds 127.0.0.1 on ports chosen at run time; every
 process started here is stopped in ``finally`` (harnesses, engines, cells,
@@ -30,7 +31,7 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gyre.actions import SEPARATE
 from gyre.config import SchedulerConfig
@@ -69,6 +70,7 @@ class JobConfig:
     seed: int = 0
     token_budget: int = 4096
     timeout_s: float = 900.0
+    isolate: str = "auto"  # each harness in its own loopback-only network namespace: auto | always | never
 
     def scheduler(self) -> SchedulerConfig:
         return SchedulerConfig(K=self.K, C_e=self.C_e, C_s=self.C_e if self.separate_engine else 0, N=self.N,
@@ -148,7 +150,8 @@ def _initial_model(plane, tokenizer_dir: Path, work: Path) -> Path:
     return model
 
 
-def run_job(job: JobConfig) -> dict[str, Any]:
+def run_job(job: JobConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run ``job`` to its last step; ``progress`` gets one line per phase and per trained step."""
     from transformers import AutoTokenizer
 
     from gyre.real.proxy_config import EngineSpec as ProxyEngine
@@ -165,6 +168,8 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     work.mkdir(parents=True)
     timings: dict[str, float] = {}
     t0 = time.monotonic()
+    say = progress or (lambda line: None)
+    say(f"building the tiny tokenizer in {job.model_dir}")
     tok_dir = build_tiny_tokenizer(Path(job.model_dir))
     vocab = len(AutoTokenizer.from_pretrained(str(tok_dir)))
     model_cfg = ModelConfig(vocab_size=vocab, max_sequence_length=4096, init_seed=1234 + job.seed)
@@ -174,6 +179,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     engines = EngineManager(work / "engine-logs")
     proxy = runner = None
     try:
+        say(f"starting {job.K} training cells (Megatron-core, CPU)")
         plane.start()
         model = _initial_model(plane, tok_dir, work)
         names = {c: f"e{c}" for c in range(job.K)}
@@ -182,9 +188,11 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         for name in names.values():
             engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=free_port(),
                                       extra_args=SMALL_ENGINE))
+        say(f"starting {len(names)} SGLang CPU engines ({', '.join(names.values())})")
         for name in names.values():
             engines.wait_healthy(name, timeout=300)
         timings["startup_s"] = time.monotonic() - t0
+        say(f"ready after {timings['startup_s']:.1f} s; running {job.steps} steps, {job.mu} per burst")
         proxy_cfg = ProxyConfig(model_path=str(model), records_dir=str(work / "records"), admin_token=ADMIN_TOKEN,
                                 engines=tuple(ProxyEngine(id=n, url=engines.engines[n].url) for n in names.values()),
                                 port=free_port(), fsync=False, limits=Limits(default_max_tokens=job.max_tokens))
@@ -192,11 +200,12 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         proxy_url = f"http://127.0.0.1:{proxy_cfg.port}"
         runner = HarnessRunner(work / "executions", proxy_url,
                                ScriptedHarness(calls=job.calls, compact_every=0, subagent_at=()),
-                               Budgets(harness_timeout_s=600.0))
+                               Budgets(harness_timeout_s=600.0), isolate=job.isolate)
         parts = Parts(proxy_url=proxy_url, admin_token=ADMIN_TOKEN, engines=engines, engine_names=names,
                       plane=plane, runner=runner, records_dir=work / "records",
                       checkpoint_dir=work / "checkpoints", task=EmitCharTask(job.target))
-        backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget, mu=job.mu)
+        backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget, mu=job.mu,
+                              progress=say, steps=job.steps)
         controller = Controller(cfg, backend)
         backend.bind(controller)
 
@@ -247,10 +256,15 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
         "step_wall_s": [m.steps[v]["wall_s"] for v in sorted(m.steps)],
         "participants": [m.steps[v]["participants"] for v in sorted(m.steps)],
         "publishes": m.publishes, "transitions": m.transitions, "reroutes": len(m.reroutes),
+        "move_stalls_ms": m.move_stalls_ms, "harnesses_isolated": backend.parts.runner.isolated,
         "executions_in_flight_at_transitions": m.in_flight_at_transition,
         "outcomes": {o: finished.count(o) for o in sorted(set(finished))},
         "backend_errors": backend.errors, "trace": str(trace_path) if trace_path else None,
         "log": str(log_dir), "timings": timings, "config": dataclasses.asdict(job),
     }
+    if summary["reward_curve"]:
+        from gyre.analysis.real_run import plot_real_run
+
+        summary["figures"] = [str(p) for p in plot_real_run(summary, work)]
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
