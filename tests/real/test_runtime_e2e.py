@@ -14,8 +14,8 @@ with only the work directories moved under tmp_path. Checked:
 - the recorded event log replays through the simulator's driver to the identical
   action sequence (differential test), and the run's executions form a valid trace;
 - the toy reward (share of the target character in the answer) rises clearly: the mean over
-  the last five steps is at least 1.5x the mean over the first five (two runs on this
-  machine: 0.091 -> 0.233 and <see closing note>; a policy that does not learn stays flat),
+  the last five steps is at least 1.5x the mean over the first five (four runs on this
+  machine rose 2.3x to 2.6x, e.g. 0.091 -> 0.233; at lr 1e-3 only ~1.15x),
   and the run's picture (``run.png``: reward and staleness per step) is written.
 Skipped, with the reason, when the SGLang virtualenv is absent.
 """

@@ -97,9 +97,7 @@ async def run_once(runner: HarnessRunner, name: str):
     try:
         return await runner.run(1, task_for(name), f"key-{name}")
     finally:
-        close = getattr(runner, "close", None)  # a runner that isolates executions holds a bridge
-        if close is not None:
-            await close()
+        await runner.close()  # stops the sandbox bridge of an isolating runner
 
 
 def run_adapter(adapter, proxy, tmp_path):
