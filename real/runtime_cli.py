@@ -5,7 +5,8 @@ The TOML file holds a ``[job]`` table of ``runtime_job.JobConfig`` fields;
 Progress (start-up phases, one line per trained step) goes to stderr; the
 run's summary (staleness, reward curve, replay check) is printed to stdout as
 JSON; the whole summary is in ``WORKDIR/summary.json``. Exits 0 only when the
-run finished and the replay differential check held.
+run finished and the replay differential check held; 2, with the reason and
+before anything starts, on a bad job file or ``--set``.
 """
 
 from __future__ import annotations
@@ -29,11 +30,15 @@ def run(args: argparse.Namespace) -> int:
     from gyre.real.runtime_job import load_job_config, run_job
 
     overrides = {}
-    for item in args.set:
-        name, _, value = item.partition("=")
-        overrides[name.strip()] = tomllib.loads(f"v = {value}")["v"]
-    summary = run_job(load_job_config(args.config, **overrides),
-                      progress=lambda line: print(f"[gyre run] {line}", file=sys.stderr, flush=True))
+    try:
+        for item in args.set:
+            name, _, value = item.partition("=")
+            overrides[name.strip()] = tomllib.loads(f"v = {value}")["v"]
+        job = load_job_config(args.config, **overrides)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        print(f"gyre run: error: {exc}", file=sys.stderr)
+        return 2
+    summary = run_job(job, progress=lambda line: print(f"[gyre run] {line}", file=sys.stderr, flush=True))
     keys = ("steps", "published", "replay_identical", "staleness_mean", "staleness_predicted", "reward_curve",
             "step_wall_s", "outcomes", "trace", "log", "timings")
     print(json.dumps({k: summary[k] for k in keys}, indent=2, default=str))

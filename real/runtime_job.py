@@ -38,11 +38,11 @@ from gyre.config import SchedulerConfig
 from gyre.real.runtime_backend import Parts, RealBackend
 from gyre.real.runtime_controller import Controller
 from gyre.real.runtime_engines import EngineManager, EngineSpec, free_port
-from gyre.real.tiny_model import build_tiny_tokenizer
-from gyre.real.runtime_harness import Budgets, HarnessRunner, ScriptedHarness
+from gyre.real.runtime_harness import Budgets, HarnessRunner, ScriptedHarness, Task
+from gyre.real.runtime_sandbox import ISOLATE_MODES
 from gyre.real.runtime_tasks import artifact_version
+from gyre.real.tiny_model import build_tiny_tokenizer
 from gyre.trajectory.evaluation import EvaluationBinding, EvaluationResult
-from gyre.real.runtime_harness import Task
 
 ADMIN_TOKEN = "gyre-job-admin"
 SMALL_ENGINE = ("--mem-fraction-static", "0.05", "--max-total-tokens", "16384", "--skip-server-warmup")
@@ -72,6 +72,14 @@ class JobConfig:
     timeout_s: float = 900.0
     isolate: str = "auto"  # each harness in its own loopback-only network namespace: auto | always | never
 
+    def __post_init__(self) -> None:
+        if self.isolate not in ISOLATE_MODES:
+            raise ValueError(f"job field isolate must be one of {ISOLATE_MODES}, not {self.isolate!r}")
+        if self.steps < 1 or self.steps % self.mu:
+            raise ValueError(f"job field steps must be a positive multiple of mu = {self.mu} (whole bursts), "
+                             f"not {self.steps}")
+        self.scheduler()  # the policy core's own checks (K, N, B, phi, mu, ...) name any impossible value
+
     def scheduler(self) -> SchedulerConfig:
         return SchedulerConfig(K=self.K, C_e=self.C_e, C_s=self.C_e if self.separate_engine else 0, N=self.N,
                                B=self.B, phi=self.phi, mu=self.mu, tau=self.tau, rho_min=self.rho_min,
@@ -79,9 +87,20 @@ class JobConfig:
 
 
 def load_job_config(path: str | Path, **overrides: Any) -> JobConfig:
-    data = tomllib.loads(Path(path).read_text())
+    """The ``[job]`` table of a TOML file, with ``overrides``; errors name the file and the field."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"job configuration {path}: {exc}") from None
     data = dict(data.get("job", data), **overrides)
-    return JobConfig(**data)
+    known = {f.name for f in dataclasses.fields(JobConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"job configuration {path}: unknown field(s) {unknown}; known: {sorted(known)}")
+    try:
+        return JobConfig(**data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"job configuration {path}: {exc}") from None
 
 
 @dataclass(frozen=True)
