@@ -11,7 +11,8 @@ an asyncio task whose completion is reported back with
 |--------------------------------|-----------------------------------------------------------|-------------------|
 | DispatchGroups                 | open the groups in the trajectory buffer (v_d recorded)   |                   |
 | StartExecutions                | proxy key + route (admin API), HarnessRunner task; at     | ExecutionFinished,|
-|                                | exit: records -> tree, evaluator, close in the buffer      | GroupReady        |
+|                                | exit: records -> tree, close + evaluate with retries       | GroupReady        |
+|                                | (``runtime_evaluation``) within the execution's budget     |                   |
 | CancelExecutions               | ``runner.cancel`` (the run then reports as cancelled)     | ExecutionFinished |
 | Reroute                        | proxy route change (in-flight requests move)              |                   |
 | BeginTransition(c, training)   | drain c's engine, wait idle, quiesce, release_memory,      | TransitionDone   |
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -44,9 +44,11 @@ from typing import Any, Callable
 
 from gyre import actions as act
 from gyre import events as ev
+from gyre.real.runtime_evaluation import close_and_evaluate
 from gyre.real.runtime_harness import HarnessRunner
 from gyre.real.runtime_trace import ExecutionResult as TraceResult
 from gyre.real.runtime_trace import counts_from_calls
+from gyre.trajectory.evaluation import EvalState
 from gyre.trajectory.groups import ReadyGroup, TrajectoryBuffer
 from gyre.trajectory.packing import StreamPacker
 from gyre.trajectory.roles import GenericRoles
@@ -100,6 +102,7 @@ class Metrics:
     reroutes: list[dict] = field(default_factory=list)
     in_flight_at_transition: list[int] = field(default_factory=list)
     move_stalls_ms: list[float] = field(default_factory=list)  # per moved call: the pause its harness saw
+    dropped_groups: list[int] = field(default_factory=list)    # an execution ran out of budget unscored
 
     def staleness(self) -> list[int]:
         return [self.v_t[g] - self.v_d[g] for g in sorted(self.v_t)]
@@ -160,7 +163,8 @@ class RealBackend:
     def _dispatch_groups(self, a: act.DispatchGroups) -> None:
         for g in a.groups:
             ids = [f"x{x}" for x in range(g * self.cfg.group_size, (g + 1) * self.cfg.group_size)]
-            self.buffer.open_group(f"g{g}", a.version, ids, deadline=math.inf)
+            deadline = time.monotonic() + self.parts.runner.budgets.overall_timeout_s  # each execution's budget
+            self.buffer.open_group(f"g{g}", a.version, ids, deadline=deadline)
             self.metrics.v_d[g] = a.version
 
     def _start_executions(self, a: act.StartExecutions) -> None:
@@ -173,22 +177,26 @@ class RealBackend:
         g = x // self.cfg.group_size
         result = await self.parts.runner.run(x, self.parts.task.task(f"q{g}"), key)
         self.running.pop(x, None)
-        eid, now = f"x{x}", time.monotonic()
+        eid, outcome = f"x{x}", result.outcome
         calls = await asyncio.to_thread(self.store.read, eid) if self.store.path_for(eid).exists() else []
-        self.metrics.outcomes[x] = result.outcome
         self.metrics.move_stalls_ms += [float(v) for c in calls
                                         for v in c.role_hints.get("move_stalls_ms", "").split(",") if v]
-        self.metrics.trace.append(TraceResult(query_id=g, execution_index=x - g * self.cfg.group_size,
-                                              start_s=result.started_at, end_s=result.ended_at,
-                                              outcome=result.outcome, **counts_from_calls(calls)))
         if f"g{g}" in self.buffer._groups and g not in self._ready_reported:
             for call in calls:
                 self.buffer.add(call)
-            scored = self.parts.task.evaluate(eid, result.workspace)
-            self.buffer.close_execution(eid, now, None if scored is None else scored.binding)
-            if scored is not None:
-                self.buffer.record_evaluation(scored, now)
-        self._report(ev.ExecutionFinished, execution=x, outcome=result.outcome)
+            state = await close_and_evaluate(self.buffer, self.parts.task, eid, result.workspace, time.monotonic)
+            if state is EvalState.INVALID:
+                outcome = "overall_timeout"
+                self.progress(f"execution {eid} excluded: {self.buffer.evaluation(eid).exclusion_reason}")
+            if f"g{g}" in self.buffer.dropped_group_ids():
+                self.buffer.drop_group(f"g{g}")
+                self.metrics.dropped_groups.append(g)
+                self.progress(f"group {g} dropped: an execution has no valid reward within its budget")
+        self.metrics.outcomes[x] = outcome
+        self.metrics.trace.append(TraceResult(query_id=g, execution_index=x - g * self.cfg.group_size,
+                                              start_s=result.started_at, end_s=result.ended_at,
+                                              outcome=outcome, **counts_from_calls(calls)))
+        self._report(ev.ExecutionFinished, execution=x, outcome=outcome)
         if g not in self._ready_reported and f"g{g}" in self.buffer.ready_group_ids():
             self._ready_reported.add(g)
             self._report(ev.GroupReady, group=g)

@@ -43,8 +43,17 @@ class Task:
 
 @dataclass(frozen=True, kw_only=True)
 class Budgets:
+    """Per execution: the harness is killed at ``harness_timeout_s`` (its work is still scored);
+    ``overall_timeout_s`` bounds the harness plus evaluation retries (then: excluded)."""
+
     harness_timeout_s: float = 4 * 3600.0
+    overall_timeout_s: float = 5 * 3600.0
     grace_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.harness_timeout_s <= self.overall_timeout_s:
+            raise ValueError(f"budgets need 0 < harness_timeout_s <= overall_timeout_s, got "
+                             f"{self.harness_timeout_s} and {self.overall_timeout_s}")
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,8 @@ class JobConfig:
     seed: int = 0
     token_budget: int = 4096
     timeout_s: float = 900.0
+    harness_timeout_s: float = 600.0   # a harness is killed here; its work is still scored
+    overall_timeout_s: float = 900.0   # harness + evaluation retries; past it the execution is excluded
     isolate: str = "auto"  # each harness in its own loopback-only network namespace: auto | always | never
 
     def __post_init__(self) -> None:
@@ -78,6 +80,7 @@ class JobConfig:
         if self.steps < 1 or self.steps % self.mu:
             raise ValueError(f"job field steps must be a positive multiple of mu = {self.mu} (whole bursts), "
                              f"not {self.steps}")
+        Budgets(harness_timeout_s=self.harness_timeout_s, overall_timeout_s=self.overall_timeout_s)
         self.scheduler()  # the policy core's own checks (K, N, B, phi, mu, ...) name any impossible value
 
     def scheduler(self) -> SchedulerConfig:
@@ -219,7 +222,8 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None) -> di
         proxy_url = f"http://127.0.0.1:{proxy_cfg.port}"
         runner = HarnessRunner(work / "executions", proxy_url,
                                ScriptedHarness(calls=job.calls, compact_every=0, subagent_at=()),
-                               Budgets(harness_timeout_s=600.0), isolate=job.isolate)
+                               Budgets(harness_timeout_s=job.harness_timeout_s,
+                                       overall_timeout_s=job.overall_timeout_s), isolate=job.isolate)
         parts = Parts(proxy_url=proxy_url, admin_token=ADMIN_TOKEN, engines=engines, engine_names=names,
                       plane=plane, runner=runner, records_dir=work / "records",
                       checkpoint_dir=work / "checkpoints", task=EmitCharTask(job.target))
@@ -275,7 +279,7 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
         "step_wall_s": [m.steps[v]["wall_s"] for v in sorted(m.steps)],
         "participants": [m.steps[v]["participants"] for v in sorted(m.steps)],
         "publishes": m.publishes, "transitions": m.transitions, "reroutes": len(m.reroutes),
-        "move_stalls_ms": m.move_stalls_ms, "harnesses_isolated": backend.parts.runner.isolated,
+        "move_stalls_ms": m.move_stalls_ms, "dropped_groups": m.dropped_groups, "harnesses_isolated": backend.parts.runner.isolated,
         "executions_in_flight_at_transitions": m.in_flight_at_transition,
         "outcomes": {o: finished.count(o) for o in sorted(set(finished))},
         "backend_errors": backend.errors, "trace": str(trace_path) if trace_path else None,

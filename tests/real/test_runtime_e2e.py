@@ -54,7 +54,7 @@ def test_gyre_run_cpu_demo_end_to_end(tmp_path):
     print("participants:", s["participants"])
 
     assert printed["reward_curve"] == s["reward_curve"] and len(progress) == 20, done.stderr[-2000:]
-    assert s["backend_errors"] == []
+    assert s["backend_errors"] == [] and s["dropped_groups"] == []
     assert s["steps"] == 20 and s["published"] == 20 and s["bursts"] >= 2
     assert set(s["outcomes"]) == {"completed"}, s["outcomes"]
     assert s["harnesses_isolated"] == (netns_problem() is None)  # each harness in its own loopback-only netns

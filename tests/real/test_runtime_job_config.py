@@ -28,6 +28,7 @@ def test_the_shipped_demo_loads_with_overrides():
     ("[job]\nsteps = 5\nmu = 2\n", "steps must be a positive multiple of mu = 2"),
     ("[job]\nK = 0\n", "K must be >= 1"),
     ("[job\nK = 2\n", "job configuration"),
+    ("[job]\nharness_timeout_s = 100.0\noverall_timeout_s = 50.0\n", "harness_timeout_s <= overall_timeout_s"),
 ])
 def test_a_bad_job_file_is_named(tmp_path, text, message):
     path = tmp_path / "job.toml"
