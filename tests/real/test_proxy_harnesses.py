@@ -8,7 +8,9 @@ test reads the records from disk and compares them with the request bodies the
 proxy dumped (``dump_requests``): every record's decoded input contains the
 system prompt and the last user/tool text that was sent, each call the harness
 answered with a tool result continues the previous call's path token for token
-(one leaf), and the harness finished cleanly.
+(one leaf), and the harness finished cleanly. The command lines are those of
+the runner's adapters (``gyre.real.runtime_harness``), so what is tested here
+is what a real run starts.
 
 Skipped with the reason when not root, when ``unshare`` cannot make a network
 namespace, or when a harness is not installed (``.harness/`` for the npm ones,
@@ -31,6 +33,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))  # the driver runs this file as a script
 from proxy_fixtures import build_tiny_tokenizer, shared_tiny_dir, start_proxy_process  # noqa: E402
+
+from gyre.real.runtime_harness import ClaudeCode, Codex, MiniSweAgent, Task  # noqa: E402
 
 NPM_BIN = Path(os.environ.get("GYRE_HARNESS_BIN", ROOT / ".harness" / "node_modules" / ".bin"))
 KEY = "harness-key-0"
@@ -155,19 +159,21 @@ def model(tmp_path_factory):
     return build_tiny_tokenizer(shared_tiny_dir(tmp_path_factory))
 
 
+def _command(adapter, prompt: str, home: Path) -> tuple[list[str], dict[str, str]]:
+    """The runner adapter's own command line, with the proxy URL and key left as placeholders (filled
+    inside the namespace by the driver) and HOME set as the runner sets it."""
+    home.mkdir(parents=True, exist_ok=True)
+    argv, env = adapter.command(Task(task_id="t", prompt=prompt), "{url}", "{key}", home)
+    return argv, {**env, "HOME": str(home)}
+
+
 @pytest.mark.timeout(300)
 def test_claude_code_runs_a_bash_tool_loop(model, tmp_path):
     claude = NPM_BIN / "claude"
     if not claude.exists():
         pytest.skip(f"Claude Code not installed at {claude} (npm i @anthropic-ai/claude-code in .harness/)")
-    home = tmp_path / "home"
-    env = {"ANTHROPIC_BASE_URL": "{url}", "ANTHROPIC_API_KEY": "{key}", "HOME": str(home),
-           "CLAUDE_CONFIG_DIR": str(home / ".claude"), "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-           "CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}
-    spec = _spec("claude-code", tmp_path, model,
-                 [claude, "-p", "Run the command and report.", "--output-format", "json", "--model",
-                  "claude-sonnet-4-5", "--allowedTools", "Bash"], env,
+    argv, env = _command(ClaudeCode(binary=str(claude)), "Run the command and report.", tmp_path / "home")
+    spec = _spec("claude-code", tmp_path, model, argv, env,
                  {"tool": "Bash", "commands": [f"echo {SECRET_OUTPUT}"], "final": "All done."})
     result = run_sandboxed(spec, tmp_path)
     assert result["rc"] == 0, result
@@ -177,31 +183,16 @@ def test_claude_code_runs_a_bash_tool_loop(model, tmp_path):
     assert _tool_loop_continues(records) and stats["requests"] == len(records) and stats["leaves"] == 1
 
 
-CODEX_CONFIG = """model = "gyre-test"
-model_provider = "local"
-approval_policy = "never"
-sandbox_mode = "danger-full-access"
-[model_providers.local]
-name = "local"
-base_url = "{url}/v1"
-env_key = "GYRE_API_KEY"
-wire_api = "responses"
-"""
-
-
 @pytest.mark.timeout(300)
 def test_codex_exec_runs_an_exec_command_loop(model, tmp_path):
     codex = NPM_BIN / "codex"
     if not codex.exists():
         pytest.skip(f"Codex CLI not installed at {codex} (npm i @openai/codex in .harness/)")
-    codex_home = tmp_path / "codex-home"
-    argv = [codex, "exec", "--skip-git-repo-check", "--disable", "plugins", "--disable", "apps", "--disable",
-            "remote_plugin", "--disable", "tool_suggest", "-c", "analytics.enabled=false", "-c",
-            "check_for_update_on_startup=false", "Run the command and report."]
-    env = {"CODEX_HOME": str(codex_home), "GYRE_API_KEY": "{key}", "HOME": str(tmp_path / "home")}
+    argv, env = _command(Codex(binary=str(codex)), "Run the command and report.", tmp_path / "home")
+    config = Path(env["CODEX_HOME"]) / "config.toml"  # written by the adapter; its {url} is filled inside
     spec = _spec("codex", tmp_path, model, argv, env,
                  {"tool": "exec_command", "commands": [{"cmd": f"echo {SECRET_OUTPUT}"}], "final": "All done."},
-                 files={str(codex_home / "config.toml"): CODEX_CONFIG})
+                 files={str(config): config.read_text()})
     result = run_sandboxed(spec, tmp_path)
     assert result["rc"] == 0, result
     assert "All done. Output:" in result["stdout"] and SECRET_OUTPUT in result["stdout"] + result["stderr"]
@@ -214,17 +205,14 @@ def test_mini_swe_agent_runs_bash_until_it_submits(model, tmp_path):
     mini = Path(sys.executable).parent / "mini"
     if not mini.exists():
         pytest.skip(f"mini-swe-agent not installed ({mini} missing; pip install mini-swe-agent)")
-    argv = [mini, "-y", "--exit-immediately", "-m", "openai/gyre-test", "-c", "mini.yaml",
-            "-c", "model.model_kwargs.api_base={url}/v1", "-o", str(tmp_path / "trajectory.json"),
-            "-t", "Print the greeting, then submit."]
-    env = {"MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-           "OPENAI_API_KEY": "{key}", "HOME": str(tmp_path / "home")}
+    home = tmp_path / "home"
+    argv, env = _command(MiniSweAgent(binary=str(mini)), "Print the greeting, then submit.", home)
     spec = _spec("mini-swe-agent", tmp_path, model, argv, env,
                  {"tool": "bash", "commands": [f"echo {SECRET_OUTPUT}", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"],
                   "final": "unused"})
     result = run_sandboxed(spec, tmp_path)
     assert result["rc"] == 0, result
-    trajectory = json.loads((tmp_path / "trajectory.json").read_text())
+    trajectory = json.loads((home / "trajectory.json").read_text())
     assert trajectory["info"]["exit_status"] == "Submitted", trajectory["info"]
     assert SECRET_OUTPUT in json.dumps(trajectory["messages"])
     records, stats = check_recorded_tree(tmp_path / "records", "mini-swe-agent-1", model)
