@@ -27,16 +27,9 @@ import asyncio
 from pathlib import Path
 from typing import Callable
 
-from gyre.real.runtime_tasks import Evaluator, EvaluatorFailure, artifact_version
-from gyre.trajectory.evaluation import EvalState, EvaluationBinding
+from gyre.real.runtime_tasks import Evaluator, EvaluatorFailure, preserved_binding
+from gyre.trajectory.evaluation import EvalState
 from gyre.trajectory.groups import TrajectoryBuffer
-
-BRANCH = "main"
-
-
-def preserved_binding(execution_id: str, workspace: Path) -> EvaluationBinding:
-    """The preserved artifact state of an execution: a content hash of its workspace."""
-    return EvaluationBinding(execution_id, artifact_version(workspace), BRANCH)
 
 
 async def close_and_evaluate(buffer: TrajectoryBuffer, evaluator: Evaluator, execution_id: str, workspace: Path,
@@ -65,6 +58,6 @@ async def close_and_evaluate(buffer: TrajectoryBuffer, evaluator: Evaluator, exe
             return state
         await asyncio.sleep(delay)
         delay = min(2 * delay, max_backoff_s)
-        buffer.tick(clock())
-        if buffer.evaluation(execution_id).state is not EvalState.PENDING:
-            return buffer.evaluation(execution_id).state
+        state = buffer.evaluation(execution_id).tick(clock())  # no evaluator call past the deadline
+        if state is not EvalState.PENDING:
+            return state

@@ -38,11 +38,10 @@ from gyre.config import SchedulerConfig
 from gyre.real.runtime_backend import Parts, RealBackend
 from gyre.real.runtime_controller import Controller
 from gyre.real.runtime_engines import EngineManager, EngineSpec, free_port
-from gyre.real.runtime_harness import Budgets, HarnessRunner, ScriptedHarness, Task
+from gyre.real.runtime_harness import Budgets, HarnessRunner, ScriptedHarness
 from gyre.real.runtime_sandbox import ISOLATE_MODES
-from gyre.real.runtime_tasks import artifact_version
+from gyre.real.runtime_tasks import EmitCharTask
 from gyre.real.tiny_model import build_tiny_tokenizer
-from gyre.trajectory.evaluation import EvaluationBinding, EvaluationResult
 
 ADMIN_TOKEN = "gyre-job-admin"
 SMALL_ENGINE = ("--mem-fraction-static", "0.05", "--max-total-tokens", "16384", "--skip-server-warmup")
@@ -104,30 +103,6 @@ def load_job_config(path: str | Path, **overrides: Any) -> JobConfig:
         return JobConfig(**data)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"job configuration {path}: {exc}") from None
-
-
-@dataclass(frozen=True)
-class EmitCharTask:
-    """Toy task: reward = share of non-space characters of ``answer.txt`` equal to ``target``.
-
-    A one-character target (a single byte-level token of the tiny tokenizer)
-    gives a reward with spread even under a random policy, so group-relative
-    advantages are non-zero from the first step (emit-token on whole words is
-    ~0 everywhere for a random 1k-token policy). Pure function of the workspace.
-    """
-
-    target: str = "e"
-
-    def task(self, task_id: str) -> Task:
-        return Task(task_id=task_id, prompt=f"Write the letter {self.target} many times.")
-
-    def evaluate(self, execution_id: str, workspace: Path) -> EvaluationResult | None:
-        answer = workspace / "answer.txt"
-        if not answer.exists():
-            return None
-        chars = [c for c in answer.read_text(errors="replace") if not c.isspace()]
-        score = sum(c == self.target for c in chars) / len(chars) if chars else 0.0
-        return EvaluationResult(EvaluationBinding(execution_id, artifact_version(workspace), "main"), score, True)
 
 
 class ProxyThread:

@@ -7,7 +7,9 @@ workspace, so a later evaluation of a changed workspace can never be mistaken
 for, or overwrite, an earlier one. Rewards never come from elapsed time,
 length or termination status.
 
-Toy task ``emit-token``: the reward is the share of whitespace-separated words
+Toy tasks. ``EmitCharTask`` (the CPU demo's): the reward is the share of
+non-space characters of ``answer.txt`` equal to a target character.
+``EmitTokenTask``: the reward is the share of whitespace-separated words
 in ``answer.txt`` equal to a target word (partial credit, easy to learn: a
 policy raises it by emitting the target more often). A workspace without
 ``answer.txt`` is a total failure with no evaluable work (``None``: the group
@@ -46,6 +48,11 @@ def artifact_version(workspace: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def preserved_binding(execution_id: str, workspace: Path, branch: str = "main") -> EvaluationBinding:
+    """The preserved artifact state of an execution: its workspace's content hash on ``branch``."""
+    return EvaluationBinding(execution_id, artifact_version(workspace), branch)
+
+
 @dataclass(frozen=True)
 class EmitTokenTask:
     target: str = "gyre"
@@ -63,5 +70,28 @@ class EmitTokenTask:
         except (OSError, UnicodeDecodeError) as exc:
             raise EvaluatorFailure(f"{answer}: {exc}") from exc
         score = sum(w.strip(".,!?'\"") == self.target for w in words) / len(words) if words else 0.0
-        binding = EvaluationBinding(execution_id, artifact_version(workspace), "main")
-        return EvaluationResult(binding, score, True)
+        return EvaluationResult(preserved_binding(execution_id, workspace), score, True)
+
+
+@dataclass(frozen=True)
+class EmitCharTask:
+    """Toy task: reward = share of non-space characters of ``answer.txt`` equal to ``target``.
+
+    A one-character target (a single byte-level token of the tiny tokenizer)
+    gives a reward with spread even under a random policy, so group-relative
+    advantages are non-zero from the first step (emit-token on whole words is
+    ~0 everywhere for a random 1k-token policy). Pure function of the workspace.
+    """
+
+    target: str = "e"
+
+    def task(self, task_id: str) -> Task:
+        return Task(task_id=task_id, prompt=f"Write the letter {self.target} many times.")
+
+    def evaluate(self, execution_id: str, workspace: Path) -> EvaluationResult | None:
+        answer = workspace / "answer.txt"
+        if not answer.exists():
+            return None
+        chars = [c for c in answer.read_text(errors="replace") if not c.isspace()]
+        score = sum(c == self.target for c in chars) / len(chars) if chars else 0.0
+        return EvaluationResult(preserved_binding(execution_id, workspace), score, True)

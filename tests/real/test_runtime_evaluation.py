@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from gyre.real.runtime_evaluation import close_and_evaluate, preserved_binding
-from gyre.real.runtime_tasks import EmitTokenTask, EvaluatorFailure
+from gyre.real.runtime_evaluation import close_and_evaluate
+from gyre.real.runtime_tasks import EmitTokenTask, EvaluatorFailure, preserved_binding
 from gyre.trajectory.evaluation import EvalState, EvaluationResult
 from gyre.trajectory.groups import TrajectoryBuffer
 
