@@ -37,7 +37,7 @@ def main() -> dict:
     mean = lambda xs: statistics.fmean(xs) if xs else None  # noqa: E731
     to_train = [t for t in s["transitions"] if t["role"] == "training"]
     to_roll = [t for t in s["transitions"] if t["role"] == "rollout"]
-    stalls = sorted(s["move_stalls_ms"])
+    stalls = s["move_stalls_ms"]
     return {
         "bursts": s["steps"] // s["config"]["mu"],
         "burst_wall_s": s["timings"]["run_s"] / max(1, s["steps"] // s["config"]["mu"]),
@@ -59,7 +59,9 @@ def main() -> dict:
 
 
 def _quantile(values: list[float], q: float) -> float | None:
-    return values[min(len(values) - 1, int(q * len(values)))] if values else None
+    import numpy as np
+
+    return float(np.quantile(values, q, method="inverted_cdf")) if values else None
 
 
 if __name__ == "__main__":
