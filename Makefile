@@ -1,4 +1,5 @@
 # Two commands a newcomer needs: `make run` and `make test`.
+# `make check` is the fast tier a developer runs every few minutes.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,7 +7,7 @@ BIN := $(VENV)/bin
 # keeps pip from resolving a multi-GB CUDA build for the `real` extra.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: run test bench figs clean
+.PHONY: run check test bench figs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -25,10 +26,14 @@ $(VENV)/.system-libs: | $(BIN)/python
 	fi
 	touch $@
 
+$(VENV)/.check-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@ $(VENV)/.base-installed
+
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python $(VENV)/.system-libs
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
 	$(BIN)/python -m pip install -q -e '.[dev,real]'
-	touch $@ $(VENV)/.base-installed
+	touch $@ $(VENV)/.base-installed $(VENV)/.check-installed
 
 run: $(VENV)/.base-installed
 	$(BIN)/gyre sim
@@ -42,6 +47,12 @@ run: $(VENV)/.base-installed
 .harness/.installed: tools/setup_harnesses.sh
 	bash tools/setup_harnesses.sh .harness
 	touch $@
+
+# The fast tier: pure core, simulator, analysis and pure trajectory tests,
+# small Hypothesis budget, no heavy stack (tests/conftest.py).
+CHECK_DIRS := tests/core tests/sim tests/analysis tests/trajectory
+check: $(VENV)/.check-installed
+	GYRE_TEST_TIER=check $(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:cacheprovider $(CHECK_DIRS)
 
 test: $(VENV)/.dev-installed .venv-sglang/.installed .harness/.installed
 	bash tools/isolated.sh $(BIN)/python -m pytest -q

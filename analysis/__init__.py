@@ -12,5 +12,11 @@
   group-level queue model of both.
 - ``theorem`` / ``theorem_report`` / ``theorem_cli``: ``gyre theorem``, the numerical
   check of Theorem A.1.
-- ``plotting`` / ``figs_cli``: the figures' shared look and ``gyre figs``.
+- ``plotting``: the figures' shared look (``gyre figs`` lives in ``gyre.paper_figs.cli``);
+- ``prefix_graph``: drawing a trajectory tree's prefix graph (``gyre traj show``,
+  figure 7);
+- ``real_run``: the picture of one real run (``gyre run``).
+
+May import: ``gyre`` and ``gyre.sim`` (the theorem check runs simulations);
+never ``gyre.real``.
 """

@@ -70,8 +70,10 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from gyre.staleness import DISPATCH_POLICIES, predicted_staleness
+
 Policy = Literal["boundary", "continuous"]
-POLICIES: tuple[str, ...] = ("boundary", "continuous")
+POLICIES: tuple[str, ...] = DISPATCH_POLICIES
 
 
 def lag_groups(policy: str, B: int, phi: float, mu: int) -> int:
@@ -83,11 +85,10 @@ def lag_groups(policy: str, B: int, phi: float, mu: int) -> int:
 
 
 def predicted_mean(policy: str, phi: float, mu: int) -> float:
-    """Closed-form steady-state group-weighted mean staleness: phi + (mu-1)/2 (+ mu if continuous)."""
+    """Closed-form steady-state group-weighted mean staleness (``gyre.staleness.predicted_staleness``)."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-    lag_in_batches = phi if policy == "boundary" else phi + mu  # L / B
-    return lag_in_batches + (mu - 1) / 2
+    return predicted_staleness(phi, mu, policy)
 
 
 def fifo_pmf(policy: str, B: int, phi: float, mu: int) -> pd.Series:

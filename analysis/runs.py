@@ -113,7 +113,7 @@ def run_from_result(result: Any, name: str | None = None) -> Run:
         groups=[row for _, row in sorted(record.groups.items())],
         roles=sorted(record.roles, key=lambda r: (r["cell"], r["start_s"], r["end_s"])),
         executions=[row for _, row in sorted(record.executions.items())],
-        events=record.events,
+        events=record.log.rows,
     )
 
 

@@ -9,14 +9,8 @@ Staleness of a consumed group is d = v_t - v_d. Statistics:
   that actually occur (no interpolation between integers);
 - ``distribution``: share of groups at each staleness value.
 
-Steady state: a run starts with one dispatch of (phi + mu) * B groups all at
-version 0, so the first bursts are fresher than the steady state. The window
-``steady_window(phi, mu, steps)`` keeps whole bursts only, after
-``warmup_bursts(phi, mu) = ceil(phi / mu) + 2`` of them (enough for the queue
-to hold only groups dispatched after the first publication, for boundary and
-for continuous dispatch), up to the last burst completed within ``steps``.
-Whole bursts matter: every burst trains versions kmu..kmu+mu-1, and a window
-cut mid-burst biases the mean.
+The steady-state window (``steady_window``) and the predicted mean are
+defined once, in ``gyre.staleness``.
 """
 
 from __future__ import annotations
@@ -28,24 +22,6 @@ import numpy as np
 import pandas as pd
 
 PERCENTILES = (50, 90, 99)
-
-
-def warmup_bursts(phi: float, mu: int) -> int:
-    """Bursts dropped as warm-up before the steady-state window."""
-    return math.ceil(phi / mu - 1e-9) + 2
-
-
-def steady_window(phi: float, mu: int, steps: int) -> tuple[int, int]:
-    """Steps [first, stop) of the steady-state window: whole bursts after the warm-up.
-
-    Raises ValueError when ``steps`` leaves no whole burst after the warm-up.
-    """
-    first = warmup_bursts(phi, mu) * mu
-    stop = (steps // mu) * mu
-    if stop <= first:
-        raise ValueError(f"{steps} steps leave no steady-state burst for phi={phi}, mu={mu}: "
-                         f"need more than {first + mu - 1} steps")
-    return first, stop
 
 
 def in_window(groups: pd.DataFrame, window: tuple[int, int] | None) -> pd.DataFrame:

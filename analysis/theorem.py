@@ -3,7 +3,7 @@
 Each grid point runs the full simulator (policy core + SimPy driver, boundary
 dispatch, the ``preset`` schedule, default ``E0``) for ``steps`` steps on a
 generated trace, keeps the steady-state window of whole bursts
-(``staleness.steady_window``), and compares the group-weighted mean staleness
+(``gyre.staleness.steady_window``), and compares the group-weighted mean staleness
 with phi + (mu - 1) / 2. It also records what the identity does not cover:
 the token-weighted mean, the maximum, percentiles and the distribution.
 
@@ -39,13 +39,14 @@ import numpy as np
 import pandas as pd
 
 from gyre.analysis.dispatch import QueueModel, predicted_mean, simulate_queue
-from gyre.analysis.staleness import staleness_distribution, staleness_stats, steady_window
+from gyre.analysis.staleness import staleness_distribution, staleness_stats
+from gyre.staleness import steady_window
 from gyre.config import SchedulerConfig
 from gyre.presets import ClusterShape, build_preset
 from gyre.sim.costs import CostModel
 from gyre.sim.driver import Simulation
-from gyre.sim.trace_format import Trace
-from gyre.sim.trace_presets import generate_trace, get_preset
+from gyre.formats.trace import Trace
+from gyre.sim.traces.presets import generate_trace, get_preset
 
 TRACE_QUERIES = 400
 #: Seconds of training per group in the queue model: an E0 step at paper scale

@@ -79,7 +79,7 @@ def run_command(args: argparse.Namespace) -> int:
     from gyre.analysis.theorem import run_theorem, validate
     from gyre.analysis.theorem_report import format_report, report_json
     from gyre.config import ConfigError
-    from gyre.sim.trace_presets import UnknownPresetError
+    from gyre.sim.traces.presets import UnknownPresetError
 
     try:
         grid = build_grid(args)

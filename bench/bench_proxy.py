@@ -2,7 +2,7 @@
 
 Three processes: a scripted engine speaking SGLang's ``/generate`` contract
 (``tests/real/proxy_fixtures.py``, answers "ok, done" = a few tokens), the
-proxy (``python -m gyre.real.proxy_cli``, records fsynced, the tiny
+proxy (``python -m gyre.real.proxy.cli``, records fsynced, the tiny
 locally-trained tokenizer), and this client (aiohttp).
 
 - added latency: sequential calls, time to the last byte. Direct: streaming
@@ -94,8 +94,8 @@ async def _big_latency(engine_url: str, proxy_url: str, chat, calls: int) -> dic
     import aiohttp
 
     messages, tools, system = _big_conversation()
-    from gyre.real.proxy_anthropic import canonical_tools
-    from gyre.real.proxy_chat import template_tools
+    from gyre.real.proxy.api.anthropic import canonical_tools
+    from gyre.real.proxy.model_call import template_tools
 
     prompt = chat.render([{"role": "system", "content": system}, *messages], template_tools(canonical_tools(tools)))
     input_ids = chat.encode(prompt)
@@ -143,7 +143,7 @@ def main(calls: int = 300, window_s: float = 4.0) -> dict:
     sys.path.insert(0, str(ROOT / "tests" / "real"))
     from proxy_fixtures import build_tiny_tokenizer
 
-    from gyre.real.proxy_tokenize import ChatTokenizer
+    from gyre.real.proxy.tokenize import ChatTokenizer
 
     with tempfile.TemporaryDirectory() as scratch:
         model = build_tiny_tokenizer(Path(scratch) / "tiny")
@@ -155,7 +155,7 @@ def main(calls: int = 300, window_s: float = 4.0) -> dict:
                   "admin_token": "bench-admin-token", "engines": [{"id": "e0", "url": engine_url}],
                   "executions": {f"bench-key-{i}": f"bench-{i}" for i in range(400)}}
         (Path(scratch) / "proxy.json").write_text(json.dumps(config))
-        proxy, proxy_url = _spawn(["-m", "gyre.real.proxy_cli", "--config", str(Path(scratch) / "proxy.json"),
+        proxy, proxy_url = _spawn(["-m", "gyre.real.proxy.cli", "--config", str(Path(scratch) / "proxy.json"),
                                    "--port", "0"])
         try:
             figures = asyncio.run(_latency(engine_url, proxy_url, input_ids, calls))

@@ -2,7 +2,7 @@
 
 Runs the CPU demo (``configs/cpu_demo.toml``: 2 cells = 2 SGLang CPU engines +
 2 training cells, N = 8, B = 2, scripted harnesses, mu = 2) for 8 steps = 4
-bursts through ``runtime_job.run_job`` and reports, from the run's own
+bursts through ``runtime.job.run_job`` and reports, from the run's own
 measurements: burst wall time; rollout (mean harness execution duration);
 role transitions into training (drain + wait for in-flight requests + release
 + enter_training) and back (leave + resume + weight load + undrain); training
@@ -27,7 +27,7 @@ STEPS = 8  # 4 bursts at the demo's mu = 2
 def main() -> dict:
     import pandas as pd
 
-    from gyre.real.runtime_job import load_job_config, run_job
+    from gyre.real.runtime.job import load_job_config, run_job
 
     with tempfile.TemporaryDirectory(prefix="gyre-bench-runtime-") as tmp:
         job = load_job_config(CPU_DEMO, workdir=str(Path(tmp) / "run"), model_dir=str(Path(tmp) / "tok"),

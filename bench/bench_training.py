@@ -2,7 +2,7 @@
 
 Figures:
 - weight pull between two processes, through the training plane's own
-  transports (``gyre.real.train_transport``), for 1, 16 and 128 MiB buffers:
+  transports (``gyre.real.train.transport``), for 1, 16 and 128 MiB buffers:
   Mooncake Transfer Engine (tcp, one-sided read) against torch.distributed
   broadcast (gloo). ``cold`` is the first pull of a buffer (includes memory
   registration and, for the first buffer, the peer handshake); ``warm`` is the
@@ -30,11 +30,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from gyre.real.train_cpu_compat import prepare_device
-from gyre.real.train_model import FlatParameters
-from gyre.real.train_plane import PlaneConfig, TrainingPlane
-from gyre.real.train_toy import feed, toy_batch, wait_claimed
-from gyre.real.train_transport import Snapshot, make_transport
+from gyre.real.train.cpu_compat import prepare_device
+from gyre.real.train.model import FlatParameters
+from gyre.real.train.plane import PlaneConfig, TrainingPlane
+from gyre.real.toy.microsteps import feed, toy_batch, wait_claimed
+from gyre.real.train.transport import Snapshot, make_transport
 
 HOST = "127.0.0.1"
 SIZES_MIB = (1, 16, 128)

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from gyre.trajectory.admission import admit_trajectories
-from gyre.trajectory.roles import ClaudeCodeRoles
+from gyre.trajectory.harness_roles import ClaudeCodeRoles
 from gyre.trajectory.rows import materialize
-from gyre.trajectory.storage import RecordLog, read_records
+from gyre.real.store.tito_log import RecordLog, read_records
 from gyre.trajectory.synthetic import ExecutionShape, synthetic_execution
 from gyre.trajectory.tree import TrajectoryTree
 from gyre.trajectory.tree_stats import tree_stats

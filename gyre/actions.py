@@ -105,3 +105,10 @@ class Publish(Action):
 
     version: int
     kind: ClassVar[str] = "publish"
+
+
+ACTION_TYPES: dict[str, type[Action]] = {
+    cls.kind: cls
+    for cls in (DispatchGroups, StartExecutions, CancelExecutions, Reroute, BeginTransition, StartBatch,
+                FeedGroups, Broadcast, Publish)
+}

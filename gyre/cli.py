@@ -13,12 +13,12 @@ import sys
 
 COMMAND_MODULES: tuple[str, ...] = (
     "gyre.sim.cli",
-    "gyre.sim.trace_cli",
-    "gyre.trajectory.cli",
+    "gyre.sim.traces.cli",
+    "gyre.real.store.cli",
     "gyre.analysis.theorem_cli",
-    "gyre.analysis.figs_cli",
-    "gyre.real.proxy_cli",
-    "gyre.real.runtime_cli",
+    "gyre.paper_figs.cli",
+    "gyre.real.proxy.cli",
+    "gyre.real.runtime.cli",
 )
 
 

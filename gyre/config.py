@@ -25,9 +25,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gyre.staleness import DISPATCH_POLICIES, predicted_staleness
+
 Granularity = Literal["none", "global", "coarse", "fine"]
 GRANULARITIES: tuple[str, ...] = ("none", "global", "coarse", "fine")
-DISPATCH_POLICIES: tuple[str, ...] = ("boundary", "continuous")
 
 
 class ConfigError(ValueError):
@@ -92,14 +93,8 @@ class SchedulerConfig:
 
     @property
     def predicted_staleness(self) -> float:
-        """Theorem A.1: E[d] = phi + (mu - 1) / 2 under boundary dispatch.
-
-        Continuous dispatch at the same depth refills a burst's freed slots with
-        the weights the burst started from, so each group is mu versions staler:
-        E[d] = phi + mu + (mu - 1) / 2 (derivation in gyre.analysis.dispatch).
-        """
-        boundary = self.phi + (self.mu - 1) / 2
-        return boundary + self.mu if self.dispatch == "continuous" else boundary
+        """Theorem A.1's E[d] for this schedule (``gyre.staleness.predicted_staleness``)."""
+        return predicted_staleness(self.phi, self.mu, self.dispatch)
 
     @property
     def static(self) -> bool:
@@ -112,6 +107,12 @@ class SchedulerConfig:
         if self.granularity == "fine":
             return tuple((c,) for c in range(self.K))
         return (tuple(range(self.K)),)
+
+    @property
+    def core_unit(self) -> tuple[int, ...]:
+        """The cells that switch with the core cell (unit 0); empty for a static split."""
+        units = self.transition_units()
+        return units[0] if units else ()
 
     def replace_fields(self, **changes: Any) -> "SchedulerConfig":
         """A validated copy with some fields changed."""

@@ -49,6 +49,5 @@ def core_stays_in_training(cfg: SchedulerConfig, waterlevel: int, ready_unclaime
     """
     if not supply_sufficient(cfg, supply(ready_unclaimed, cfg.B)):
         return False
-    core_unit = len(cfg.transition_units()[0]) if not cfg.static else 0
     incoming = cfg.mu * cfg.group_size * cfg.B
-    return waterlevel + incoming <= cfg.C_s + (cfg.K - core_unit) * cfg.C_e
+    return waterlevel + incoming <= cfg.C_s + (cfg.K - len(cfg.core_unit)) * cfg.C_e

@@ -261,9 +261,8 @@ class Scheduler:
         self.steps_in_burst += 1
         self.batch_open = False
         self.fed = self.wants = 0
-        core_unit = set(self._units[0]) if self._units else set()
         satellites = tuple(c for c in range(self.cfg.K)
-                           if c not in core_unit and c >= self.cfg.static_train_cells
+                           if c not in self.cfg.core_unit and c >= self.cfg.static_train_cells
                            and self.roles[c] == R.TRAINING)
         if self.steps_in_burst < self.cfg.mu:
             if satellites:
@@ -283,7 +282,7 @@ class Scheduler:
             return
         stays = rules.core_stays_in_training(self.cfg, self.waterlevel, self.ready_unclaimed)
         if not stays:
-            self._begin_transition(self._units[0], R.ROLLOUT, out)
+            self._begin_transition(self.cfg.core_unit, R.ROLLOUT, out)
 
     def _on_publish_done(self, event: ev.PublishDone, out: list[act.Action]) -> None:
         self.awaiting_publish = False
@@ -325,9 +324,7 @@ class Scheduler:
             out.append(act.StartExecutions(tuple(placements)))
 
     def _core_in_training(self) -> bool:
-        if self.cfg.static:
-            return True
-        return all(self.roles[c] == R.TRAINING for c in self._units[0])
+        return all(self.roles[c] == R.TRAINING for c in self.cfg.core_unit)
 
     def _open_batch(self, out: list[act.Action]) -> None:
         if self.batch_open or self.awaiting_publish or not self._core_in_training():

@@ -4,4 +4,5 @@ Every ``figN_*.py`` has ``main(out_dir, quick=False) -> list[Path]`` writing a
 PNG and an SVG, and runs on its own (``python paper_figs/fig1_role_timeline.py
 DIR [--quick]``). ``make_all.py`` runs them all (``gyre figs --out DIR``).
 Figure 7 draws the trajectory-tree prefix graph of one SPEC 4.2-shaped execution.
+``cli`` is ``gyre figs``. May import: ``gyre``, ``gyre.sim``, ``gyre.analysis``.
 """

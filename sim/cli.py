@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_command(args: argparse.Namespace) -> int:
     from gyre.config import ConfigError, parse_overrides
     from gyre.sim.costs import CostError, CostModel, parse_cost_overrides
-    from gyre.sim.trace_format import TraceError
+    from gyre.formats.trace import TraceError
 
     try:
         overrides = parse_overrides(args.overrides)

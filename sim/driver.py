@@ -1,7 +1,9 @@
 """The SimPy driver: applies the policy core's actions and feeds it events.
 
-``Simulation`` owns a ``gyre.scheduler.Scheduler`` and never decides anything
-itself: executions run for their trace durations, transitions take their
+``Simulation`` is the simulator's ``ActionHandler`` (``gyre.loop``): the
+shared ``DriverLoop`` feeds each event to a ``gyre.scheduler.Scheduler``,
+records it and calls one ``on_<action>`` method per returned action. The
+driver never decides anything itself: executions run for their trace durations, transitions take their
 costs, the training plane (``training.py``) models micro-steps, and every
 resulting event goes back to the core. Supply-timer expiries are delivered as
 ``Tick`` events at exactly ``core.next_deadline()``.
@@ -24,18 +26,19 @@ from gyre import actions as act
 from gyre import events as ev
 from gyre.actions import SEPARATE
 from gyre.config import SchedulerConfig
+from gyre.formats.trace import Trace
+from gyre.loop import ActionHandler, DriverLoop
 from gyre.scheduler import Scheduler
 from gyre.sim.costs import CostModel
-from gyre.sim.record import Recorder
-from gyre.sim.trace_format import Trace
-from gyre.sim.training import TrainingPlane
+from gyre.sim.record import SimRecord
+from gyre.sim.training import SimTrainingPlane
 
 
 class SimulationStalled(RuntimeError):
     """No event is pending but the requested steps are not done."""
 
 
-class Simulation:
+class Simulation(ActionHandler):
     def __init__(self, cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
                  on_step: Callable[[int], None] | None = None) -> None:
         if steps < 1:
@@ -45,8 +48,9 @@ class Simulation:
         self.cfg, self.trace, self.costs, self.steps = cfg, trace, costs, steps
         self.env = simpy.Environment()
         self.core = Scheduler(cfg)
-        self.record = Recorder(cfg)
-        self.plane = TrainingPlane(self.env, cfg, costs, self.send)
+        self.record = SimRecord(cfg)
+        self.loop = DriverLoop(self.core, self, self.record.log)
+        self.plane = SimTrainingPlane(self.env, cfg, costs, self.send)
         self._on_step = on_step
         self._done = self.env.event()
         self._end_at: dict[int, float] = {}
@@ -55,10 +59,9 @@ class Simulation:
         self._tick_at: float | None = None
         self._publish_until = 0.0
         self._tokens = trace.column("output_tokens")
-        self._core_unit = frozenset(cfg.transition_units()[0]) if not cfg.static else frozenset()
 
     # ---- running ---------------------------------------------------------------
-    def run(self) -> Recorder:
+    def run(self) -> SimRecord:
         for cell in range(self.cfg.static_train_cells):
             self.plane.join(cell)
         self.send(ev.Begin(0.0))
@@ -76,19 +79,17 @@ class Simulation:
                 f"batch_open={s.batch_open} fed={s.fed}")
 
     def send(self, event: ev.Event) -> None:
-        """Feed one event to the core and apply the actions it returns."""
+        """Feed one event through the driver loop (the core's actions come back as on_* calls)."""
         if self._done.triggered:
             return
-        self.record.event(event)
-        actions = self.core.handle(event)
-        self.record.actions(event.now, actions)
-        for action in actions:
-            self._apply(action)
-        if isinstance(event, ev.StepDone) and self._on_step:
-            self._on_step(self.core.version)
-        if isinstance(event, ev.StepDone) and self.core.version >= self.steps:
-            self._done.succeed()
-            return
+        self.loop.feed(event)
+        if isinstance(event, ev.StepDone):
+            self.record.step_finished(event.version, event.now)
+            if self._on_step:
+                self._on_step(self.core.version)
+            if self.core.version >= self.steps:
+                self._done.succeed()
+                return
         self._schedule_tick()
 
     def _schedule_tick(self) -> None:
@@ -103,17 +104,13 @@ class Simulation:
             self._tick_at = None
             self.send(ev.Tick(self.env.now))
 
-    # ---- applying actions ----------------------------------------------------------
-    def _apply(self, a: act.Action) -> None:
-        handler = _HANDLERS[type(a)]
-        handler(self, a)
-
-    def _dispatch(self, a: act.DispatchGroups) -> None:
+    # ---- applying actions (one on_* method per action kind) ---------------------------
+    def on_dispatch_groups(self, a: act.DispatchGroups) -> None:
         for g in a.groups:
             self.record.group_dispatched(g, self.trace.query_at(g).query_id, a.version, self.env.now,
                                          self._group_tokens(g))
 
-    def _start(self, a: act.StartExecutions) -> None:
+    def on_start_executions(self, a: act.StartExecutions) -> None:
         for x, engine in a.placements:
             duration = self._duration(x) * self._slowdown(engine)
             self._end_at[x] = self.env.now + duration
@@ -161,18 +158,18 @@ class Simulation:
         self.record.group_ready(g, self.env.now)
         self.send(ev.GroupReady(self.env.now, g))
 
-    def _cancel(self, a: act.CancelExecutions) -> None:
+    def on_cancel_executions(self, a: act.CancelExecutions) -> None:
         for x in a.executions:
             if x in self._end_at:
                 del self._end_at[x]
                 self._after(0.0, lambda x=x: self._close(x, "cancelled"))
 
-    def _reroute(self, a: act.Reroute) -> None:
+    def on_reroute(self, a: act.Reroute) -> None:
         self.record.reroute(a.execution, a.source, a.dest, self.env.now)
         if self.costs.reroute_recompute_s > 0:
             self._extra[a.execution] = self._extra.get(a.execution, 0.0) + self.costs.reroute_recompute_s
 
-    def _transition(self, a: act.BeginTransition) -> None:
+    def on_begin_transition(self, a: act.BeginTransition) -> None:
         self.record.role(a.cell, "to_" + a.role, self.env.now)
         if a.role == "rollout":
             self.plane.leave(a.cell)
@@ -185,22 +182,22 @@ class Simulation:
     def _transition_done(self, cell: int, role: str) -> None:
         self.record.role(cell, role, self.env.now)
         if role == "training":
-            satellite = cell not in self._core_unit
+            satellite = cell not in self.cfg.core_unit
             self.plane.join(cell, self.costs.weight_pull_s if satellite else 0.0)
         self.send(ev.TransitionDone(self.env.now, cell, role))
 
-    def _start_batch(self, a: act.StartBatch) -> None:
+    def on_start_batch(self, a: act.StartBatch) -> None:
         self.record.step_started(a.version, self.env.now, len(self.core.training_cells()))
         self.plane.start_batch(a.version)
 
-    def _feed(self, a: act.FeedGroups) -> None:
+    def on_feed_groups(self, a: act.FeedGroups) -> None:
         self.record.groups_fed(a.groups, a.version, self.env.now)
         self.plane.feed(a.version, a.groups)
 
-    def _broadcast(self, a: act.Broadcast) -> None:
+    def on_broadcast(self, a: act.Broadcast) -> None:
         self.plane.hold(a.cells, self.costs.broadcast_s)
 
-    def _publish(self, a: act.Publish) -> None:
+    def on_publish(self, a: act.Publish) -> None:
         self._publish_until = self.env.now + self.costs.publish_s
         self.record.published(a.version, self.env.now)
         self._after(self.costs.publish_s, lambda: self.send(ev.PublishDone(self.env.now, a.version)))
@@ -208,15 +205,3 @@ class Simulation:
     def _after(self, seconds: float, fn: Callable[[], None]) -> None:
         self.env.timeout(seconds).callbacks.append(lambda _e: fn())
 
-
-_HANDLERS: dict[type, Callable[[Simulation, act.Action], None]] = {
-    act.DispatchGroups: Simulation._dispatch,
-    act.StartExecutions: Simulation._start,
-    act.CancelExecutions: Simulation._cancel,
-    act.Reroute: Simulation._reroute,
-    act.BeginTransition: Simulation._transition,
-    act.StartBatch: Simulation._start_batch,
-    act.FeedGroups: Simulation._feed,
-    act.Broadcast: Simulation._broadcast,
-    act.Publish: Simulation._publish,
-}

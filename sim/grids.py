@@ -15,7 +15,7 @@ from typing import Any
 
 from gyre.presets import ABLATION_NAMES, WORKLOAD_SHAPES
 from gyre.sim.costs import CostModel
-from gyre.sim.record import write_csv
+from gyre.formats.tables import write_csv
 from gyre.sim.report import format_table
 from gyre.sim.runner import run_simulation
 

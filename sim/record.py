@@ -8,30 +8,28 @@ Tables (one CSV each, written by ``write_tables``):
 - ``roles.csv``: cell, role, start_s, end_s (one row per interval);
 - ``executions.csv``: execution, group_id, engine, start_s, end_s, outcome, reroutes.
 
+``SimRecord.log`` is the driver loop's ``EventLog`` (events and actions);
+the rest are the cluster facts only the simulator knows.
+
 Invariants: rows are in a deterministic order (by id or by time of record),
 floats are written with fixed formatting, so equal runs give equal bytes.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from gyre import actions as act
-from gyre import events as ev
 from gyre.config import SchedulerConfig
+from gyre.formats.eventlog import EventLog
+from gyre.formats.tables import write_csv
 
-EVENT_COLUMNS = ("seq", "kind", "now", "execution", "outcome", "group", "cell", "role", "version")
 
-
-class Recorder:
+class SimRecord:
     def __init__(self, cfg: SchedulerConfig) -> None:
         self.cfg = cfg
-        self.events: list[dict[str, Any]] = []
-        self.action_log: list[dict[str, Any]] = []
-        self.action_counts: dict[str, int] = {}
+        self.log = EventLog()
         self.groups: dict[int, dict[str, Any]] = {}
         self.executions: dict[int, dict[str, Any]] = {}
         self.roles: list[dict[str, Any]] = []
@@ -44,21 +42,6 @@ class Recorder:
             if role == "training":
                 self._training.add(cell)
         self.end_s = 0.0
-
-    # ---- core traffic ------------------------------------------------------------
-    def event(self, event: ev.Event) -> None:
-        row = event.as_dict()
-        row["seq"] = len(self.events)
-        row["now"] = float(row["now"])
-        self.events.append(row)
-        if isinstance(event, ev.StepDone):
-            step = self.steps[event.version]
-            step["end_s"] = event.now
-
-    def actions(self, now: float, actions: Iterable[act.Action]) -> None:
-        for a in actions:
-            self.action_counts[a.kind] = self.action_counts.get(a.kind, 0) + 1
-            self.action_log.append(a.as_dict())
 
     # ---- cluster facts -------------------------------------------------------------
     def group_dispatched(self, g: int, query_id: Any, v_d: int, now: float, tokens: float) -> None:
@@ -103,6 +86,9 @@ class Recorder:
                                "training_cells_max": max(training_cells, len(self._training)),
                                "published": False}
 
+    def step_finished(self, version: int, now: float) -> None:
+        self.steps[version]["end_s"] = now
+
     def published(self, version: int, now: float) -> None:
         self.steps[version - 1]["published"] = True
 
@@ -127,26 +113,9 @@ class Recorder:
         return rows
 
 
-def _fmt(value: Any) -> Any:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6f}"
-    return value
-
-
-def write_csv(path: Path, columns: Iterable[str], rows: Iterable[dict[str, Any]]) -> None:
-    columns = list(columns)
-    with open(path, "w", newline="") as fh:
-        writer = csv.writer(fh, lineterminator="\n")
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow([_fmt(row.get(c)) for c in columns])
-
-
-def write_tables(record: Recorder, out: Path, summary: dict[str, Any]) -> None:
+def write_tables(record: SimRecord, out: Path, summary: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "events.csv", EVENT_COLUMNS, record.events)
+    record.log.write_csv(out / "events.csv")
     write_csv(out / "steps.csv", ("step", "start_s", "end_s", "duration_s", "training_cells_max", "published"),
               record.step_rows())
     write_csv(out / "groups.csv", ("group_id", "query_id", "v_d", "v_t", "staleness", "dispatched_at_s",

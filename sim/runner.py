@@ -20,15 +20,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gyre.analysis.staleness import steady_window
+from gyre.staleness import steady_window
 from gyre.config import SchedulerConfig
 from gyre.presets import PAPER_SHAPE, WORKLOAD_SHAPES, build_preset
 from gyre.sim.costs import CostModel
 from gyre.sim.driver import Simulation
-from gyre.sim.record import Recorder, write_tables
-from gyre.sim.trace_format import Trace, load_trace
-from gyre.sim.trace_presets import PRESETS as TRACE_PRESETS
-from gyre.sim.trace_presets import generate_trace
+from gyre.sim.record import SimRecord, write_tables
+from gyre.formats.trace import Trace, load_trace
+from gyre.sim.traces.presets import PRESETS as TRACE_PRESETS
+from gyre.sim.traces.presets import generate_trace
 
 DEFAULT_PRESET = "E0"
 DEFAULT_TRACE = "nl2repo-122b"
@@ -39,7 +39,7 @@ TRACE_QUERIES = 400
 class SimResult:
     cfg: SchedulerConfig
     summary: dict[str, Any]
-    record: Recorder
+    record: SimRecord
 
     def write(self, out: str | Path) -> Path:
         out = Path(out)
@@ -72,7 +72,7 @@ def run_simulation(preset: str = DEFAULT_PRESET, trace: str | Path | Trace = DEF
     return SimResult(cfg, summarize(cfg, record, preset, trace_name, steps, seed, wall), record)
 
 
-def summarize(cfg: SchedulerConfig, record: Recorder, preset: str, trace: str, steps: int, seed: int,
+def summarize(cfg: SchedulerConfig, record: SimRecord, preset: str, trace: str, steps: int, seed: int,
               wall: float) -> dict[str, Any]:
     consumed = record.consumed_groups(steps)
     staleness = np.array([row["staleness"] for row in consumed], dtype=float)
@@ -91,9 +91,9 @@ def summarize(cfg: SchedulerConfig, record: Recorder, preset: str, trace: str, s
         "staleness_steady_mean": steady[0],
         "steady_steps": steady[1],
         "groups_consumed": len(consumed),
-        "transitions": record.action_counts.get("begin_transition", 0),
-        "reroutes": record.action_counts.get("reroute", 0),
-        "events": len(record.events),
+        "transitions": record.log.action_counts.get("begin_transition", 0),
+        "reroutes": record.log.action_counts.get("reroute", 0),
+        "events": len(record.log.rows),
         "wall_seconds": round(wall, 3),
         "config": {k: v for k, v in vars(cfg).items()},
     }

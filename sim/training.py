@@ -36,7 +36,7 @@ class Member:
     micro_steps: int = 0
 
 
-class TrainingPlane:
+class SimTrainingPlane:
     def __init__(self, env: simpy.Environment, cfg: SchedulerConfig, costs: CostModel,
                  send: Callable[[ev.Event], None]) -> None:
         self.env, self.cfg, self.costs, self._send = env, cfg, costs, send

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gyre.trajectory.roles import HarnessRoles, leaf_roles
+from gyre.trajectory.harness_roles import HarnessRoles, leaf_roles
 from gyre.trajectory.tree import TrajectoryTree
 
 DEFAULT_J_MAX = 5

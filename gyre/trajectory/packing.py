@@ -31,7 +31,7 @@ import numpy as np
 
 from gyre.trajectory.admission import DEFAULT_J_MAX, admit_trajectories, check_j_max
 from gyre.trajectory.groups import ReadyGroup, TrajectoryBuffer
-from gyre.trajectory.roles import HarnessRoles
+from gyre.trajectory.harness_roles import HarnessRoles
 from gyre.trajectory.rows import TokenRow, materialize
 
 

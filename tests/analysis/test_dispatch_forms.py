@@ -7,9 +7,11 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples
 
 from gyre.analysis.dispatch import QueueModel, fifo_pmf, lag_groups, predicted_mean, simulate_queue
-from gyre.analysis.staleness import staleness_stats, steady_window
+from gyre.analysis.staleness import staleness_stats
+from gyre.staleness import steady_window
 
 
 def _pmf_mean(pmf: pd.Series) -> float:
@@ -33,7 +35,7 @@ def test_fifo_pmf_for_gyre_by_hand():
     assert pmf.to_dict() == pytest.approx({0: 1 / 6, 1: 2 / 6, 2: 2 / 6, 3: 1 / 6})
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(B=st.sampled_from([2, 4, 8]), phi_groups=st.integers(0, 20), mu=st.integers(1, 5),
        policy=st.sampled_from(["boundary", "continuous"]))
 def test_fifo_model_matches_closed_form_exactly(B, phi_groups, mu, policy):

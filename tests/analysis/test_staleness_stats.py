@@ -7,8 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from gyre.analysis.staleness import (staleness_distribution, staleness_stats, steady_window, token_distribution,
-                                     warmup_bursts)
+from gyre.analysis.staleness import staleness_distribution, staleness_stats, token_distribution
+from gyre.staleness import steady_window, warmup_bursts
 
 # six consumed groups, one never consumed
 GROUPS = pd.DataFrame({

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from gyre.analysis import figs_cli, theorem, theorem_cli
+from gyre.analysis import theorem, theorem_cli
+from gyre.paper_figs import cli as figs_cli
 from gyre.analysis.theorem import SMALL_GRID, TheoremReport, run_theorem, scaled_shape
 from gyre.analysis.theorem_report import format_report, report_json
 

@@ -1,6 +1,6 @@
 """Shared helpers for the proxy tests: a tiny model and tokenizer, and servers.
 
-- the tiny tokenizer and Qwen2 builders come from ``gyre.real.tiny_model``;
+- the tiny tokenizer and Qwen2 builders come from ``gyre.real.toy.tiny_model``;
 - ``ServerThread`` runs an aiohttp application on 127.0.0.1 in a background
   thread with its own event loop, so the synchronous SDK clients can call it;
 - the scripted engine lives in ``proxy_scripted_engine``.
@@ -18,8 +18,8 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from gyre.real.runtime_engines import free_port  # noqa: F401  (re-exported for the tests)
-from gyre.real.tiny_model import (ADDED, CHAT_TEMPLATE, SPECIAL, build_tiny_qwen2,  # noqa: F401
+from gyre.real.engines.manager import free_port  # noqa: F401  (re-exported for the tests)
+from gyre.real.toy.tiny_model import (ADDED, CHAT_TEMPLATE, SPECIAL, build_tiny_qwen2,  # noqa: F401
                                    build_tiny_tokenizer)
 
 
@@ -242,7 +242,7 @@ def tool_loop_script(command: str = "echo hello", tool: str = "Bash", final: str
     entry of ``commands`` is either a command string (sent as ``{"command": ...}``) or
     a full arguments dict.
     """
-    from gyre.real.proxy_toolcalls import format_tool_call
+    from gyre.real.proxy.toolcalls import format_tool_call
 
     steps = list(commands) if commands is not None else [arguments or {"command": command}]
 
@@ -262,7 +262,7 @@ def tool_loop_script(command: str = "echo hello", tool: str = "Bash", final: str
 
 
 def proxy_config(model_dir: Any, records_dir: Any, engines: dict[str, str], **overrides: Any) -> Any:
-    from gyre.real.proxy_config import EngineSpec, ProxyConfig
+    from gyre.real.proxy.config import EngineSpec, ProxyConfig
 
     values = dict(model_path=str(model_dir), records_dir=str(records_dir), admin_token="admin-secret-token",
                   engines=tuple(EngineSpec(id=i, url=u) for i, u in engines.items()),
@@ -273,7 +273,7 @@ def proxy_config(model_dir: Any, records_dir: Any, engines: dict[str, str], **ov
 
 def start_proxy(config: Any, chat: Any = None) -> tuple[ServerThread, Any]:
     """Start a ``ProxyServer`` in a thread; returns (thread, server)."""
-    from gyre.real.proxy_app import ProxyServer
+    from gyre.real.proxy.app import ProxyServer
 
     holder: dict[str, Any] = {}
 
@@ -319,7 +319,7 @@ def check_records(records_dir: Any, execution_id: str, model_dir: Any) -> list[A
     import numpy as np
     from transformers import AutoTokenizer
 
-    from gyre.trajectory.storage import ExecutionStore
+    from gyre.real.store.tito_log import ExecutionStore
     from gyre.trajectory.tree import TrajectoryTree
 
     records = ExecutionStore(records_dir).read(execution_id)
@@ -388,13 +388,13 @@ async def tool_loop_execution(session: Any, url: str, key: str) -> list[float]:
 
 
 def start_proxy_process(config: dict, path: Path, extra_env: dict | None = None) -> tuple[Any, str]:
-    """Run ``python -m gyre.real.proxy_cli`` on ``config``; returns (process, url)."""
+    """Run ``python -m gyre.real.proxy.cli`` on ``config``; returns (process, url)."""
     import subprocess
     import sys
 
     path.write_text(json.dumps(config))
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **(extra_env or {}))
-    process = subprocess.Popen([sys.executable, "-m", "gyre.real.proxy_cli", "--config", str(path), "--port", "0"],
+    process = subprocess.Popen([sys.executable, "-m", "gyre.real.proxy.cli", "--config", str(path), "--port", "0"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     line = process.stdout.readline()
     if not line:

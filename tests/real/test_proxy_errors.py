@@ -21,7 +21,7 @@ LIMIT = 64 * 1024
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from gyre.real.proxy_config import Limits
+    from gyre.real.proxy.config import Limits
 
     model = build_tiny_tokenizer(shared_tiny_dir(tmp_path_factory))
     records = tmp_path_factory.mktemp("records")

@@ -37,15 +37,10 @@ def long_script(prompt: str) -> str:
     return "Here is a long answer: " + LONG.strip()
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return build_tiny_tokenizer(shared_tiny_dir(tmp_path_factory))
-
-
 @pytest.fixture
 def pair(model, tmp_path):
     """Two scripted engines (e0, e1) behind one proxy with a short retry budget."""
-    from gyre.real.proxy_config import RetryPolicy
+    from gyre.real.proxy.config import RetryPolicy
 
     engines = [ScriptedEngine(model, long_script, engine_id=f"e{i}", token_delay=0.002) for i in range(2)]
     threads = [ServerThread(e.application).start() for e in engines]
@@ -176,7 +171,7 @@ def test_outage_after_stream_start_ends_with_an_error_event(pair):
 
 def _start_proxy_process(config_path: Path) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-    process = subprocess.Popen([sys.executable, "-m", "gyre.real.proxy_cli", "--config", str(config_path),
+    process = subprocess.Popen([sys.executable, "-m", "gyre.real.proxy.cli", "--config", str(config_path),
                                 "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     line = process.stdout.readline()
     assert line, process.stderr.read()

@@ -9,7 +9,7 @@ proxy dumped (``dump_requests``): every record's decoded input contains the
 system prompt and the last user/tool text that was sent, each call the harness
 answered with a tool result continues the previous call's path token for token
 (one leaf), and the harness finished cleanly. The command lines are those of
-the runner's adapters (``gyre.real.runtime_harness``), so what is tested here
+the runner's adapters (``gyre.real.harness.runner``), so what is tested here
 is what a real run starts.
 
 Skipped with the reason when not root, when ``unshare`` cannot make a network
@@ -34,7 +34,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))  # the driver runs this file as a script
 from proxy_fixtures import build_tiny_tokenizer, shared_tiny_dir, start_proxy_process  # noqa: E402
 
-from gyre.real.runtime_harness import ClaudeCode, Codex, MiniSweAgent, Task  # noqa: E402
+from gyre.real.harness.runner import ClaudeCode, Codex, MiniSweAgent, Task  # noqa: E402
 
 NPM_BIN = Path(os.environ.get("GYRE_HARNESS_BIN", ROOT / ".harness" / "node_modules" / ".bin"))
 KEY = "harness-key-0"
@@ -122,7 +122,7 @@ def _sent_texts(body: dict) -> list[str]:
 def check_recorded_tree(records_dir: Path, execution: str, model: Path) -> list:
     from transformers import AutoTokenizer
 
-    from gyre.trajectory.storage import ExecutionStore
+    from gyre.real.store.tito_log import ExecutionStore
     from gyre.trajectory.tree import TrajectoryTree
     from gyre.trajectory.tree_stats import tree_stats
 
@@ -152,11 +152,6 @@ def _spec(name: str, tmp_path: Path, model: Path, argv: list, env: dict, script:
     return {"name": name, "model": str(model), "records": str(tmp_path / "records"), "execution": f"{name}-1",
             "scratch": str(scratch), "argv": [str(a) for a in argv], "env": env, "script": script,
             "result": str(tmp_path / "result.json"), **extra}
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return build_tiny_tokenizer(shared_tiny_dir(tmp_path_factory))
 
 
 def _command(adapter, prompt: str, home: Path) -> tuple[list[str], dict[str, str]]:

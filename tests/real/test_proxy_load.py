@@ -1,6 +1,6 @@
 """Load: 384 concurrent streaming executions through one proxy process, no lost or duplicated record.
 
-The proxy runs as its own process (``python -m gyre.real.proxy_cli``, records
+The proxy runs as its own process (``python -m gyre.real.proxy.cli``, records
 fsynced); a fast scripted engine and the 384 clients share the test process.
 Each execution runs a two-call tool loop, so 768 calls must leave exactly two
 records per execution log, with unique request ids, each a full answer.
@@ -35,7 +35,7 @@ async def _drive(url: str, keys: list[str]) -> list:
 
 @pytest.mark.timeout(180)
 def test_384_concurrent_streaming_executions(tmp_path_factory, tmp_path):
-    from gyre.trajectory.storage import ExecutionStore
+    from gyre.real.store.tito_log import ExecutionStore
 
     model = build_tiny_tokenizer(shared_tiny_dir(tmp_path_factory))
     engine = ScriptedEngine(model, tool_loop_script(command="echo hello"), chunk_tokens=2)

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gyre.real.proxy_config import ConfigError, EngineSpec, RetryPolicy, config_from_mapping, load_proxy_config
-from gyre.real.proxy_engine_client import ChunkDecoder, EngineError, TokenChunk
-from gyre.real.proxy_generation import Generation, Overloaded
-from gyre.real.proxy_routing import Flight, Router, RoutingError
-from gyre.real.proxy_toolcalls import OutputSplitter, _merged, format_tool_call, parse_output
+from gyre.real.proxy.config import ProxyConfigError, EngineSpec, RetryPolicy, config_from_mapping, load_proxy_config
+from gyre.real.proxy.engine_client import ChunkDecoder, EngineCallError, TokenChunk
+from gyre.real.proxy.generation import Generation, Overloaded
+from gyre.real.proxy.routing import Flight, Router, RoutingError
+from gyre.real.proxy.toolcalls import OutputSplitter, _merged, format_tool_call, parse_output
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,9 +79,9 @@ def test_chunk_decoder_handles_cumulative_and_incremental_streams(incremental):
 
 
 def test_chunk_decoder_rejects_errors_and_inconsistent_chunks():
-    with pytest.raises(EngineError):
+    with pytest.raises(EngineCallError):
         ChunkDecoder("e0").decode({"error": {"message": "boom"}})
-    with pytest.raises(EngineError):
+    with pytest.raises(EngineCallError):
         ChunkDecoder("e0").decode({"output_ids": [1], "meta_info": {"completion_tokens": 2,
                                                                      "output_token_logprobs": [[-1, 1, None]]}})
     chunk = ChunkDecoder("e0").decode({"output_ids": [1], "meta_info": {"completion_tokens": 1,
@@ -103,7 +103,7 @@ class FakeClient:
         done = len(input_ids) - 2  # the prompt is two tokens
         for k, token in enumerate(self.answer[done:done + sampling["max_new_tokens"]]):
             if action == "fail" and k == 2:
-                raise EngineError(engine.id, "reset")
+                raise EngineCallError(engine.id, "reset")
             if action == "move" and k == 2:
                 await asyncio.sleep(0.05)  # the source stalls, then the admin reroutes the execution
                 self.router.reroute("x", "e1")
@@ -232,12 +232,12 @@ def test_config_files_and_errors(tmp_path):
     for change, needle in [({"bogus": 1}, "bogus"), ({"engines": []}, "engines"), ({"admin_token": "x"}, "admin_token"),
                            ({"retry": {"attempts": 0}}, "retry.attempts"),
                            ({"engines": [{"id": "e 0", "url": "http://x"}]}, "engines[].id")]:
-        with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        with pytest.raises(ProxyConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
             config_from_mapping({**base, **change})
 
 
 def test_cli_registers_the_proxy_subcommand():
-    from gyre.real import proxy_cli
+    from gyre.real.proxy import cli as proxy_cli
 
     parser = argparse.ArgumentParser()
     proxy_cli.register(parser.add_subparsers(dest="command"))
@@ -246,7 +246,7 @@ def test_cli_registers_the_proxy_subcommand():
 
 
 def test_prefix_cache_reuses_the_longest_exact_text_prefix():
-    from gyre.real.proxy_tokenize import PrefixCache
+    from gyre.real.proxy.tokenize import PrefixCache
 
     sequences = {0: [1, 2, 3, 4], 1: [1, 2, 3, 4, 5, 6, 7]}
     cache = PrefixCache(sequences.__getitem__, size=2)

@@ -15,13 +15,15 @@ import pytest
 from gyre import actions as act
 from gyre import events as ev
 from gyre.config import SchedulerConfig
-from gyre.real.runtime_controller import Controller, ControllerError
-from gyre.sim.replay import replay, replay_run
+from gyre.real.runtime.controller import Controller, ControllerError
+from gyre.scheduler import Scheduler
+from gyre.formats.eventlog import replay, replay_run
+from gyre.loop import ActionFailed, ActionHandler
 
 CFG = SchedulerConfig(K=3, C_e=4, C_s=2, N=2, B=2, phi=0.5, mu=2, rho_min=0.5, tau=0.02, granularity="fine")
 
 
-class TimedBackend:
+class TimedBackend(ActionHandler):
     """Executions last a few milliseconds; transitions, steps and publications too."""
 
     def __init__(self, cfg: SchedulerConfig, seed: int, fail_on: type | None = None) -> None:
@@ -34,27 +36,52 @@ class TimedBackend:
     def later(self, seconds: float, kind: type, **fields) -> asyncio.TimerHandle:
         return asyncio.get_running_loop().call_later(seconds, lambda: self.ctl.report(kind, **fields))
 
-    def apply(self, a: act.Action) -> None:
+    def refuse(self, a: act.Action) -> None:
         if self.fail_on is not None and isinstance(a, self.fail_on):
             raise OSError("engine refused the connection")
-        if isinstance(a, act.StartExecutions):
-            for x, _engine in a.placements:
-                delay = float(self.rng.exponential(0.015))
-                self.timers[x] = asyncio.get_running_loop().call_later(delay, self.finish, x)
-        elif isinstance(a, act.BeginTransition):
-            self.later(0.005, ev.TransitionDone, cell=a.cell, role=a.role)
-        elif isinstance(a, act.StartBatch):
-            self.fed, self.wanted = 0, 0
+
+    def on_dispatch_groups(self, a: act.DispatchGroups) -> None:
+        self.refuse(a)
+
+    def on_start_executions(self, a: act.StartExecutions) -> None:
+        self.refuse(a)
+        for x, _engine in a.placements:
+            delay = float(self.rng.exponential(0.015))
+            self.timers[x] = asyncio.get_running_loop().call_later(delay, self.finish, x)
+
+    def on_cancel_executions(self, a: act.CancelExecutions) -> None:
+        self.refuse(a)
+        for x in a.executions:
+            self.timers.pop(x).cancel()
+            self.ctl.report(ev.ExecutionFinished, execution=x, outcome="cancelled")
+
+    def on_reroute(self, a: act.Reroute) -> None:
+        self.refuse(a)
+
+    def on_begin_transition(self, a: act.BeginTransition) -> None:
+        self.refuse(a)
+        self.later(0.005, ev.TransitionDone, cell=a.cell, role=a.role)
+
+    def on_start_batch(self, a: act.StartBatch) -> None:
+        self.refuse(a)
+        self.fed, self.wanted = 0, 0
+        self.want()
+
+    def on_feed_groups(self, a: act.FeedGroups) -> None:
+        self.refuse(a)
+        self.fed += len(a.groups)
+        self.wanted -= len(a.groups)
+        if self.fed == self.cfg.B:
+            self.later(0.01, ev.StepDone, version=a.version)
+        else:
             self.want()
-        elif isinstance(a, act.FeedGroups):
-            self.fed += len(a.groups)
-            self.wanted -= len(a.groups)
-            if self.fed == self.cfg.B:
-                self.later(0.01, ev.StepDone, version=a.version)
-            else:
-                self.want()
-        elif isinstance(a, act.Publish):
-            self.later(0.005, ev.PublishDone, version=a.version)
+
+    def on_broadcast(self, a: act.Broadcast) -> None:
+        self.refuse(a)
+
+    def on_publish(self, a: act.Publish) -> None:
+        self.refuse(a)
+        self.later(0.005, ev.PublishDone, version=a.version)
 
     def want(self) -> None:
         if self.cfg.streaming and self.fed + self.wanted < self.cfg.B:
@@ -82,23 +109,28 @@ def run(cfg: SchedulerConfig, steps: int, seed: int = 0, fail_on: type | None = 
 def test_controller_log_replays_to_the_same_actions(tmp_path):
     ctl = run(CFG, steps=4)
     assert ctl.core.version == 4
-    times = [row["now"] for row in ctl.events]
+    times = [row["now"] for row in ctl.log.rows]
     assert times == sorted(times)
-    kinds = {row["kind"] for row in ctl.actions}
+    kinds = {row["kind"] for row in ctl.log.actions}
     assert {"begin_transition", "publish", "feed_groups", "start_executions"} <= kinds
-    events = [ev.event_from_dict({k: v for k, v in row.items() if k != "seq"}) for row in ctl.events]
-    assert replay(CFG, events) == ctl.actions
-    assert replay_run(ctl.write_log(tmp_path / "run")) == ctl.actions
+    events = [ev.event_from_dict({k: v for k, v in row.items() if k != "seq"}) for row in ctl.log.rows]
+    assert replay(CFG, events) == ctl.log.actions
+    assert replay_run(ctl.write_log(tmp_path / "run")) == ctl.log.actions
 
 
 @pytest.mark.timeout(60)
 def test_supply_timer_fires_as_tick_without_other_events():
+    """A Tick arrives when the supply timer expires, and that Tick is what starts a transition."""
     cfg = CFG.replace_fields(tau=0.05)
     ctl = run(cfg, steps=2, seed=1)
-    ticks = [row for row in ctl.events if row["kind"] == "tick"]
-    assert ticks, "the supply timer never expired into a Tick"
-    transitions = [i for i, row in enumerate(ctl.actions) if row["kind"] == "begin_transition"]
-    assert transitions
+    core, switched_on_tick = Scheduler(cfg), []
+    for event in ctl.log.events():
+        since = core.supply_since
+        actions = core.handle(event)
+        if isinstance(event, ev.Tick) and any(isinstance(a, act.BeginTransition) for a in actions):
+            assert since is not None and event.now >= since + cfg.tau - 1e-9, "a Tick fired before tau elapsed"
+            switched_on_tick.append(event)
+    assert switched_on_tick, "no transition was started by a supply-timer Tick"
 
 
 @pytest.mark.timeout(60)
@@ -106,12 +138,14 @@ def test_backend_failure_names_the_action_and_keeps_the_log(tmp_path):
     backend = TimedBackend(CFG, 0, fail_on=act.BeginTransition)
     ctl = Controller(CFG, backend)
     backend.ctl = ctl
-    with pytest.raises(ControllerError, match="BeginTransition"):
+    with pytest.raises(ActionFailed, match="BeginTransition.*engine refused"):
         asyncio.run(ctl.run(2, timeout_s=30))
-    assert ctl.events and ctl.events[0]["kind"] == "begin"
+    assert ctl.log.rows and ctl.log.rows[0]["kind"] == "begin"
     out = ctl.write_log(tmp_path / "failed")
     replayed = replay_run(out)
-    assert replayed[:len(ctl.actions)] == ctl.actions  # the failing action is the last one recorded
+    assert replayed[:len(ctl.log.actions)] == ctl.log.actions
+    failed = [a for a in ctl.log.actions if a["kind"] == "begin_transition"]
+    assert failed and failed[-1]["role"] == "training"  # the refused action is in the kept log
 
 
 def test_report_before_run_is_an_error():
@@ -126,4 +160,4 @@ def test_finish_publication_waits_for_the_last_burst_to_publish():
     backend.ctl = ctl
     asyncio.run(ctl.run(2, timeout_s=30, finish_publication=True))  # mu = 2: step 2 ends a burst
     assert ctl.core.version == 2 and not ctl.core.awaiting_publish and ctl.core.published == 2
-    assert ctl.events[-1]["kind"] == "publish_done"
+    assert ctl.log.rows[-1]["kind"] == "publish_done"

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from gyre.real.runtime_engines import sglang_python
-from gyre.real.runtime_sandbox import netns_problem
-from gyre.sim.trace_format import load_trace
+from gyre.real.engines.manager import sglang_python
+from gyre.real.harness.sandbox import netns_problem
+from gyre.formats.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_VENV = f"SGLang CPU venv not found at {sglang_python()} (run tools/setup_sglang_cpu.sh)"

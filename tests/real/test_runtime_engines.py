@@ -27,7 +27,7 @@ try:
 except ImportError:
     from .proxy_fixtures import build_tiny_qwen2, free_port, shared_tiny_dir
 
-from gyre.real.runtime_engines import EngineError, EngineManager, EngineSpec, launch_command, sglang_python
+from gyre.real.engines.manager import EngineError, EngineManager, EngineSpec, launch_command, sglang_python
 
 SGLANG_PYTHON = sglang_python()
 SMALL = ("--mem-fraction-static", "0.05", "--max-total-tokens", "32768", "--skip-server-warmup")

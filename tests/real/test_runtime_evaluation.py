@@ -7,8 +7,9 @@ import asyncio
 
 import pytest
 
-from gyre.real.runtime_evaluation import close_and_evaluate
-from gyre.real.runtime_tasks import EmitTokenTask, EvaluatorFailure, preserved_binding
+from gyre.real.harness.evaluation import close_and_evaluate
+from gyre.real.harness.tasks import EvaluatorFailure, preserved_binding
+from gyre.real.toy.tasks import EmitTokenTask
 from gyre.trajectory.evaluation import EvalState, EvaluationResult
 from gyre.trajectory.groups import TrajectoryBuffer
 

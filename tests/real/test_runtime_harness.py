@@ -16,9 +16,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gyre.real.runtime_harness import Budgets, HarnessRunner, ScriptedHarness, Task
-from gyre.real.runtime_scripted_harness import MAIN_SYSTEM, SUB_SYSTEM, SUMMARY_REQUEST
-from gyre.real.runtime_tasks import EmitTokenTask, artifact_version
+from gyre.real.harness.runner import Budgets, HarnessRunner, ScriptedHarness, Task
+from gyre.real.harness.scripted import MAIN_SYSTEM, SUB_SYSTEM, SUMMARY_REQUEST
+from gyre.real.harness.tasks import artifact_version
+from gyre.real.toy.tasks import EmitTokenTask
 
 
 class ChatServer:
@@ -154,7 +155,7 @@ def test_harness_stdin_is_closed_even_when_the_runner_has_an_open_pipe(tmp_path,
 
 
 def test_missing_harness_binary_is_a_failed_start(tmp_path, server):
-    from gyre.real.runtime_harness import ClaudeCode
+    from gyre.real.harness.runner import ClaudeCode
 
     result = run_one(HarnessRunner(tmp_path, server.url, ClaudeCode(binary=str(tmp_path / "no-claude"))))
     assert result.outcome == "failed" and result.returncode is None

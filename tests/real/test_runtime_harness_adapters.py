@@ -33,7 +33,7 @@ except ImportError:  # tests/real imported as a package
     from .proxy_fixtures import (ScriptedEngine, ServerThread, build_tiny_tokenizer, check_records, shared_tiny_dir,
                                  start_proxy_process, tool_loop_script)
 
-from gyre.real.runtime_harness import Budgets, ClaudeCode, Codex, HarnessRunner, MiniSweAgent, Task
+from gyre.real.harness.runner import Budgets, ClaudeCode, Codex, HarnessRunner, MiniSweAgent, Task
 from gyre.trajectory.tree import TrajectoryTree
 from gyre.trajectory.tree_stats import tree_stats
 
@@ -69,11 +69,6 @@ def per_adapter_script() -> Callable[[str], str]:
         return "No task I know."
 
     return script
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return build_tiny_tokenizer(shared_tiny_dir(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.real.runtime_job import JobConfig, load_job_config
+from gyre.real.runtime.job import JobConfig, load_job_config
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "cpu_demo.toml"
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from gyre.real import runtime_sandbox
-from gyre.real.runtime_harness import Budgets, HarnessRunner, ScriptedHarness, Task
-from gyre.real.runtime_sandbox import SandboxUnavailable, netns_problem
-from gyre.real.runtime_scripted_harness import MAIN_SYSTEM, SUB_SYSTEM
+from gyre.real.harness import sandbox as runtime_sandbox
+from gyre.real.harness.runner import Budgets, HarnessRunner, ScriptedHarness, Task
+from gyre.real.harness.sandbox import SandboxUnavailable, netns_problem
+from gyre.real.harness.scripted import MAIN_SYSTEM, SUB_SYSTEM
 
 try:
     from test_runtime_harness import ChatServer
@@ -206,7 +206,7 @@ def test_bridge_failures_name_the_port_and_the_socket(tmp_path, caplog):
         dead_url = f"http://127.0.0.1:{closed.getsockname()[1]}"
     harness = PythonHarness("import socket, sys, urllib.parse as u; "
                             "socket.create_connection(('127.0.0.1', u.urlsplit(sys.argv[1]).port)).recv(1)")
-    with caplog.at_level(logging.WARNING, logger="gyre.real.runtime_sandbox"):
+    with caplog.at_level(logging.WARNING, logger="gyre.real.harness.sandbox"):
         result = run_one(HarnessRunner(tmp_path, dead_url, harness, isolate="always"))
     assert result.outcome == "completed"  # the connection was accepted in the namespace, then closed
     assert f"cannot connect to the proxy at {dead_url[7:]}" in caplog.text
@@ -221,7 +221,7 @@ def test_bridge_failures_name_the_port_and_the_socket(tmp_path, caplog):
 @pytest.mark.timeout(30)
 def test_loopback_comes_up_without_ip(tmp_path):
     def in_namespace(code: str) -> subprocess.CompletedProcess:
-        prelude = "import socket; from gyre.real.runtime_sandbox import bring_loopback_up; "
+        prelude = "import socket; from gyre.real.harness.sandbox import bring_loopback_up; "
         return subprocess.run([*runtime_sandbox._netns_probe()[0], sys.executable, "-c", prelude + code],
                               capture_output=True, text=True, timeout=30, env={**os.environ, "PATH": str(tmp_path)})
 

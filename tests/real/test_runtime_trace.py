@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gyre.real.runtime_trace import CANCELLED, ExecutionResult, counts_from_calls, trace_from_results, write_trace
+from gyre.real.runtime.trace import CANCELLED, ExecutionResult, counts_from_calls, trace_from_results, write_trace
 from gyre.sim.runner import run_simulation
-from gyre.sim.trace_format import TraceError, load_trace
+from gyre.formats.trace import TraceError, load_trace
 from gyre.trajectory.records import ModelCall
 
 N = 3

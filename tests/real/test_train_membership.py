@@ -10,11 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from gyre.real.train_context import CellConfig  # noqa: E402
-from gyre.real.train_membership import (  # noqa: E402
+from gyre.real.train.context import CellConfig  # noqa: E402
+from gyre.real.train.membership import (  # noqa: E402
     BARRED, CLOSED, JOINED, MEMBER, BatchQueues, ControlStore, close_window, open_window,
     participating_prefix, take_seat)
-from gyre.real.train_toy import feed, toy_batch  # noqa: E402
+from gyre.real.toy.microsteps import feed, toy_batch  # noqa: E402
 
 
 @pytest.fixture()

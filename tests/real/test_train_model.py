@@ -12,12 +12,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gyre.real.train_cpu_compat import prepare_device, seed_model_rng
-from gyre.real.train_model import (FlatParameters, LossConfig, ModelConfig, build_gpt, causal_mask,
+from gyre.real.train.cpu_compat import prepare_device, seed_model_rng
+from gyre.real.train.model import (FlatParameters, LossConfig, ModelConfig, build_gpt, causal_mask,
                                    microstep_tensors, target_logprobs)
-from gyre.real.train_publish import hf_state_dict
-from gyre.real.train_state import OptimConfig, TrainingState
-from gyre.real.train_toy import toy_batch
+from gyre.real.train.publish import hf_state_dict
+from gyre.real.train.state import OptimConfig, TrainingState
+from gyre.real.toy.microsteps import toy_batch
 from gyre.trajectory.packing import MicroStep
 
 CFG = ModelConfig()

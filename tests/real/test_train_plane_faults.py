@@ -17,10 +17,10 @@ import time
 import pytest
 import torch
 
-from gyre.real.train_context import FAULT_EXIT_CODE
-from gyre.real.train_plane import CellError, PlaneConfig, TrainingPlane
-from gyre.real.train_state import OptimConfig
-from gyre.real.train_toy import feed, toy_batch
+from gyre.real.train.context import FAULT_EXIT_CODE
+from gyre.real.train.plane import CellError, PlaneConfig, TrainingPlane
+from gyre.real.train.state import OptimConfig
+from gyre.real.toy.microsteps import feed, toy_batch
 
 OPTIM = OptimConfig(lr=1e-3)
 

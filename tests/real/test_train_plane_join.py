@@ -10,7 +10,7 @@ Exact equality is expected: weights are frozen during accumulation, each
 micro-step's gradient is computed at the same point whichever cell takes it,
 and the accumulator is float64, so how the sum is split over cells only moves
 float64 rounding, which vanishes when it is rounded to float32 (see
-``gyre.real.train_state``).
+``gyre.real.train.state``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gyre.real.train_plane import PlaneConfig, TrainingPlane
-from gyre.real.train_state import OptimConfig
-from gyre.real.train_toy import feed, toy_batch, wait_claimed
+from gyre.real.train.plane import PlaneConfig, TrainingPlane
+from gyre.real.train.state import OptimConfig
+from gyre.real.toy.microsteps import feed, toy_batch, wait_claimed
 
 SEED_A, SEED_B = 7, 8
 OPTIM = OptimConfig(lr=1e-3)

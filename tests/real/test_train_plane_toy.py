@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import pytest
 
-from gyre.real.train_model import LossConfig
-from gyre.real.train_plane import PlaneConfig, TrainingPlane
-from gyre.real.train_state import OptimConfig
-from gyre.real.train_toy import feed, toy_batch
+from gyre.real.train.model import LossConfig
+from gyre.real.train.plane import PlaneConfig, TrainingPlane
+from gyre.real.train.state import OptimConfig
+from gyre.real.toy.microsteps import feed, toy_batch
 
 STEPS = 6
 

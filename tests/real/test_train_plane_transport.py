@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gyre.real.train_plane import PlaneConfig, TrainingPlane
-from gyre.real.train_toy import feed, toy_batch
+from gyre.real.train.plane import PlaneConfig, TrainingPlane
+from gyre.real.toy.microsteps import feed, toy_batch
 
 
 def pulled_weights(tmp_path, transport: str, random_weights: torch.Tensor | None) -> tuple[torch.Tensor, dict, torch.Tensor]:

@@ -19,17 +19,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gyre.real.train_model import ModelConfig
-from gyre.real.train_plane import PlaneConfig, TrainingPlane
-from gyre.real.train_publish import (PublishError, hf_state_dict, init_update_group, publish_distributed,
+from gyre.real.train.model import ModelConfig
+from gyre.real.train.plane import PlaneConfig, TrainingPlane
+from gyre.real.train.publish import (PublishError, hf_state_dict, init_update_group, publish_distributed,
                                      publish_from_disk, qwen2_config, save_hf_checkpoint)
-from gyre.real.train_toy import feed, toy_batch
+from gyre.real.toy.microsteps import feed, toy_batch
 
 CFG = ModelConfig()
 
 
 def megatron_named(cfg: ModelConfig, seed: int = 0) -> list[tuple[str, torch.Tensor]]:
-    """Random tensors under the Megatron names and shapes of ``train_model.build_gpt``."""
+    """Random tensors under the Megatron names and shapes of ``train.model.build_gpt``."""
     gen = torch.Generator().manual_seed(seed)
     h, f, v = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size
     qkv = (cfg.num_attention_heads + 2 * cfg.num_query_groups) * cfg.head_dim

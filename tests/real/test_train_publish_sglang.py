@@ -1,7 +1,7 @@
 """Publication for real: Megatron-layout weights exported and loaded by a live SGLang CPU engine.
 
 The engine starts on a checkpoint written by ``save_hf_checkpoint`` from
-tensors under Megatron's names and shapes (``train_model`` tests check that
+tensors under Megatron's names and shapes (``train.model`` tests check that
 this export reproduces Megatron's logits), then ``publish_from_disk`` moves it
 to a second version. After the update the engine's log-probabilities must
 equal a transformers forward pass of the new checkpoint and differ from the
@@ -20,9 +20,9 @@ except ImportError:
     from .proxy_fixtures import free_port
     from .test_train_publish import megatron_named
 
-from gyre.real.runtime_engines import EngineManager, EngineSpec, sglang_python
-from gyre.real.train_model import ModelConfig
-from gyre.real.train_publish import PublishError, publish_from_disk, save_hf_checkpoint
+from gyre.real.engines.manager import EngineManager, EngineSpec, sglang_python
+from gyre.real.train.model import ModelConfig
+from gyre.real.train.publish import PublishError, publish_from_disk, save_hf_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(not sglang_python().exists(), reason="SGLang CPU venv not built")]

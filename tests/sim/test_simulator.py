@@ -13,10 +13,10 @@ from gyre import events as ev
 from gyre.cli import main as gyre_main
 from gyre.presets import ABLATION_NAMES
 from gyre.scheduler import Scheduler
-from gyre.sim.replay import load_events, replay, replay_run
+from gyre.formats.eventlog import load_events, replay, replay_run
 from gyre.sim.runner import run_simulation
-from gyre.sim.trace_format import Trace
-from gyre.sim.trace_presets import generate_trace
+from gyre.formats.trace import Trace
+from gyre.sim.traces.presets import generate_trace
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def small_trace() -> Trace:
 @pytest.mark.parametrize("preset", ABLATION_NAMES)
 def test_every_execution_ends_once_and_capacity_holds(preset, small_trace):
     result = run_simulation(preset, small_trace, steps=6, seed=1)
-    finished = Counter(row["execution"] for row in result.record.events if row["kind"] == "execution_finished")
+    finished = Counter(row["execution"] for row in result.record.log.rows if row["kind"] == "execution_finished")
     assert max(finished.values()) == 1
     started = set(result.record.executions)
     assert set(finished) <= started
@@ -37,11 +37,11 @@ def test_every_execution_ends_once_and_capacity_holds(preset, small_trace):
     # every event, running executions fit in the rollout capacity of that moment
     core = Scheduler(result.cfg)
     replayed = []
-    for row in result.record.events:
+    for row in result.record.log.rows:
         event = ev.event_from_dict({k: v for k, v in row.items() if k != "seq"})
         replayed += [a.as_dict() for a in core.handle(event)]
         assert core.running <= core.capacity
-    assert replayed == result.record.action_log
+    assert replayed == result.record.log.actions
     assert result.summary["groups_consumed"] == 6 * result.cfg.B
 
 
@@ -81,9 +81,9 @@ def test_same_seed_gives_identical_outputs(tmp_path):
 def test_written_run_replays_to_the_same_actions(tmp_path):
     result = run_simulation("C2", "nl2repo-122b", steps=3, seed=0)
     out = result.write(tmp_path / "run")
-    assert replay_run(out) == result.record.action_log
+    assert replay_run(out) == result.record.log.actions
     events = load_events(out / "events.csv")
-    assert replay(result.cfg, events[:-1]) != result.record.action_log  # a shorter log differs
+    assert replay(result.cfg, events[:-1]) != result.record.log.actions  # a shorter log differs
 
 
 def test_cli_writes_the_documented_tables(tmp_path, capsys):
@@ -146,7 +146,10 @@ def test_methods_grid_reports_gyre_speedups(tmp_path):
     assert list(table.workload) == ["deepswe", "deepswe"] and list(table["E[d]"]) == [1.0, 1.5]
     assert np.allclose(table.speedup_vs_async, table.async_hours / table.gyre_hours, atol=1e-5)
     assert np.allclose(table.speedup_vs_colocate, table.colocate_hours / table.gyre_hours, atol=1e-5)
-    assert (tmp_path / "deepswe" / "gyre-1.5" / "summary.json").exists()
+    gyre_run = json.loads((tmp_path / "deepswe" / "gyre-1.5" / "summary.json").read_text())
+    assert gyre_run["preset"] == "gyre-1.5" and gyre_run["steps"] == 2
+    assert gyre_run["total_hours"] == pytest.approx(table.set_index("E[d]").loc[1.5, "gyre_hours"], abs=1e-5)
+    assert gyre_run["staleness_predicted"] == 1.5
 
 
 def test_a_run_that_runs_out_of_events_names_the_core_state(small_trace):
@@ -154,8 +157,11 @@ def test_a_run_that_runs_out_of_events_names_the_core_state(small_trace):
     from gyre.sim.costs import CostModel
     from gyre.sim.driver import Simulation, SimulationStalled
 
-    sim = Simulation(build_preset("E0"), small_trace, CostModel(), steps=2)
-    sim.plane._finish_batch = lambda: None  # the training plane never reports StepDone
+    class NoTraining(Simulation):
+        def on_start_batch(self, a) -> None:
+            """Batches open but never train, so no StepDone ever comes."""
+
+    sim = NoTraining(build_preset("E0"), small_trace, CostModel(), steps=2)
     with pytest.raises(SimulationStalled, match=r"stalled at t=.* after 0 of 2 steps: d=\d+"):
         sim.run()
     with pytest.raises(ValueError, match="steps must be >= 1"):

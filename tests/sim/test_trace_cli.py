@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from gyre.sim import trace_cli
-from gyre.sim.trace_format import load_trace
+from gyre.sim.traces import cli as trace_cli
+from gyre.formats.trace import load_trace
 
 
 def gen(preset: str, queries: int, out, *extra: str) -> list[str]:
@@ -82,7 +82,7 @@ def test_register_imports_no_heavy_module():
     import sys
 
     code = (
-        "import argparse, sys, gyre.sim; before = set(sys.modules); from gyre.sim import trace_cli; "
+        "import argparse, sys, gyre.sim; before = set(sys.modules); from gyre.sim.traces import cli as trace_cli; "
         "trace_cli.register(argparse.ArgumentParser().add_subparsers()); "
         "print(sorted(m for m in ('numpy', 'pandas', 'scipy') if m in set(sys.modules) - before))"
     )

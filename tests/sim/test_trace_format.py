@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gyre.sim.trace_format import OUTCOMES, Trace, TraceError, load_trace, save_trace
+from gyre.formats.trace import OUTCOMES, Trace, TraceError, load_trace, save_trace
 
 
 def small_frame(queries: int = 3, N: int = 2) -> pd.DataFrame:

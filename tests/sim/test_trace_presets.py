@@ -15,10 +15,11 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples
 
-from gyre.sim.trace_format import Outcome, load_trace, save_trace
-from gyre.sim.trace_presets import PRESETS, UnknownPresetError, default_trace, generate_trace, get_preset
-from gyre.sim.trace_stats import trace_stats, within_tolerance
+from gyre.formats.trace import Outcome, load_trace, save_trace
+from gyre.sim.traces.presets import PRESETS, UnknownPresetError, default_trace, generate_trace, get_preset
+from gyre.sim.traces.stats import trace_stats, within_tolerance
 
 CALIBRATION_QUERIES = 10_000
 CALIBRATION_SEED = 7
@@ -67,7 +68,7 @@ def test_nl2repo_call_and_token_scale():
     assert stats["mean_input_tokens"] > 10 * stats["mean_output_tokens"]
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(50), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 2**63 - 1),
     name=st.sampled_from(sorted(PRESETS)),

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gyre.sim.trace_format import Trace
-from gyre.sim.trace_presets import PRESETS, draw_variates, realize_durations
-from gyre.sim.trace_stats import duration_stats, fit_model, format_stats_table, trace_stats, within_tolerance
+from gyre.formats.trace import Trace
+from gyre.sim.traces.presets import PRESETS, draw_variates, realize_durations
+from gyre.sim.traces.stats import duration_stats, fit_model, format_stats_table, trace_stats, within_tolerance
 
 H = 3600.0
 

@@ -10,18 +10,18 @@ from gyre import events as ev
 from gyre.config import SchedulerConfig
 from gyre.sim.costs import CostError, CostModel, parse_cost_overrides
 from gyre.sim.runner import run_simulation
-from gyre.sim.trace_presets import generate_trace
-from gyre.sim.training import TrainingPlane
+from gyre.sim.traces.presets import generate_trace
+from gyre.sim.training import SimTrainingPlane
 
 COSTS = CostModel(micro_steps_per_group=2, micro_step_node_s=10.0, warmup_s=5.0, drain_s=1.0,
                   grad_reduce_s=1.0, optimizer_s=1.0)
 
 
-def plane_with(members: int, streaming: bool = False) -> tuple[simpy.Environment, TrainingPlane, list]:
+def plane_with(members: int, streaming: bool = False) -> tuple[simpy.Environment, SimTrainingPlane, list]:
     env = simpy.Environment()
     cfg = SchedulerConfig(K=2, C_e=1, C_s=1, N=1, B=1, phi=0.0, mu=1, nodes_per_cell=1, streaming=streaming)
     sent: list = []
-    plane = TrainingPlane(env, cfg, COSTS, sent.append)
+    plane = SimTrainingPlane(env, cfg, COSTS, sent.append)
     for cell in range(members):
         plane.join(cell)
     return env, plane, sent

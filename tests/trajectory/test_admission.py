@@ -7,7 +7,7 @@ import pytest
 
 from gyre.trajectory.admission import Admission, AdmissionError, admit_trajectories
 from gyre.trajectory.records import ModelCall
-from gyre.trajectory.roles import GenericRoles
+from gyre.trajectory.harness_roles import GenericRoles
 from gyre.trajectory.tree import TrajectoryTree
 
 ROLES = GenericRoles()

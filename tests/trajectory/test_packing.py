@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from gyre.trajectory.admission import AdmittedTrajectory, admit_trajectories
 from gyre.trajectory.evaluation import EvaluationBinding, EvaluationResult
 from gyre.trajectory.groups import TrajectoryBuffer
-from gyre.trajectory.microstep_queue import InMemoryMicroStepQueue
+from gyre.real.store.microstep_queue import InMemoryMicroStepQueue
 from gyre.trajectory.packing import ExecutionBundle, StreamPacker, pack_bundles
-from gyre.trajectory.roles import ClaudeCodeRoles, GenericRoles
+from gyre.trajectory.harness_roles import ClaudeCodeRoles, GenericRoles
 from gyre.trajectory.rows import TokenRow, materialize
 
 from .harness_model import ToyHarness

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples
 
 from gyre.trajectory.records import ModelCall, Provenance, RecordError
 
@@ -68,7 +69,7 @@ def _random_record(n_in, n_out, seed, with_prov, version, hints):
     )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(records)
 def test_binary_codec_round_trips_exactly(call):
     again = ModelCall.from_bytes(call.to_bytes())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gyre.trajectory.roles import (AUXILIARY, MAIN, MAIN_SUMMARY, SUB_AGENT, SUB_AGENT_SUMMARY, ClaudeCodeRoles,
+from gyre.trajectory.harness_roles import (AUXILIARY, MAIN, MAIN_SUMMARY, SUB_AGENT, SUB_AGENT_SUMMARY, ClaudeCodeRoles,
                                    CodexRoles, GenericRoles, leaf_roles, roles_for)
 from gyre.trajectory.synthetic import synthetic_execution, ExecutionShape
 from gyre.trajectory.tree import TrajectoryTree

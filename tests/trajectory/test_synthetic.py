@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 import gyre.trajectory
-from gyre.trajectory.roles import ClaudeCodeRoles, leaf_roles
+from gyre.trajectory.harness_roles import ClaudeCodeRoles, leaf_roles
 from gyre.trajectory.synthetic import ExecutionShape, synthetic_execution
 from gyre.trajectory.tree import TrajectoryTree
 from gyre.trajectory.tree_stats import tree_stats

@@ -31,10 +31,11 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis_budget import examples
 
 from gyre.trajectory.admission import Admission
 from gyre.trajectory.records import Provenance
-from gyre.trajectory.roles import ClaudeCodeRoles
+from gyre.trajectory.harness_roles import ClaudeCodeRoles
 from gyre.trajectory.tree import TrajectoryTree
 
 from .harness_model import COMPACT, ToyHarness
@@ -176,7 +177,7 @@ class TreeAndAdmission(RuleBasedStateMachine):
 
 
 TreeAndAdmission.TestCase.settings = settings(
-    max_examples=80, stateful_step_count=60, deadline=None,
+    max_examples=examples(80), stateful_step_count=60, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_tree_and_admission = TreeAndAdmission.TestCase

@@ -1,0 +1,302 @@
+"""SGLang engine manager for the real runtime: launch, probe, steer and stop engines.
+
+Each engine is one ``python -m sglang.launch_server`` process started from the
+SGLang virtualenv (``.venv-sglang``, or ``GYRE_SGLANG_PYTHON``) in its own
+process group, bound to 127.0.0.1 only, with stdout and stderr in a log file.
+With ``cpu=True`` it gets the CPU engine flags of notes/cpu-stack.md,
+``SGLANG_USE_CPU_ENGINE=1`` and the import shims of ``tools/shims`` on
+PYTHONPATH.
+
+Endpoints and bodies follow SGLang 0.5.23 ``srt/entrypoints/http_server.py``
+and ``srt/managers/io_struct.py``:
+
+* ``GET /health_generate`` (``/health`` shares the handler): 200 once a one-token
+  generation ran, 503 while starting;
+* ``POST /release_memory_occupation`` / ``/resume_memory_occupation`` with
+  ``{"tags": [...]}`` (None = all; SGLang knows ``weights`` and ``kv_cache``);
+* ``POST /update_weights_from_disk`` with ``model_path``, ``weight_version``,
+  ``abort_all_requests``; answers ``{"success", "message", ...}``, 400 on failure;
+* ``POST /abort_request`` with ``{"rid": ...}`` or ``{"abort_all": true}``;
+* ``POST /pause_generation`` ``{"mode": "abort"|"retract"|"in_place"}``,
+  ``POST /continue_generation``;
+* ``POST /flush_cache?timeout=T``: waits up to T s for the scheduler to be
+  fully idle, then flushes the radix cache (200), else 400 (see ``quiesce``);
+* the weight version is ``weight_version`` of ``GET /model_info`` (0.5.23 has
+  no ``/get_weight_version`` route).
+
+Invariants: every error names the engine; a call to an engine whose process
+has exited raises ``EngineError`` with its exit code and log tail instead of a
+bare connection error; ``shutdown`` kills the whole process group (SIGTERM,
+then SIGKILL) and is idempotent; no address other than 127.0.0.1 is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: real/engines/manager.py -> ../../
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for engines, proxies, stores)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+CPU_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
+            "--grammar-backend", "none", "--disable-cuda-graph", "--dtype", "float32")
+LOG_TAIL_CHARS = 3000
+
+
+class EngineError(RuntimeError):
+    """An engine failed to start, answered with an error, or is dead; the message names it."""
+
+
+def sglang_python() -> Path:
+    """The interpreter of the SGLang virtualenv (``GYRE_SGLANG_PYTHON`` overrides)."""
+    return Path(os.environ.get("GYRE_SGLANG_PYTHON", ROOT / ".venv-sglang" / "bin" / "python"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSpec:
+    """What to launch: one SGLang server on 127.0.0.1:``port``."""
+
+    engine_id: str
+    model_path: str
+    port: int
+    cpu: bool = True
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+
+@dataclass
+class Engine:
+    """A launched engine: its spec, process (leader of its own group) and log file."""
+
+    spec: EngineSpec
+    process: subprocess.Popen
+    log_path: Path
+    stopped: bool = field(default=False)
+
+    @property
+    def engine_id(self) -> str:
+        return self.spec.engine_id
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError as exc:
+            return f"<log {self.log_path} unreadable: {exc}>"
+
+
+def launch_command(spec: EngineSpec, python: Path) -> list[str]:
+    """The argv that starts ``spec`` (pure; tests and logs can show it)."""
+    args = [str(python), "-m", "sglang.launch_server", "--model-path", str(spec.model_path),
+            "--host", HOST, "--port", str(spec.port)]
+    if spec.cpu:
+        args += list(CPU_ARGS)
+    return args + list(spec.extra_args)
+
+
+def launch_env(spec: EngineSpec) -> dict[str, str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    if spec.cpu:
+        shims = str(ROOT / "tools" / "shims")
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (shims, os.environ.get("PYTHONPATH", "")) if p)
+    return env
+
+
+class EngineManager:
+    """Owns the engines it launched; every method takes an ``Engine`` or its id."""
+
+    def __init__(self, log_dir: str | os.PathLike, *, python: str | os.PathLike | None = None,
+                 request_timeout: float = 120.0) -> None:
+        self.log_dir = Path(log_dir)
+        self.python = Path(python) if python else sglang_python()
+        self.request_timeout = request_timeout
+        self.engines: dict[str, Engine] = {}
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def launch(self, spec: EngineSpec) -> Engine:
+        """Start the server process (does not wait; see ``wait_healthy``)."""
+        if spec.engine_id in self.engines and not self.engines[spec.engine_id].stopped:
+            raise EngineError(f"engine {spec.engine_id!r} is already running")
+        if not self.python.exists():
+            raise EngineError(f"engine {spec.engine_id!r}: SGLang interpreter {self.python} not found "
+                              "(run tools/setup_sglang_cpu.sh)")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{spec.engine_id}.log"
+        with open(log_path, "w") as sink:
+            process = subprocess.Popen(launch_command(spec, self.python), stdout=sink, stderr=subprocess.STDOUT,
+                                       env=launch_env(spec), start_new_session=True)
+        engine = Engine(spec, process, log_path)
+        self.engines[spec.engine_id] = engine
+        return engine
+
+    def wait_healthy(self, engine: Engine | str, timeout: float = 180.0) -> None:
+        """Poll ``/health_generate`` until 200; raise naming the engine, with the log tail."""
+        engine = self._get(engine)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive(engine)
+            try:
+                with urllib.request.urlopen(engine.url + "/health_generate", timeout=10) as response:
+                    if response.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.5)
+        raise EngineError(f"engine {engine.engine_id!r} not healthy after {timeout:.0f} s at {engine.url}; "
+                          f"log tail ({engine.log_path}):\n{engine.log_tail()}")
+
+    def shutdown(self, engine: Engine | str, grace_s: float = 20.0) -> None:
+        """Kill the engine's process group (SIGTERM, SIGKILL after ``grace_s``); idempotent."""
+        engine = self._get(engine)
+        if engine.stopped:
+            return
+        engine.stopped = True
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(engine.process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                engine.process.wait(wait)
+                _reap_group(engine.process.pid, sig)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+    def shutdown_all(self) -> None:
+        for engine in list(self.engines.values()):
+            self.shutdown(engine)
+
+    # ---- control endpoints -------------------------------------------------------------
+    def release_memory(self, engine: Engine | str, tags: list[str] | None = None) -> Any:
+        return self._post(engine, "/release_memory_occupation", {"tags": tags})
+
+    def resume_memory(self, engine: Engine | str, tags: list[str] | None = None) -> Any:
+        return self._post(engine, "/resume_memory_occupation", {"tags": tags})
+
+    def update_weights_from_disk(self, engine: Engine | str, path: str | os.PathLike, *,
+                                 weight_version: str | None = None, abort_all_requests: bool = False) -> Any:
+        """Load new weights in place; ``success: false`` from SGLang raises ``EngineError``."""
+        body = {"model_path": str(path), "weight_version": weight_version, "abort_all_requests": abort_all_requests}
+        result = self._post(engine, "/update_weights_from_disk", body)
+        if not (isinstance(result, dict) and result.get("success")):
+            raise EngineError(f"engine {self._get(engine).engine_id!r}: update_weights_from_disk({path}) "
+                              f"failed: {result}")
+        return result
+
+    def abort(self, engine: Engine | str, rid: str | None = None) -> None:
+        """Abort one request by ``rid``, or every request when ``rid`` is None."""
+        self._post(engine, "/abort_request", {"abort_all": True} if rid is None else {"rid": rid})
+
+    def pause(self, engine: Engine | str, mode: str = "abort") -> Any:
+        if mode not in ("abort", "retract", "in_place"):
+            raise ValueError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        return self._post(engine, "/pause_generation", {"mode": mode})
+
+    def quiesce(self, engine: Engine | str, timeout: float = 60.0) -> None:
+        """Abort whatever still runs on the engine and return once it is fully idle.
+
+        SGLang asserts full idleness in ``release_memory_occupation`` (no
+        running or waiting request *and* the last batch cleared, which happens
+        only on the scheduler's next idle pass), so a release right after the
+        last request can kill the engine. ``abort_all`` ends every request
+        still there (for instance one whose client moved to another engine);
+        ``/flush_cache?timeout=`` is SGLang's own idleness wait: the scheduler
+        answers once it sees itself fully idle, and the flush clears the last
+        batch. Both go through the scheduler's one ordered input, so a release
+        sent afterwards finds it idle (the caller keeps new work away, e.g. by
+        draining the engine in the proxy). Raises ``EngineError`` naming the
+        engine when it is not idle within ``timeout`` seconds.
+        """
+        self.abort(engine)
+        try:
+            self._request(engine, "POST", f"/flush_cache?timeout={timeout:g}", None)
+        except EngineError as exc:
+            raise EngineError(f"engine {self._get(engine).engine_id!r} not idle within {timeout:g} s "
+                              f"after abort_all: {exc}") from None
+
+    def resume_generation(self, engine: Engine | str) -> Any:
+        return self._post(engine, "/continue_generation", {"torch_empty_cache": not self._get(engine).spec.cpu})
+
+    def weight_version(self, engine: Engine | str) -> str | None:
+        return self._request(engine, "GET", "/model_info", None).get("weight_version")
+
+    def generate(self, engine: Engine | str, body: dict) -> Any:
+        """``POST /generate`` (non-streaming); for probes and tests, not the rollout path."""
+        return self._post(engine, "/generate", body)
+
+    # ---- plumbing ----------------------------------------------------------------------
+    def _get(self, engine: Engine | str) -> Engine:
+        if isinstance(engine, Engine):
+            return engine
+        try:
+            return self.engines[engine]
+        except KeyError:
+            raise EngineError(f"unknown engine {engine!r} (known: {sorted(self.engines)})") from None
+
+    def _check_alive(self, engine: Engine) -> None:
+        if engine.stopped:
+            raise EngineError(f"engine {engine.engine_id!r} was shut down")
+        code = engine.process.poll()
+        if code is not None:
+            raise EngineError(f"engine {engine.engine_id!r} exited with code {code}; "
+                              f"log tail ({engine.log_path}):\n{engine.log_tail()}")
+
+    def _post(self, engine: Engine | str, path: str, body: dict) -> Any:
+        return self._request(engine, "POST", path, body)
+
+    def _request(self, engine: Engine | str, method: str, path: str, body: dict | None) -> Any:
+        engine = self._get(engine)
+        self._check_alive(engine)
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(engine.url + path, data=data, method=method,
+                                         headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.request_timeout) as response:
+                return _decode(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:500].decode(errors="replace")
+            raise EngineError(f"engine {engine.engine_id!r}: {method} {path} -> HTTP {exc.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            self._check_alive(engine)
+            raise EngineError(f"engine {engine.engine_id!r}: {method} {path} failed: {exc}") from exc
+
+
+def _decode(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return raw.decode(errors="replace")
+
+
+def _reap_group(pgid: int, sig: int) -> None:
+    """After the leader exits, kill any children left in its group (scheduler, detokenizer)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

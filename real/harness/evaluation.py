@@ -1,0 +1,63 @@
+"""Close a finished execution in the trajectory buffer and score its preserved workspace (SPEC.md 4.3).
+
+``close_and_evaluate(buffer, evaluator, execution_id, workspace, clock)`` is
+what the real backend does when a harness process ends, whatever its outcome
+(a harness timeout is scored like a completion: partial scoring):
+
+- the evaluator returns a result: the execution closes bound to that result's
+  artifact state and the result is recorded (VALID; a valid zero is trainable);
+- it returns None (no evaluable work, e.g. the harness never wrote anything):
+  the execution closes as a total failure, a zero-reward placeholder that
+  keeps the group's count whole and is never trained;
+- it raises ``EvaluatorFailure`` (or returns an invalid result): the execution
+  closes PENDING, bound to the workspace's content hash, and the evaluator is
+  retried on the same preserved state after ``backoff_s`` (doubling, at most
+  ``max_backoff_s``) until a valid result or the execution's deadline (its
+  total time budget, set when its group was opened); past the deadline it is
+  INVALID: excluded, and its group can no longer become ready.
+
+Invariants: the execution is closed exactly once; every failed attempt is in
+its evaluation history; the returned state is VALID or INVALID, never PENDING;
+the evaluator only ever sees the preserved workspace (it is not touched here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Callable
+
+from gyre.real.harness.tasks import Evaluator, EvaluatorFailure, preserved_binding
+from gyre.trajectory.evaluation import EvalState
+from gyre.trajectory.groups import TrajectoryBuffer
+
+
+async def close_and_evaluate(buffer: TrajectoryBuffer, evaluator: Evaluator, execution_id: str, workspace: Path,
+                             clock: Callable[[], float], *, backoff_s: float = 0.5,
+                             max_backoff_s: float = 30.0) -> EvalState:
+    """Close ``execution_id`` and evaluate it, retrying within its budget; returns VALID or INVALID."""
+    closed, delay = False, backoff_s
+    while True:
+        try:
+            result = await asyncio.to_thread(evaluator.evaluate, execution_id, workspace)
+            reason = "" if result is None or result.valid else "invalid result"
+        except EvaluatorFailure as exc:
+            result, reason = None, f"evaluator failure: {exc}"
+        if not closed:
+            if result is None and not reason:
+                buffer.close_execution(execution_id, clock(), None)  # no evaluable work: placeholder
+                return buffer.evaluation(execution_id).state
+            binding = result.binding if result is not None else preserved_binding(execution_id, workspace)
+            buffer.close_execution(execution_id, clock(), binding)
+            closed = True
+        if result is not None:
+            state = buffer.record_evaluation(result, clock())
+        else:
+            state = buffer.evaluator_failed(execution_id, clock(), reason or "no evaluable work on a retry")
+        if state is not EvalState.PENDING:
+            return state
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, max_backoff_s)
+        state = buffer.evaluation(execution_id).tick(clock())  # no evaluator call past the deadline
+        if state is not EvalState.PENDING:
+            return state

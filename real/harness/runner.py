@@ -1,0 +1,252 @@
+"""Harness runner: one OS process per execution, in its own sandbox, with budgets.
+
+Each execution gets ``ROOT/exec-<id>/`` holding ``workspace/`` (its working
+directory and artifact state), ``home/`` (HOME and harness config dirs) and
+``harness.log`` (stdout + stderr), with stdin closed (/dev/null). The harness
+reaches the model only through the proxy's base URL with its own per-execution
+key; with ``isolate`` ("auto" by default) it runs in its own loopback-only
+network namespace where only the proxy is reachable, through a bridge
+(``harness.sandbox``). Adapters turn a task into
+argv + environment for a harness: the built-in scripted harness,
+mini-swe-agent, Claude Code and Codex (command lines from
+shared/notes/harness-clients.md).
+
+Outcomes (the trace vocabulary): ``completed`` (exit 0), ``failed`` (non-zero
+exit or a start failure), ``harness_timeout`` (killed at its harness timeout:
+the workspace is kept and still scored), ``cancelled`` (``cancel``).
+
+Invariants: a run ends exactly once with one outcome; the whole process group
+is killed on timeout or cancellation (TERM, then KILL after a grace period),
+so no harness outlives its execution; the workspace is never deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from gyre.real.harness.sandbox import HostBridge, choose_isolation, require_executable, sandbox_argv
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    task_id: str
+    prompt: str
+    files: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budgets:
+    """Per execution: the harness is killed at ``harness_timeout_s`` (its work is still scored);
+    ``overall_timeout_s`` bounds the harness plus evaluation retries (then: excluded)."""
+
+    harness_timeout_s: float = 4 * 3600.0
+    overall_timeout_s: float = 5 * 3600.0
+    grace_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.harness_timeout_s <= self.overall_timeout_s:
+            raise ValueError(f"budgets need 0 < harness_timeout_s <= overall_timeout_s, got "
+                             f"{self.harness_timeout_s} and {self.overall_timeout_s}")
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    execution: int
+    outcome: str
+    returncode: int | None
+    workspace: Path
+    started_at: float
+    ended_at: float
+    isolated: bool = False
+
+
+class HarnessAdapter(Protocol):
+    name: str
+
+    def command(self, task: Task, base_url: str, key: str, home: Path) -> tuple[list[str], dict[str, str]]:
+        """argv and extra environment to start the harness on ``task``."""
+
+
+@dataclass(frozen=True)
+class ScriptedHarness:
+    """The built-in scripted multi-call harness (``harness.scripted``)."""
+
+    calls: int = 6
+    compact_every: int = 3
+    subagent_at: tuple[int, ...] = (2,)
+    sleep_s: float = 0.0
+    name: str = "scripted"
+
+    def command(self, task: Task, base_url: str, key: str, home: Path) -> tuple[list[str], dict[str, str]]:
+        argv = [sys.executable, "-m", "gyre.real.harness.scripted", "--base-url", base_url,
+                "--calls", str(self.calls), "--compact-every", str(self.compact_every),
+                "--sleep", str(self.sleep_s), "--task-file", "TASK.md"]
+        if self.subagent_at:
+            argv += ["--subagent-at", *map(str, self.subagent_at)]
+        return argv, {"OPENAI_API_KEY": key}
+
+
+@dataclass(frozen=True)
+class ClaudeCode:
+    """``claude -p`` against the proxy's Anthropic endpoint (no outside lookups).
+
+    ``model`` is pinned: left out, Claude Code picks its own default, which
+    changes with its version and sets the context window (when it compacts).
+    """
+
+    binary: str = "claude"
+    model: str = "claude-sonnet-4-5"
+    name: str = "claude-code"
+
+    def command(self, task: Task, base_url: str, key: str, home: Path) -> tuple[list[str], dict[str, str]]:
+        env = {"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": key, "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+               "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1",
+               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}
+        argv = [self.binary, "-p", task.prompt, "--output-format", "json", "--model", self.model,
+                "--allowedTools", "Bash"]
+        return argv, env
+
+
+@dataclass(frozen=True)
+class Codex:
+    """``codex exec`` with a local model provider written into CODEX_HOME (``home/.codex``).
+
+    The features that talk to OpenAI's services (plugins, apps, remote plugins,
+    tool suggestions), analytics and the update check are off.
+    """
+
+    binary: str = "codex"
+    name: str = "codex"
+
+    def command(self, task: Task, base_url: str, key: str, home: Path) -> tuple[list[str], dict[str, str]]:
+        config = (f'model = "gyre"\nmodel_provider = "local"\napproval_policy = "never"\n'
+                  f'sandbox_mode = "danger-full-access"\n[model_providers.local]\nname = "local"\n'
+                  f'base_url = "{base_url.rstrip("/")}/v1"\nenv_key = "GYRE_KEY"\nwire_api = "responses"\n')
+        codex_home = home / ".codex"
+        codex_home.mkdir(parents=True, exist_ok=True)
+        (codex_home / "config.toml").write_text(config)
+        disabled = [arg for feature in ("plugins", "apps", "remote_plugin", "tool_suggest")
+                    for arg in ("--disable", feature)]
+        argv = [self.binary, "exec", "--skip-git-repo-check", *disabled,
+                "-c", "analytics.enabled=false", "-c", "check_for_update_on_startup=false", task.prompt]
+        return argv, {"CODEX_HOME": str(codex_home), "GYRE_KEY": key}
+
+
+@dataclass(frozen=True)
+class MiniSweAgent:
+    """mini-swe-agent on the proxy's OpenAI endpoint; its trajectory goes to ``home/trajectory.json``.
+
+    ``config`` comes first: once any ``-c`` is given, mini loads no default config.
+    """
+
+    binary: str = "mini"
+    config: str = "mini.yaml"
+    name: str = "mini-swe-agent"
+
+    def command(self, task: Task, base_url: str, key: str, home: Path) -> tuple[list[str], dict[str, str]]:
+        argv = [self.binary, "-y", "--exit-immediately", "-m", "openai/gyre", "-c", self.config,
+                "-c", f"model.model_kwargs.api_base={base_url.rstrip('/')}/v1",
+                "-o", str(home / "trajectory.json"), "-t", task.prompt]
+        return argv, {"OPENAI_API_KEY": key, "MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors",
+                      "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+
+class HarnessRunner:
+    """Runs harness executions; ``isolate`` ("auto", "always", "never") puts each in a loopback-only
+    network namespace bridged to the proxy (gyre.real.harness.sandbox). Call ``close()`` after the last run."""
+
+    def __init__(self, root: str | Path, base_url: str, adapter: HarnessAdapter, budgets: Budgets = Budgets(),
+                 isolate: str = "auto") -> None:
+        self.root, self.base_url, self.adapter, self.budgets = Path(root), base_url, adapter, budgets
+        self.isolated = choose_isolation(isolate, base_url)
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._cancelled: set[int] = set()
+        self._bridge: HostBridge | None = None
+        self._bridge_start: asyncio.Future | None = None
+
+    def sandbox(self, execution: int, task: Task) -> tuple[Path, Path]:
+        base = self.root / f"exec-{execution}"
+        workspace, home = base / "workspace", base / "home"
+        workspace.mkdir(parents=True, exist_ok=True)
+        home.mkdir(parents=True, exist_ok=True)
+        (workspace / "TASK.md").write_text(task.prompt)
+        for name, text in task.files.items():
+            (workspace / name).write_text(text)
+        return workspace, home
+
+    async def run(self, execution: int, task: Task, key: str) -> ExecutionResult:
+        workspace, home = self.sandbox(execution, task)
+        argv, extra = self.adapter.command(task, self.base_url, key, home)
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "LANG": "C.UTF-8", **extra}
+        env.update({k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "VIRTUAL_ENV")})
+        bridge = await self._started_bridge() if self.isolated else None
+        started = time.monotonic()
+        log = open(workspace.parent / "harness.log", "ab")
+        try:
+            if bridge is not None:
+                require_executable(argv[0], workspace, env["PATH"])
+            command = argv if bridge is None else sandbox_argv(argv, bridge.path, bridge.port)
+            # stdin closed: ``codex exec`` reads a piped stdin to its end before it starts
+            proc = await asyncio.create_subprocess_exec(*command, cwd=workspace, env=env,
+                                                        stdin=asyncio.subprocess.DEVNULL, stdout=log,
+                                                        stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            log.write(f"could not start {argv[0]}: {exc}\n".encode())
+            log.close()
+            return ExecutionResult(execution, "failed", None, workspace, started, time.monotonic(), self.isolated)
+        self._procs[execution] = proc
+        outcome = await self._wait(execution, proc)
+        log.close()
+        self._procs.pop(execution, None)
+        return ExecutionResult(execution, outcome, proc.returncode, workspace, started, time.monotonic(),
+                               self.isolated)
+
+    async def _started_bridge(self) -> HostBridge:
+        """The host side of the sandbox bridge, started once per event loop."""
+        if self._bridge_start is None or self._bridge_start.get_loop() is not asyncio.get_running_loop():
+            self._bridge = HostBridge(self.base_url)
+            self._bridge_start = asyncio.ensure_future(self._bridge.start())
+        await asyncio.shield(self._bridge_start)
+        return self._bridge
+
+    async def close(self) -> None:
+        """Stop the sandbox bridge and remove its socket; call after the last run."""
+        if self._bridge is not None:
+            bridge, self._bridge, self._bridge_start = self._bridge, None, None
+            await bridge.close()
+
+    async def _wait(self, execution: int, proc: asyncio.subprocess.Process) -> str:
+        try:
+            await asyncio.wait_for(proc.wait(), self.budgets.harness_timeout_s)
+        except asyncio.TimeoutError:
+            await self._kill(proc)
+            return "cancelled" if execution in self._cancelled else "harness_timeout"
+        if execution in self._cancelled:
+            return "cancelled"
+        return "completed" if proc.returncode == 0 else "failed"
+
+    async def cancel(self, execution: int) -> None:
+        """Cancel a running execution (oversampling surplus); its run() ends 'cancelled'."""
+        proc = self._procs.get(execution)
+        if proc is not None:
+            self._cancelled.add(execution)
+            await self._kill(proc)
+
+    async def _kill(self, proc: asyncio.subprocess.Process) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                await asyncio.wait_for(proc.wait(), self.budgets.grace_s)
+                return
+            except asyncio.TimeoutError:
+                continue

@@ -1,0 +1,18 @@
+"""The black-box proxy: the only way a harness reaches a model (SPEC.md 3.5, 4.1).
+
+- ``app`` / ``admin`` / ``cli`` / ``config``: the aiohttp server, its admin API
+  (execution keys, routes, drains), ``gyre proxy --config FILE``;
+- ``api/``: one module per wire format (``anthropic``, ``openai_chat``,
+  ``openai_responses``): parsing requests and writing responses and streams;
+- ``model_call``: the API-independent core of one call (prompt, generation,
+  parsing, record); ``tokenize``: messages to token ids through the served
+  model's template; ``toolcalls``: the model's tool-call output format;
+- ``generation`` / ``engine_client`` / ``routing``: one call's generation kept
+  alive across reroutes and engine failures, the SGLang client, the routing
+  table;
+- ``recording``: per-execution state, TITO records into ``gyre.real.store``.
+
+May import: ``gyre`` (trajectory records, trees, tool-call cache) and
+``gyre.real.store``. Never the runtime, the training cells or the engines'
+manager: the proxy talks to engines over HTTP only.
+"""

@@ -1,0 +1,145 @@
+"""The proxy's admin API (separate token): executions, tree stats, engines, routes.
+
+Every route needs ``Authorization: Bearer <admin_token>`` (or ``x-admin-token``);
+execution keys never work here, and the admin token never works as an
+execution key. Errors are ``{"error": message}`` with 400/401/404.
+
+| method and path                         | body                         | effect |
+|-----------------------------------------|------------------------------|--------|
+| GET  /admin/executions                  |                              | every execution: requests, route, in-flight |
+| POST /admin/executions                  | {"execution_id"}             | new API key for it (persisted) |
+| GET  /admin/executions/{id}/stats       |                              | ``tree_stats`` of its trajectory tree |
+| GET  /admin/engines                     |                              | engines and routes |
+| POST /admin/engines                     | {"id", "url"}                | add an engine |
+| DELETE /admin/engines/{id}              |                              | remove an idle, unrouted engine |
+| POST /admin/engines/{id}/drain          | {"evacuate": bool, "to"?}    | no new requests; optionally move its executions now |
+| POST /admin/engines/{id}/undrain        |                              | take new requests again |
+| GET  /admin/routes                      |                              | execution -> engine |
+| POST /admin/routes                      | {"execution_id", "engine"}   | reroute one execution (in-flight requests move) |
+| POST /admin/policy_version              | {"version": int}             | version recorded when engines do not report one |
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from gyre.real.proxy.config import ProxyConfigError, EngineSpec
+from gyre.real.proxy.recording import KeyRegistry, Recorder
+from gyre.real.proxy.routing import Router, RoutingError
+
+_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+class AdminApi:
+    def __init__(self, token: str, router: Router, recorder: Recorder, keys: KeyRegistry, service: Any) -> None:
+        self.token, self.router, self.recorder, self.keys, self.service = token, router, recorder, keys, service
+
+    def routes(self) -> list[web.RouteDef]:
+        guard = self._guarded
+        return [web.get("/admin/executions", guard(self.list_executions)),
+                web.post("/admin/executions", guard(self.create_execution)),
+                web.get("/admin/executions/{execution_id}/stats", guard(self.execution_stats)),
+                web.get("/admin/engines", guard(self.engines)),
+                web.post("/admin/engines", guard(self.add_engine)),
+                web.delete("/admin/engines/{engine_id}", guard(self.remove_engine)),
+                web.post("/admin/engines/{engine_id}/drain", guard(self.drain)),
+                web.post("/admin/engines/{engine_id}/undrain", guard(self.undrain)),
+                web.get("/admin/routes", guard(self.get_routes)),
+                web.post("/admin/routes", guard(self.set_route)),
+                web.post("/admin/policy_version", guard(self.set_policy_version))]
+
+    def _guarded(self, handler: Handler) -> Handler:
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            auth = request.headers.get("authorization", "")
+            given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-admin-token", "")
+            if not hmac.compare_digest(given.encode(), self.token.encode()):
+                return _error(401, "admin token required")
+            try:
+                return await handler(request)
+            except (RoutingError, ProxyConfigError, KeyError, ValueError) as exc:
+                return _error(404 if isinstance(exc, KeyError) else 400, str(exc).strip("'\""))
+
+        return guarded
+
+    @staticmethod
+    async def _json(request: web.Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.read() or b"{}")
+        except ValueError as exc:
+            raise ValueError(f"body: invalid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise ValueError("body: expected a JSON object")
+        return body
+
+    async def list_executions(self, request: web.Request) -> web.Response:
+        known = set(self.recorder.executions()) | self.keys.executions() | set(self.router.routes)
+        rows = []
+        for execution_id in sorted(known):
+            state = self.recorder.state(execution_id)
+            rows.append({"execution_id": execution_id, "requests": state.requests,
+                         "route": self.router.routes.get(execution_id),
+                         "in_flight": len(self.router.in_flight(execution_id))})
+        return web.json_response({"executions": rows})
+
+    async def create_execution(self, request: web.Request) -> web.Response:
+        execution_id = (await self._json(request)).get("execution_id")
+        if not isinstance(execution_id, str) or not execution_id or set(execution_id) - _ID_CHARS:
+            raise ValueError("execution_id: required string of [A-Za-z0-9._:-]")
+        return web.json_response({"execution_id": execution_id, "api_key": self.keys.register(execution_id)})
+
+    async def execution_stats(self, request: web.Request) -> web.Response:
+        execution_id = request.match_info["execution_id"]
+        if execution_id not in set(self.recorder.executions()) | self.keys.executions():
+            raise KeyError(f"unknown execution {execution_id!r}")
+        return web.json_response(self.recorder.stats(execution_id))
+
+    async def engines(self, request: web.Request) -> web.Response:
+        return web.json_response(self.router.snapshot())
+
+    async def add_engine(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        self.router.add_engine(EngineSpec(id=str(body.get("id", "")), url=str(body.get("url", ""))))
+        return web.json_response(self.router.snapshot())
+
+    async def remove_engine(self, request: web.Request) -> web.Response:
+        self.router.remove_engine(request.match_info["engine_id"])
+        return web.json_response(self.router.snapshot())
+
+    async def drain(self, request: web.Request) -> web.Response:
+        engine_id = request.match_info["engine_id"]
+        body = await self._json(request)
+        self.router.drain(engine_id)
+        moves = self.router.evacuate(engine_id, body.get("to")) if body.get("evacuate") else {}
+        return web.json_response({"engine": engine_id, "draining": True, "moved": moves})
+
+    async def undrain(self, request: web.Request) -> web.Response:
+        self.router.drain(request.match_info["engine_id"], draining=False)
+        return web.json_response(self.router.snapshot())
+
+    async def get_routes(self, request: web.Request) -> web.Response:
+        return web.json_response({"routes": dict(sorted(self.router.routes.items()))})
+
+    async def set_route(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        execution_id, engine = body.get("execution_id"), body.get("engine")
+        if not isinstance(execution_id, str) or not isinstance(engine, str):
+            raise ValueError("execution_id and engine: required strings")
+        moved = self.router.reroute(execution_id, engine)
+        return web.json_response({"execution_id": execution_id, "engine": engine, "moved_in_flight": moved})
+
+    async def set_policy_version(self, request: web.Request) -> web.Response:
+        version = (await self._json(request)).get("version")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError("version: required integer >= 0")
+        self.service.policy_version = version
+        return web.json_response({"policy_version": version})

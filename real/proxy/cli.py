@@ -1,0 +1,82 @@
+"""``gyre proxy --config FILE``: run the black-box proxy in the foreground.
+
+``register(subparsers)`` adds the sub-command (heavy imports happen inside
+``run``). ``--host``/``--port`` override the file; ``--port 0`` picks a free
+port. The chosen address is printed as one JSON line
+``{"event": "listening", "url": ...}`` so a supervisor (or a test) can read it.
+The process stops cleanly on SIGINT/SIGTERM: aiohttp closes the listeners, and
+the record logs are closed; every record whose response completed is on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("proxy", help="run the black-box model proxy (Anthropic/OpenAI APIs, TITO records)")
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="proxy configuration (.json or .toml)")
+    parser.add_argument("--host", default=None, help="override the configured host")
+    parser.add_argument("--port", type=int, default=None, help="override the configured port (0: any free port)")
+    parser.add_argument("--log-level", default="WARNING", help="Python logging level")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from gyre.real.proxy.config import load_proxy_config
+
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = load_proxy_config(args.config)
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if overrides:
+        config = config.with_overrides(**overrides)
+    try:
+        asyncio.run(_serve(config))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+async def _serve(config) -> None:
+    import asyncio
+    import signal
+
+    from aiohttp import web
+
+    from gyre.real.proxy.app import ProxyServer
+
+    server = ProxyServer(config)
+    runner = web.AppRunner(server.application(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # the real port when 0 was asked for
+    print(json.dumps({"event": "listening", "url": f"http://{config.host}:{port}"}), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gyre proxy")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

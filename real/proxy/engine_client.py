@@ -1,0 +1,194 @@
+"""Client of an SGLang engine's native API: streaming ``/generate`` and ``/abort_request``.
+
+The contract (checked against SGLang 0.5.23, ``sglang/srt/entrypoints/http_server.py``
+and ``managers/tokenizer_manager.py``): ``POST /generate`` with ``input_ids``,
+``sampling_params``, ``return_logprob: true``, ``stream: true`` and a ``rid``
+answers Server-Sent Events ``data: {json}`` ending with ``data: [DONE]``. Each
+chunk carries ``output_ids`` and ``meta_info.output_token_logprobs`` as
+``[logprob, token_id, text]`` triples, ``meta_info.completion_tokens`` (the
+running total) and ``meta_info.finish_reason`` (``null`` until the last chunk,
+then ``{"type": "stop" | "length" | "abort", ...}``). By default the lists are
+cumulative; with ``--incremental-streaming-output`` they hold only the new
+tokens. ``engine_chunks`` handles both: the number of new tokens is
+``completion_tokens`` minus the tokens already seen, taken from the tail of the
+lists. An engine error mid-stream arrives as a chunk ``{"error": {...}}``.
+``POST /abort_request {"rid": ...}`` cancels a request.
+
+Invariants:
+- every token id yielded comes with exactly one log-probability;
+- a stream that ends without a finish reason raises ``EngineCallError`` (a
+  truncated stream is never mistaken for a finished one);
+- connection refused/reset, timeouts, HTTP 5xx/429 and error chunks raise
+  ``EngineCallError(retryable=True)``; HTTP 4xx other than 429 are not retryable;
+- closing the response (``Flight.detach``/``move``) ends the iteration promptly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+import aiohttp
+
+from gyre.real.proxy.config import EngineSpec, RetryPolicy
+
+
+class EngineCallError(Exception):
+    """An engine could not serve a submission; ``retryable`` says whether another may."""
+
+    def __init__(self, engine_id: str, message: str, *, retryable: bool = True) -> None:
+        super().__init__(f"engine {engine_id}: {message}")
+        self.engine_id = engine_id
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    """New output tokens of one submission, with their behaviour log-probabilities."""
+
+    ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish: dict[str, Any] | None = None
+    weight_version: str | None = None
+
+
+def generate_payload(rid: str, input_ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
+    return {"rid": rid, "input_ids": input_ids, "sampling_params": sampling,
+            "return_logprob": True, "stream": True}
+
+
+class ChunkDecoder:
+    """Turn parsed SSE payloads into ``TokenChunk``s (cumulative or incremental lists)."""
+
+    def __init__(self, engine_id: str) -> None:
+        self.engine_id = engine_id
+        self.seen = 0
+
+    def decode(self, payload: dict[str, Any]) -> TokenChunk:
+        if "error" in payload:
+            error = payload["error"]
+            message = error.get("message") if isinstance(error, dict) else str(error)
+            raise EngineCallError(self.engine_id, f"error chunk: {message}")
+        meta = payload.get("meta_info") or {}
+        ids = payload.get("output_ids") or []
+        logprobs = meta.get("output_token_logprobs") or []
+        total = meta.get("completion_tokens", len(ids))
+        new = max(int(total) - self.seen, 0)
+        new_ids = ids[len(ids) - new:] if new else []
+        new_lps = logprobs[len(logprobs) - new:] if new else []
+        if len(new_ids) != new or len(new_lps) != new:
+            raise EngineCallError(self.engine_id, f"chunk announces {new} new tokens but carries "
+                                              f"{len(new_ids)} ids and {len(new_lps)} logprobs")
+        try:  # float rounding can push a log-probability a hair above 0
+            values = tuple(min(float(lp[0] if isinstance(lp, (list, tuple)) else lp), 0.0) for lp in new_lps)
+        except (TypeError, ValueError):
+            raise EngineCallError(self.engine_id, "chunk carries a log-probability that is not a number") from None
+        if any(v != v or v == float("-inf") for v in values):
+            raise EngineCallError(self.engine_id, "chunk carries a non-finite log-probability")
+        self.seen += new
+        finish = meta.get("finish_reason")
+        version = meta.get("weight_version")
+        return TokenChunk(tuple(int(i) for i in new_ids), values, finish, None if version is None else str(version))
+
+
+def _split_events(buffer: bytearray) -> list[bytes]:
+    """Remove and return complete SSE events (separated by a blank line) from ``buffer``."""
+    events = []
+    while True:
+        end = buffer.find(b"\n\n")
+        if end < 0:
+            return events
+        events.append(bytes(buffer[:end]))
+        del buffer[: end + 2]
+
+
+def _event_data(event: bytes) -> bytes | None:
+    lines = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
+
+
+class EngineClient:
+    """Streams ``/generate`` from engines over one shared aiohttp session."""
+
+    def __init__(self, retry: RetryPolicy) -> None:
+        self.retry = retry
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.retry.connect_timeout_s,
+                                        sock_read=self.retry.read_timeout_s)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                              json_serialize=lambda o: json.dumps(o, separators=(",", ":")))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def stream(self, engine: EngineSpec, rid: str, input_ids: list[int], sampling: dict[str, Any],
+                     attach: Callable[[Any], None] | None = None) -> AsyncIterator[TokenChunk]:
+        """Yield the new tokens of one submission until its finish reason."""
+        assert self._session is not None, "EngineClient.start() was not awaited"
+        decoder = ChunkDecoder(engine.id)
+        try:
+            async with self._session.post(f"{engine.url}/generate",
+                                          json=generate_payload(rid, input_ids, sampling)) as resp:
+                if attach is not None:
+                    attach(resp)
+                if resp.status != 200:
+                    text = (await resp.text())[:500]
+                    retryable = resp.status >= 500 or resp.status == 429
+                    raise EngineCallError(engine.id, f"HTTP {resp.status}: {text}", retryable=retryable)
+                finished = False
+                try:
+                    async with contextlib.aclosing(self._chunks(resp, decoder)) as chunks:
+                        async for chunk in chunks:
+                            finished = chunk.finish is not None
+                            yield chunk
+                            if finished:
+                                return
+                finally:
+                    if finished:
+                        await self._drain(resp)
+            raise EngineCallError(engine.id, "stream ended without a finish reason")
+        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
+            raise EngineCallError(engine.id, f"{type(exc).__name__}: {exc}") from None
+
+    @staticmethod
+    async def _drain(resp: aiohttp.ClientResponse) -> None:
+        """Read what follows the finish chunk (``[DONE]``) so the connection goes back to the pool."""
+        try:
+            await asyncio.wait_for(resp.content.read(), timeout=1.0)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
+            pass
+
+    async def _chunks(self, resp: aiohttp.ClientResponse, decoder: ChunkDecoder) -> AsyncIterator[TokenChunk]:
+        buffer = bytearray()
+        async for data in resp.content.iter_any():
+            buffer += data.replace(b"\r\n", b"\n")
+            for event in _split_events(buffer):
+                body = _event_data(event)
+                if body is None:
+                    continue
+                if body == b"[DONE]":
+                    return
+                try:
+                    payload = json.loads(body)
+                except ValueError:
+                    raise EngineCallError(decoder.engine_id, f"undecodable chunk {body[:100]!r}") from None
+                yield decoder.decode(payload)
+
+    async def abort(self, engine: EngineSpec, rid: str) -> bool:
+        """Best-effort ``/abort_request``; True when the engine acknowledged it."""
+        if self._session is None:
+            return False
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.retry.connect_timeout_s)
+            async with self._session.post(f"{engine.url}/abort_request", json={"rid": rid}, timeout=timeout) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
+            return False

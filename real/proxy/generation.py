@@ -1,0 +1,175 @@
+"""One model call's generation, kept alive across reroutes and engine failures.
+
+``generate`` submits the prompt to the execution's engine and yields the new
+output tokens as they stream in. Two things can interrupt a submission:
+
+- a *move* (admin reroute or drain evacuation): the source response is closed,
+  ``/abort_request`` is sent to the source, and the call is resubmitted to the
+  new route with ``input_ids + tokens generated so far`` and the remaining
+  token budget. Moves do not count against the retry budget;
+- an *engine failure* (refused, reset, 5xx, timeout, error chunk, truncated
+  stream): the engine is excluded for this call, the execution is routed to
+  another engine, and the call is resubmitted the same way, within
+  ``RetryPolicy.attempts`` failures and ``budget_s`` seconds. When nothing is
+  left, ``Overloaded`` is raised and the API answers its own overload error.
+
+Invariants:
+- the consumer sees one continuous token sequence: tokens are yielded once,
+  in order, and a resubmission continues exactly after the last yielded token;
+- every yielded token has its behaviour log-probability from the engine that
+  sampled it (continuations are conditioned on the same prefix, so the
+  recorded call is one call, never a fragment or a duplicate);
+- the flight is registered with the router for exactly the lifetime of each
+  submission, so ``Router.reroute`` reaches every in-flight request;
+- the total number of output tokens never exceeds ``max_new_tokens``;
+- ``log.move_stalls_s`` has one entry per move after which a chunk reached the
+  consumer: the time from the last chunk before the move (or the call's start)
+  to the first chunk after it, i.e. the pause a harness sees in its stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from gyre.real.proxy.config import RetryPolicy
+from gyre.real.proxy.engine_client import EngineClient, EngineCallError, TokenChunk
+from gyre.real.proxy.routing import Flight, Router
+
+
+class Overloaded(Exception):
+    """No engine could serve the call within the retry budget."""
+
+
+@dataclass
+class GenerationLog:
+    """What happened to one call: engines used, failures, moves, finish."""
+
+    engines: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    moves: int = 0
+    move_stalls_s: list[float] = field(default_factory=list)  # per move: last token before -> first after
+    finish: dict[str, Any] | None = None
+    weight_version: str | None = None
+
+
+async def _abort_later(client: EngineClient, router: Router, engine_id: str, rid: str) -> None:
+    state = router.engines.get(engine_id)
+    if state is not None:
+        await client.abort(state.spec, rid)
+
+
+class Generation:
+    """Async iterator of ``TokenChunk``s for one call; see the module invariants."""
+
+    def __init__(self, router: Router, client: EngineClient, retry: RetryPolicy, *, execution_id: str,
+                 request_id: str, input_ids: list[int], sampling: dict[str, Any]) -> None:
+        self.router, self.client, self.retry = router, client, retry
+        self.flight = Flight(execution_id, request_id)
+        self.input_ids = list(input_ids)
+        self.sampling = dict(sampling)
+        self.max_new = int(sampling["max_new_tokens"])
+        self.output_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.log = GenerationLog()
+        self._background: set[asyncio.Task] = set()
+        self._last_token_at = time.monotonic()  # the call's start until its first token
+        self._stall_from: float | None = None   # set by a move, closed by the next token
+
+    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
+        deadline = time.monotonic() + self.retry.budget_s
+        excluded: set[str] = set()
+        submission = 0
+        while self.log.finish is None:
+            if len(self.output_ids) >= self.max_new:
+                self.log.finish = {"type": "length", "length": self.max_new}
+                break
+            engine = self.router.engine_for(self.flight.execution_id, excluded)
+            if engine is None:
+                raise Overloaded(f"no engine available for execution {self.flight.execution_id} "
+                                 f"(failures: {'; '.join(self.log.failures) or 'none'})")
+            rid = f"{self.flight.request_id}.{submission}"
+            submission += 1
+            self.router.begin(self.flight, engine)
+            self.log.engines.append(engine.spec.id)
+            failed = finished = False
+            try:
+                async for chunk in self._submit(engine.spec, rid):
+                    yield chunk
+                finished = self.log.finish is not None
+            except EngineCallError as exc:
+                if self.flight.moved:
+                    self._on_move(engine.spec.id, rid)
+                    continue
+                failed = True
+                self._on_failure(exc, engine.spec.id, excluded, deadline)
+                await asyncio.sleep(self.retry.backoff_s)
+            finally:
+                self.router.end(self.flight, failed=failed, finished=finished)
+                if self.log.finish is None and not failed and not self.flight.moved:
+                    self._schedule_abort(engine.spec.id, rid)  # the consumer went away
+            if self.flight.moved and self.log.finish is None:
+                self._on_move(engine.spec.id, rid)
+
+    async def _submit(self, engine, rid: str) -> AsyncIterator[TokenChunk]:
+        sampling = dict(self.sampling, max_new_tokens=self.max_new - len(self.output_ids))
+        stream = self.client.stream(engine, rid, self.input_ids + self.output_ids, sampling,
+                                    attach=self.flight.attach)
+        try:
+            async for chunk in stream:
+                if self.flight.moved:
+                    break  # tokens of a moved submission after the move are dropped
+                chunk = self._clip(chunk)
+                self.output_ids.extend(chunk.ids)
+                self.logprobs.extend(chunk.logprobs)
+                if chunk.weight_version is not None:
+                    self.log.weight_version = chunk.weight_version
+                if chunk.finish is not None:
+                    self.log.finish = chunk.finish
+                if chunk.ids or chunk.finish is not None:
+                    self._mark_delivery()
+                    yield chunk
+                if chunk.finish is not None:
+                    return
+        finally:
+            await stream.aclose()
+
+    def _clip(self, chunk: TokenChunk) -> TokenChunk:
+        room = self.max_new - len(self.output_ids)
+        if len(chunk.ids) <= room:
+            return chunk
+        return TokenChunk(chunk.ids[:room], chunk.logprobs[:room], {"type": "length", "length": self.max_new},
+                          chunk.weight_version)
+
+    def _mark_delivery(self) -> None:
+        """A chunk reaches the consumer: close the stall a move opened (the wait a harness sees)."""
+        now = time.monotonic()
+        if self._stall_from is not None:
+            self.log.move_stalls_s.append(now - self._stall_from)
+            self._stall_from = None
+        self._last_token_at = now
+
+    def _on_move(self, engine_id: str, rid: str) -> None:
+        if self._stall_from is None:
+            self._stall_from = self._last_token_at
+        self.log.moves += 1
+        self.flight.reroutes += 1
+        self._schedule_abort(engine_id, rid)
+
+    def _schedule_abort(self, engine_id: str, rid: str) -> None:
+        task = asyncio.ensure_future(_abort_later(self.client, self.router, engine_id, rid))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _on_failure(self, exc: EngineCallError, engine_id: str, excluded: set[str], deadline: float) -> None:
+        self.log.failures.append(str(exc))
+        if not exc.retryable:
+            raise Overloaded(f"engine rejected the call: {exc}") from None
+        excluded.add(engine_id)
+        if len(self.log.failures) >= self.retry.attempts or time.monotonic() >= deadline:
+            raise Overloaded(f"gave up after {len(self.log.failures)} engine failures: {exc}") from None
+        if len(excluded) >= len(self.router.engines):
+            excluded.clear()  # every engine failed once: try them again while budget remains
+            excluded.add(engine_id)

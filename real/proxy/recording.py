@@ -1,0 +1,172 @@
+"""Per-execution state of the proxy: durable TITO records, trees and caches.
+
+Every completed model call becomes one ``ModelCall`` appended to its
+execution's log (``gyre.real.store.tito_log``) and added to its in-memory
+``TrajectoryTree``. Beside them each execution keeps what the proxy needs to
+re-encode the next request exactly:
+
+- a ``ToolCallCache`` (``gyre.trajectory.tool_calls``) of the tool-call blocks
+  the proxy returned, in the API's own shape, restored into later histories;
+- an *echo map* from the ids of those tool calls (or from the visible text of
+  an output without tool calls) to the raw output text the model wrote, so the
+  history is rendered with the model's own text and the prefix cache
+  (``proxy.tokenize.PrefixCache``) reuses the sampled token ids verbatim.
+
+All of it is rebuilt from the log when a restarted proxy first sees the
+execution again (``Recorder.state`` replays the log through
+``ExecutionState.learn``), so a restart changes nothing a
+harness can observe.
+
+Invariants:
+- a record reaches the log before the harness receives the end of its
+  response (the API layers commit first), so a call the harness saw complete
+  is on disk, and a call cut short is never recorded;
+- one execution's state is only reachable through that execution's key; the
+  admin API reads all of them;
+- commits of one execution are serialized (one lock per execution), so the
+  log order equals the tree order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from gyre.trajectory.records import ModelCall
+from gyre.real.store.tito_log import ExecutionStore
+from gyre.trajectory.tool_calls import ToolCallCache
+from gyre.trajectory.tree import TrajectoryTree
+from gyre.trajectory.tree_stats import tree_stats
+from gyre.real.proxy.tokenize import ChatTokenizer, PrefixCache
+from gyre.real.proxy.toolcalls import parse_output
+
+
+def api_tool_block(api: str, call: Mapping[str, Any]) -> dict[str, Any]:
+    """The tool-call block the proxy returned for ``call`` (id, name, arguments) in ``api``'s shape."""
+    arguments = json.dumps(call["arguments"], ensure_ascii=False)
+    if api == "anthropic":
+        return {"type": "tool_use", "id": call["id"], "name": call["name"], "input": call["arguments"]}
+    if api == "responses":
+        return {"type": "function_call", "call_id": call["id"], "name": call["name"], "arguments": arguments}
+    return {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": arguments}}
+
+
+def api_output_message(api: str, calls: list[Mapping[str, Any]]) -> dict[str, Any]:
+    blocks = [api_tool_block(api, c) for c in calls]
+    if api == "anthropic":
+        return {"role": "assistant", "content": blocks}
+    if api == "responses":
+        return {"role": "assistant", "content": blocks}  # items are matched one by one on restore
+    return {"role": "assistant", "tool_calls": blocks}
+
+
+class ExecutionState:
+    """Tree, tool-call cache, echo map and prefix cache of one execution."""
+
+    def __init__(self, execution_id: str) -> None:
+        self.execution_id = execution_id
+        self.tree = TrajectoryTree(execution_id)
+        self.tool_cache = ToolCallCache()
+        self.prefix = PrefixCache(self.tree.request_sequence)
+        self.echo: dict[Any, str] = {}
+        self.lock = asyncio.Lock()
+        self.requests = 0
+
+    def learn(self, call: ModelCall, chat: ChatTokenizer, prompt_text: str | None = None) -> None:
+        """Update the caches with a committed call (also used when replaying a log)."""
+        placement = self.tree.add(call)
+        self.requests += 1
+        if prompt_text is None:
+            prompt_text = chat.decode(call.input_ids.tolist())
+        output_ids = call.output_ids.tolist()
+        self.prefix.add(prompt_text, chat.decode(output_ids), len(call.input_ids), placement.request)
+        raw = chat.decode(output_ids[:-1] if output_ids and output_ids[-1] in chat.stop_token_ids else output_ids)
+        calls = [dict(c) for c in call.tool_calls]
+        for payload in calls:
+            self.echo[("call", payload["id"])] = raw
+        if calls:
+            api = str(call.role_hints.get("api", "anthropic"))
+            self.tool_cache.remember(api_output_message(api, calls))
+        else:
+            self.echo[("text", parse_output(raw).text)] = raw
+
+    def raw_for(self, call_ids: list[str], text: str) -> str | None:
+        """The raw output that produced an assistant message with these call ids (or this text)."""
+        if call_ids:
+            raws = {self.echo.get(("call", i)) for i in call_ids}
+            return raws.pop() if len(raws) == 1 and None not in raws else None
+        return self.echo.get(("text", text.strip()))
+
+
+class Recorder:
+    """Durable TITO records of every execution, plus their in-memory states."""
+
+    def __init__(self, records_dir: str | os.PathLike, chat: ChatTokenizer, *, fsync: bool = True) -> None:
+        self.root = Path(records_dir)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.chat = chat
+        self.store = ExecutionStore(self.root, fsync=fsync)
+        self.fsync = fsync
+        self._states: dict[str, ExecutionState] = {}
+
+    def state(self, execution_id: str) -> ExecutionState:
+        """The state of ``execution_id``, replayed from its log on first use."""
+        state = self._states.get(execution_id)
+        if state is None:
+            state = ExecutionState(execution_id)
+            if self.store.path_for(execution_id).exists():
+                for call in self.store.read(execution_id):
+                    state.learn(call, self.chat)
+            self._states[execution_id] = state
+        return state
+
+    async def commit(self, call: ModelCall, prompt_text: str) -> None:
+        """Append ``call`` durably, then add it to the tree and caches."""
+        state = self.state(call.execution_id)
+        async with state.lock:
+            if self.fsync:
+                await asyncio.get_running_loop().run_in_executor(None, self.store.append, call)
+            else:
+                self.store.append(call)
+            state.learn(call, self.chat, prompt_text)
+
+    def executions(self) -> list[str]:
+        return sorted(set(self.store.executions()) | set(self._states))
+
+    def stats(self, execution_id: str) -> dict[str, Any]:
+        state = self.state(execution_id)
+        return tree_stats(state.tree).as_dict() if state.requests else {"execution_id": execution_id, "requests": 0}
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class KeyRegistry:
+    """API key -> execution id; keys added at run time persist in ``keys.json``."""
+
+    def __init__(self, path: str | os.PathLike, static: Mapping[str, str],
+                 make_key: Callable[[], str] = lambda: "gyre-" + secrets.token_urlsafe(24)) -> None:
+        self.path = Path(path)
+        self.make_key = make_key
+        self._dynamic: dict[str, str] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self._keys = {**self._dynamic, **dict(static)}
+
+    def execution_for(self, key: str | None) -> str | None:
+        return self._keys.get(key) if key else None
+
+    def register(self, execution_id: str) -> str:
+        """A new key for ``execution_id`` (an execution may hold several keys)."""
+        key = self.make_key()
+        self._dynamic[key] = execution_id
+        self._keys[key] = execution_id
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._dynamic, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
+        return key
+
+    def executions(self) -> set[str]:
+        return set(self._keys.values())

@@ -1,0 +1,167 @@
+"""Messages to token ids through the served model's own tokenizer and template.
+
+``ChatTokenizer`` loads a tokenizer from a local path (``HF_HUB_OFFLINE=1``:
+nothing is downloaded), renders canonical chat messages with the model's chat
+template and encodes them. ``PrefixCache`` remembers (as text lengths and
+hashes) the last calls of one execution so a new request reuses the exact
+token ids already recorded, fetched from the trajectory tree.
+
+TITO prefix reuse: a request's prompt text usually starts with an earlier
+request's prompt text followed by that request's output text (the proxy splices
+its raw output back in, see ``proxy.model_call``). When it does, the earlier input and
+output ids are reused verbatim and only the remaining suffix text is encoded.
+So tokens the engine sampled reappear in later inputs as the *same* ids, never
+re-tokenized, and the trajectory tree sees one path.
+
+Invariants:
+- ``encode_prompt`` returns ids whose decoding equals the rendered prompt text
+  whenever the tokenizer round-trips text (byte-level BPE does);
+- reuse is exact-prefix only: a candidate is used only if its text is a prefix
+  of the new prompt text (equal 64-bit hashes of equal-length prefixes);
+  otherwise the prompt is encoded from scratch;
+- ``IncrementalDecoder`` never emits a partial UTF-8 character and the
+  concatenation of its deltas equals ``decode(all ids)`` at ``finish``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@dataclass(frozen=True)
+class CachedCall:
+    """What the prefix cache keeps of one recorded call: lengths and hashes of its
+    prompt text and of prompt + output text, and how to get its token ids back."""
+
+    prompt_len: int
+    prompt_hash: int
+    full_len: int
+    full_hash: int
+    input_len: int
+    key: int  # passed to ``sequence_of`` to get input ids + output ids
+
+
+class PrefixCache:
+    """The last ``size`` calls of one execution, matched by exact text prefix.
+
+    Only lengths and hashes of texts are kept, and ids are fetched on a hit
+    through ``sequence_of(key)`` (the trajectory tree stores them once), so
+    a long window costs almost no memory. A hit compares the hash of the new
+    text's prefix of the same length (64-bit SipHash, computed once per
+    distinct length); newer calls win ties.
+    """
+
+    def __init__(self, sequence_of: Callable[[int], Sequence[int]], size: int = 32) -> None:
+        self.sequence_of = sequence_of
+        self._items: deque[CachedCall] = deque(maxlen=size)
+
+    def add(self, prompt_text: str, output_text: str, input_len: int, key: int) -> None:
+        full = prompt_text + output_text
+        self._items.append(CachedCall(len(prompt_text), hash(prompt_text), len(full), hash(full), input_len, key))
+
+    def best_prefix(self, text: str) -> tuple[int, list[int]]:
+        """(characters covered, ids) of the longest cached text prefix of ``text``."""
+        hashes: dict[int, int] = {}
+
+        def prefix_hash(length: int) -> int:
+            if length not in hashes:
+                hashes[length] = hash(text[:length])
+            return hashes[length]
+
+        best_chars, best = 0, None
+        for item in reversed(self._items):
+            for length, digest, full in ((item.full_len, item.full_hash, True),
+                                         (item.prompt_len, item.prompt_hash, False)):
+                if best_chars < length <= len(text) and prefix_hash(length) == digest:
+                    best_chars, best = length, (item, full)
+                    break
+        if best is None:
+            return 0, []
+        item, full = best
+        sequence = self.sequence_of(item.key)
+        ids = sequence.tolist() if hasattr(sequence, "tolist") else [int(i) for i in sequence]
+        return best_chars, ids if full else ids[: item.input_len]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class ChatTokenizer:
+    """A local tokenizer with its chat template; thread-safe for encode/decode."""
+
+    def __init__(self, model_path: str, *, stop_tokens: Sequence[str] = ("<|im_end|>", "<|endoftext|>")) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"tokenizer at {model_path} has no chat template")
+        vocab = self.tokenizer.get_vocab()
+        self.stop_token_ids = tuple(vocab[t] for t in stop_tokens if t in vocab)
+        if not self.stop_token_ids and self.tokenizer.eos_token_id is not None:
+            self.stop_token_ids = (int(self.tokenizer.eos_token_id),)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               *, thinking: bool | None = None) -> str:
+        """The prompt text: messages through the chat template, generation prompt added."""
+        kwargs: dict[str, Any] = {}
+        if thinking is not None:
+            kwargs["enable_thinking"] = thinking
+        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=True, **kwargs)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def encode_prompt(self, text: str, cache: PrefixCache | None = None) -> tuple[list[int], int]:
+        """Ids of ``text``, reusing the longest cached prefix; returns (ids, reused ids)."""
+        covered, ids = cache.best_prefix(text) if cache is not None else (0, [])
+        return ids + self.encode(text[covered:]), len(ids)
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special,
+                                     clean_up_tokenization_spaces=False)
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def decoder(self) -> "IncrementalDecoder":
+        return IncrementalDecoder(self)
+
+
+class IncrementalDecoder:
+    """Turn a growing list of output ids into text deltas (special tokens skipped).
+
+    Decodes a small window (the ids of the previous delta plus the new ones)
+    and emits the part past the previous delta's text, holding back a trailing
+    U+FFFD (an incomplete UTF-8 sequence). Cost per push is O(window).
+    """
+
+    def __init__(self, chat: ChatTokenizer) -> None:
+        self.chat = chat
+        self.ids: list[int] = []
+        self._prefix = 0  # start of the decode window
+        self._read = 0  # ids whose text has been emitted
+
+    def push(self, new_ids: Sequence[int]) -> str:
+        self.ids.extend(int(i) for i in new_ids)
+        return self._delta(final=False)
+
+    def finish(self) -> str:
+        return self._delta(final=True)
+
+    def _delta(self, *, final: bool) -> str:
+        decode = self.chat.decode
+        prefix_text = decode(self.ids[self._prefix:self._read], skip_special=True)
+        full_text = decode(self.ids[self._prefix:], skip_special=True)
+        if not final and full_text.endswith("\ufffd"):
+            return ""
+        if len(full_text) <= len(prefix_text):
+            return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        return full_text[len(prefix_text):]

@@ -1,0 +1,305 @@
+"""RealBackend: the policy core's actions applied to real engines, proxy, harnesses and cells.
+
+``RealBackend`` is the real world's ``gyre.loop.ActionHandler``: the
+controller's driver loop calls one ``on_<action>`` method per action on its
+event loop, one action at a time, in the order the core returned them. It
+never blocks: quick loopback calls (proxy admin API) run inline, everything
+slow (harness processes, SGLang memory calls, training-cell commands) runs as
+an asyncio task whose completion is reported back with
+``controller.report(EventClass, **fields)``.
+
+| action                         | real effect                                               | report            |
+|--------------------------------|-----------------------------------------------------------|-------------------|
+| DispatchGroups                 | open the groups in the trajectory buffer (v_d recorded)   |                   |
+| StartExecutions                | proxy key + route (admin API), HarnessRunner task; at     | ExecutionFinished,|
+|                                | exit: records -> tree, close + evaluate with retries       | GroupReady        |
+|                                | (``harness.evaluation``) within the execution's budget     |                   |
+| CancelExecutions               | ``runner.cancel`` (the run then reports as cancelled)     | ExecutionFinished |
+| Reroute                        | proxy route change (in-flight requests move)              |                   |
+| BeginTransition(c, training)   | drain c's engine, wait idle, quiesce, release_memory,      | TransitionDone   |
+|                                | enter_training                                             |                  |
+| BeginTransition(c, rollout)    | leave_training, resume_memory, load newest weights,       | TransitionDone   |
+|                                | undrain                                                    |                  |
+| StartBatch(v)                  | ``step`` sent to the core cell (claims as groups arrive)  | StepDone          |
+| FeedGroups(v, gs)              | admission + packing of exactly these groups into batch v  |                   |
+| Broadcast                      | carried out by the core cell at the end of the step       |                   |
+| Publish(v)                     | HF checkpoint + update_weights_from_disk on rollout engines| PublishDone      |
+
+Invariants: engine ``c`` (cell c) is named ``engine_names[c]``, the separate
+pool ``engine_names[SEPARATE]``; every plane command is *sent* on the loop
+thread in action order (per-cell command order = action order); an engine
+leaves training only after the newest published checkpoint is loaded into it;
+each group's v_d (DispatchGroups) and v_t (FeedGroups) are kept for the
+staleness measurement; every group is fed to the packer exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from gyre import actions as act
+from gyre import events as ev
+from gyre.ids import execution_id, group_id, query_id
+from gyre.loop import ActionHandler
+from gyre.real.harness.evaluation import close_and_evaluate
+from gyre.real.harness.runner import HarnessRunner
+from gyre.real.runtime.trace import ExecutionResult as TraceResult
+from gyre.real.runtime.trace import counts_from_calls
+from gyre.trajectory.evaluation import EvalState
+from gyre.trajectory.groups import ReadyGroup, TrajectoryBuffer
+from gyre.trajectory.packing import StreamPacker
+from gyre.trajectory.harness_roles import GenericRoles
+from gyre.real.store.tito_log import ExecutionStore
+
+
+class PickingBuffer(TrajectoryBuffer):
+    """A trajectory buffer whose next pop is the group the core chose (``want``)."""
+
+    want: str | None = None
+    popped: list[ReadyGroup]
+
+    def ready_group_ids(self) -> list[str]:
+        ready = super().ready_group_ids()
+        if self.want is None:
+            return ready
+        return [self.want] if self.want in ready else []
+
+    def pop_ready_group(self) -> ReadyGroup | None:
+        group = super().pop_ready_group()
+        if group is not None:
+            self.__dict__.setdefault("popped", []).append(group)
+        return group
+
+
+@dataclass
+class Parts:
+    """The live components the backend drives (built by ``runtime.job``)."""
+
+    proxy_url: str
+    admin_token: str
+    engines: Any                      # engines.manager.EngineManager
+    engine_names: dict[int, str]      # cell index (or SEPARATE) -> engine id
+    plane: Any                        # train.plane.TrainingPlane
+    runner: HarnessRunner
+    records_dir: Path
+    checkpoint_dir: Path
+    task: Any                         # has .task(task_id) and .evaluate(execution_id, workspace)
+
+
+@dataclass
+class Metrics:
+    v_d: dict[int, int] = field(default_factory=dict)
+    v_t: dict[int, int] = field(default_factory=dict)
+    rewards: dict[int, list[float]] = field(default_factory=dict)   # version -> rewards of fed groups
+    steps: dict[int, dict] = field(default_factory=dict)            # version -> step report + wall time
+    publishes: list[dict] = field(default_factory=list)
+    transitions: list[dict] = field(default_factory=list)
+    outcomes: dict[int, str] = field(default_factory=dict)
+    trace: list[TraceResult] = field(default_factory=list)
+    reroutes: list[dict] = field(default_factory=list)
+    in_flight_at_transition: list[int] = field(default_factory=list)
+    move_stalls_ms: list[float] = field(default_factory=list)  # per moved call: the pause its harness saw
+    dropped_groups: list[int] = field(default_factory=list)    # an execution ran out of budget unscored
+
+    def staleness(self) -> list[int]:
+        return [self.v_t[g] - self.v_d[g] for g in sorted(self.v_t)]
+
+
+class RealBackend(ActionHandler):
+    def __init__(self, cfg, parts: Parts, *, seed: int, token_budget: int, mu: int,
+                 progress: Callable[[str], None] | None = None, steps: int | None = None) -> None:
+        self.cfg, self.parts, self.mu = cfg, parts, mu
+        self.progress, self._of = progress or (lambda line: None), "" if steps is None else f"/{steps}"
+        self.buffer = PickingBuffer(cfg.N)
+        self.packer = StreamPacker(self.buffer, GenericRoles(), groups_per_batch=cfg.B,
+                                   token_budget=token_budget, seed=seed)
+        self.store = ExecutionStore(parts.records_dir)
+        self.metrics = Metrics()
+        self.controller = None
+        self.tasks: set[asyncio.Task] = set()
+        self.running: dict[int, asyncio.Task] = {}
+        self.rollout_ready: set[int] = set(parts.engine_names)   # engines taking work now
+        self.latest: tuple[int, str] | None = None               # newest published (version, path)
+        self._publishing: asyncio.Task | None = None
+        self._ready_reported: set[int] = set()
+        self._step_sent: dict[int, float] = {}
+        self.errors: list[str] = []
+
+    def bind(self, controller) -> "RealBackend":
+        self.controller = controller
+        return self
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.errors.append(repr(task.exception()))
+
+    def _report(self, kind, **fields) -> None:
+        self.controller.report(kind, **fields)
+
+    def admin(self, method: str, path: str, body: dict | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.parts.proxy_url + path, data=data, method=method,
+                                         headers={"Authorization": f"Bearer {self.parts.admin_token}",
+                                                  "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"null")
+
+    # ---- executions -----------------------------------------------------------------
+    def on_dispatch_groups(self, a: act.DispatchGroups) -> None:
+        for g in a.groups:
+            ids = [execution_id(x) for x in range(g * self.cfg.group_size, (g + 1) * self.cfg.group_size)]
+            deadline = time.monotonic() + self.parts.runner.budgets.overall_timeout_s  # each execution's budget
+            self.buffer.open_group(group_id(g), a.version, ids, deadline=deadline)
+            self.metrics.v_d[g] = a.version
+
+    def on_start_executions(self, a: act.StartExecutions) -> None:
+        for x, engine in a.placements:
+            key = self.admin("POST", "/admin/executions", {"execution_id": execution_id(x)})["api_key"]
+            self.admin("POST", "/admin/routes", {"execution_id": execution_id(x), "engine": self.parts.engine_names[engine]})
+            self.running[x] = self._spawn(self._execute(x, key))
+
+    async def _execute(self, x: int, key: str) -> None:
+        g = x // self.cfg.group_size
+        result = await self.parts.runner.run(x, self.parts.task.task(query_id(g)), key)
+        self.running.pop(x, None)
+        eid, outcome = execution_id(x), result.outcome
+        calls = await asyncio.to_thread(self.store.read, eid) if self.store.path_for(eid).exists() else []
+        self.metrics.move_stalls_ms += [float(v) for c in calls
+                                        for v in c.role_hints.get("move_stalls_ms", "").split(",") if v]
+        if group_id(g) in self.buffer._groups and g not in self._ready_reported:
+            for call in calls:
+                self.buffer.add(call)
+            state = await close_and_evaluate(self.buffer, self.parts.task, eid, result.workspace, time.monotonic)
+            if state is EvalState.INVALID:
+                outcome = "overall_timeout"
+                self.progress(f"execution {eid} excluded: {self.buffer.evaluation(eid).exclusion_reason}")
+            if group_id(g) in self.buffer.dropped_group_ids():
+                self.buffer.drop_group(group_id(g))
+                self.metrics.dropped_groups.append(g)
+                self.progress(f"group {g} dropped: an execution has no valid reward within its budget")
+        self.metrics.outcomes[x] = outcome
+        self.metrics.trace.append(TraceResult(query_id=g, execution_index=x - g * self.cfg.group_size,
+                                              start_s=result.started_at, end_s=result.ended_at,
+                                              outcome=outcome, **counts_from_calls(calls)))
+        self._report(ev.ExecutionFinished, execution=x, outcome=outcome)
+        if g not in self._ready_reported and group_id(g) in self.buffer.ready_group_ids():
+            self._ready_reported.add(g)
+            self._report(ev.GroupReady, group=g)
+
+    def on_cancel_executions(self, a: act.CancelExecutions) -> None:
+        for x in a.executions:
+            self._spawn(self.parts.runner.cancel(x))
+
+    def on_reroute(self, a: act.Reroute) -> None:
+        t0 = time.monotonic()
+        self.admin("POST", "/admin/routes", {"execution_id": execution_id(a.execution),
+                                             "engine": self.parts.engine_names[a.dest]})
+        self.metrics.reroutes.append({"execution": a.execution, "source": a.source, "dest": a.dest,
+                                      "admin_s": time.monotonic() - t0})
+
+    # ---- role transitions -----------------------------------------------------------
+    def on_begin_transition(self, a: act.BeginTransition) -> None:
+        if a.role == "training":
+            self.rollout_ready.discard(a.cell)
+            self.metrics.in_flight_at_transition.append(len(self.running))
+            self._spawn(self._to_training(a.cell))
+        else:
+            ticket = self.parts.plane.send(a.cell, "leave_training")
+            self._spawn(self._to_rollout(a.cell, ticket))
+
+    async def _to_training(self, cell: int) -> None:
+        t0, name = time.monotonic(), self.parts.engine_names[cell]
+        self.admin("POST", f"/admin/engines/{name}/drain", {"evacuate": False})
+        while any(e["id"] == name and e["in_flight"] for e in self.admin("GET", "/admin/engines")["engines"]):
+            await asyncio.sleep(0.05)
+        t_idle = time.monotonic()
+        await asyncio.to_thread(self.parts.engines.quiesce, name)  # idle by construction: release cannot race
+        await asyncio.to_thread(self.parts.engines.release_memory, name)
+        ticket = self.parts.plane.send(cell, "enter_training")
+        await asyncio.to_thread(ticket.result)
+        self.metrics.transitions.append({"cell": cell, "role": "training", "wait_idle_s": t_idle - t0,
+                                         "total_s": time.monotonic() - t0})
+        self._report(ev.TransitionDone, cell=cell, role="training")
+
+    async def _to_rollout(self, cell: int, ticket) -> None:
+        t0, name = time.monotonic(), self.parts.engine_names[cell]
+        await asyncio.to_thread(ticket.result)
+        await asyncio.to_thread(self.parts.engines.resume_memory, name)
+        if self._publishing is not None:
+            await asyncio.shield(self._publishing)
+        if self.latest is not None:
+            version, path = self.latest
+            await asyncio.to_thread(self.parts.engines.update_weights_from_disk, name, path,
+                                    weight_version=str(version))
+        self.admin("POST", f"/admin/engines/{name}/undrain")
+        self.rollout_ready.add(cell)
+        self.metrics.transitions.append({"cell": cell, "role": "rollout", "total_s": time.monotonic() - t0})
+        self._report(ev.TransitionDone, cell=cell, role="rollout")
+
+    # ---- training ---------------------------------------------------------------------
+    def on_start_batch(self, a: act.StartBatch) -> None:
+        final = (a.version + 1) % self.mu == 0
+        ticket = self.parts.plane.send(0, "step", version=a.version, final=final)
+        self._step_sent[a.version] = time.monotonic()
+        self._spawn(self._await_step(a.version, ticket))
+
+    async def _await_step(self, version: int, ticket) -> None:
+        report = await asyncio.to_thread(ticket.result, 3600.0)
+        self.metrics.steps[version] = {"loss": report["loss"], "participants": report["participants"],
+                                       "microsteps": report["microsteps"],
+                                       "wall_s": time.monotonic() - self._step_sent[version]}
+        rewards = self.metrics.rewards.get(version, [])
+        reward = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
+        self.progress(f"step {version + 1}{self._of}: loss {report['loss']:.4f}, mean reward {reward}, "
+                      f"cells {report['participants']}, {self.metrics.steps[version]['wall_s']:.2f} s")
+        self._report(ev.StepDone, version=version)
+
+    def on_feed_groups(self, a: act.FeedGroups) -> None:
+        for g in a.groups:
+            self.metrics.v_t[g] = a.version
+            self.buffer.want = group_id(g)
+            state = self.packer.step(self.parts.plane.queues)
+            self.buffer.want = None
+            if state == "waiting":
+                raise RuntimeError(f"group {g} fed but not ready in the trajectory buffer")
+            popped = self.buffer.popped[-1]
+            self.metrics.rewards.setdefault(a.version, []).extend(e.reward for e in popped.executions)
+
+    def on_broadcast(self, a: act.Broadcast) -> None:
+        """The core cell broadcasts to its seated satellites at the end of every non-final step."""
+
+    def on_publish(self, a: act.Publish) -> None:
+        endpoints = [self.parts.engines.engines[self.parts.engine_names[c]].url for c in sorted(self.rollout_ready)]
+        ticket = self.parts.plane.send(0, "publish", version=a.version, endpoints=endpoints,
+                                       directory=str(self.parts.checkpoint_dir))
+        self._publishing = self._spawn(self._await_publish(a.version, ticket, len(endpoints)))
+
+    async def _await_publish(self, version: int, ticket, n: int) -> None:
+        t0 = time.monotonic()
+        answer = await asyncio.to_thread(ticket.result, 600.0)
+        self.latest = (version, answer["path"])
+        self.metrics.publishes.append({"version": version, "engines": n, "wall_s": time.monotonic() - t0})
+        self.admin("POST", "/admin/policy_version", {"version": version})
+        self._report(ev.PublishDone, version=version)
+
+    # ---- shutdown -----------------------------------------------------------------------
+    async def stop(self) -> None:
+        """Cancel harnesses still running (the run is over) and wait for every task."""
+        for x in list(self.running):
+            await self.parts.runner.cancel(x)
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=120)
+        await self.parts.runner.close()

@@ -1,0 +1,97 @@
+"""The real-time controller: the unchanged policy core driving a real backend.
+
+The controller runs the shared ``gyre.loop.DriverLoop`` over an asyncio
+queue of reports. The backend (``runtime.backend.RealBackend``, or a test
+double at the outer edge) is the loop's ``ActionHandler``: one ``on_<action>``
+method per action kind, exactly like the simulator's driver. Backends never
+build events themselves: they call ``report(kind, **fields)`` from any
+thread, and the controller stamps ``now`` from its injected clock when it
+takes the report off the queue, so the core sees a non-decreasing time
+exactly as it does under SimPy. Supply-timer expiries become ``Tick`` events
+when the queue stays empty until ``core.next_deadline()``.
+
+Every event the core accepts is recorded in the shared event-log format
+(``write_log``), so ``gyre.formats.eventlog.replay_run`` regenerates the
+controller's exact action sequence.
+
+Invariants: actions are applied in the order the core returns them, one
+event at a time; a backend error while applying an action stops the run
+with ``gyre.loop.ActionFailed`` naming the action, after the event log so far
+has been kept (``log`` stays readable and writable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+from gyre import events as ev
+from gyre.config import SchedulerConfig
+from gyre.loop import DriverLoop
+from gyre.scheduler import Scheduler
+
+
+class ControllerError(RuntimeError):
+    """The run cannot go on: a report before the loop started, or the run's time limit passed."""
+
+
+class Controller:
+    def __init__(self, cfg: SchedulerConfig, backend: object,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.cfg = cfg
+        self.core = Scheduler(cfg)
+        self.backend = backend
+        self.loop = DriverLoop(self.core, backend)
+        self.log = self.loop.log
+        start = time.monotonic()
+        self.clock = clock or (lambda: time.monotonic() - start)
+        self._queue: asyncio.Queue[tuple[type, dict[str, Any]]] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- reports from backends -----------------------------------------------------
+    def report(self, kind: type[ev.Event], **fields: Any) -> None:
+        """Queue an event of ``kind`` (stamped with ``now`` on arrival); thread-safe."""
+        if self._loop is None or self._queue is None:
+            raise ControllerError("report() before run() started")
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, fields))
+
+    # ---- the loop --------------------------------------------------------------------
+    async def run(self, steps: int, timeout_s: float | None = None, finish_publication: bool = False) -> None:
+        """Run until the core has completed ``steps`` optimizer steps.
+
+        With ``finish_publication`` the run also waits for a publication still
+        pending after the last step (the engines then serve the final weights).
+        """
+        self._loop = asyncio.get_running_loop()
+        self._queue = asyncio.Queue()
+        self.loop.feed(ev.Begin(self.clock()))
+        deadline_run = None if timeout_s is None else self.clock() + timeout_s
+        while self.core.version < steps or (finish_publication and self.core.awaiting_publish):
+            if deadline_run is not None and self.clock() > deadline_run:
+                raise ControllerError(f"run exceeded {timeout_s} s at step {self.core.version} of {steps}")
+            self.loop.feed(await self._next_event(deadline_run))
+
+    async def _next_event(self, deadline_run: float | None) -> ev.Event:
+        deadline = self.core.next_deadline()
+        limits = [t for t in (deadline, deadline_run) if t is not None]
+        wait = None if not limits else max(0.0, min(limits) - self.clock())
+        try:
+            kind, fields = await asyncio.wait_for(self._queue.get(), wait)
+        except asyncio.TimeoutError:
+            return ev.Tick(max(self.clock(), deadline or 0.0))
+        return kind(now=max(self.clock(), self.core.now or 0.0), **fields)
+
+    # ---- records ----------------------------------------------------------------------
+    def write_log(self, out: str | Path) -> Path:
+        """Write events.csv and a summary.json with the config, readable by ``replay_run``."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.log.write_csv(out / "events.csv")
+        summary = {"source": "gyre.real.runtime.controller", "steps": self.core.version,
+                   "config": asdict(self.cfg)}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        return out

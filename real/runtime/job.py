@@ -1,0 +1,268 @@
+"""A whole real run from one TOML file: ``run_job(JobConfig) -> summary``.
+
+``JobConfig`` (frozen, loaded by ``load_job_config``) names the policy knobs
+(K, C_e, N, B, phi, mu, tau, rho_min), the toy task, the harness shape and
+the run length. ``run_job`` builds, in order: the tiny tokenizer (trained
+locally if missing), the training plane (K cells, Megatron-core on CPU), the
+initial Qwen2 checkpoint *exported from the plane's version-0 weights* (so the
+engines' behaviour policy and the trainer start identical), one SGLang CPU
+engine per cell, the proxy (in-process thread, 127.0.0.1), the harness runner
+and the ``RealBackend``; then runs the ``Controller`` for ``steps`` steps and
+writes, under ``workdir``: ``log/`` (events.csv + summary.json, replayable by
+``gyre.formats.eventlog.replay_run``), ``trace.csv`` (complete groups, simulator
+format), ``summary.json`` and ``run.png``/``run.svg`` (reward and staleness per
+step, ``gyre.analysis.real_run``).
+
+Invariants: everything binds 127.0.0.1 on ports chosen at run time; every
+process started here is stopped in ``finally`` (harnesses, engines, cells,
+proxy); the summary's ``replay_identical`` is the differential check (the
+simulator's driver regenerates the controller's action sequence exactly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import shutil
+import statistics
+import threading
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from gyre.actions import SEPARATE
+from gyre.config import SchedulerConfig
+from gyre.real.runtime.backend import Parts, RealBackend
+from gyre.real.runtime.controller import Controller
+from gyre.real.engines.manager import EngineManager, EngineSpec, free_port
+from gyre.real.harness.runner import Budgets, HarnessRunner, ScriptedHarness
+from gyre.real.harness.sandbox import ISOLATE_MODES
+from gyre.real.toy.tasks import EmitCharTask
+from gyre.real.toy.tiny_model import build_tiny_tokenizer
+
+ADMIN_TOKEN = "gyre-job-admin"
+SMALL_ENGINE = ("--mem-fraction-static", "0.05", "--max-total-tokens", "16384", "--skip-server-warmup")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    workdir: str = "runs/cpu-demo"
+    model_dir: str = "runs/tiny-tokenizer"
+    K: int = 2
+    C_e: int = 2
+    N: int = 2
+    B: int = 2
+    phi: float = 0.0
+    mu: int = 2
+    tau: float = 0.0
+    rho_min: float = 0.5
+    granularity: str = "fine"
+    steps: int = 4
+    separate_engine: bool = False
+    calls: int = 2
+    max_tokens: int = 12
+    target: str = "e"
+    lr: float = 1e-3
+    seed: int = 0
+    token_budget: int = 4096
+    timeout_s: float = 900.0
+    harness_timeout_s: float = 600.0   # a harness is killed here; its work is still scored
+    overall_timeout_s: float = 900.0   # harness + evaluation retries; past it the execution is excluded
+    isolate: str = "auto"  # each harness in its own loopback-only network namespace: auto | always | never
+
+    def __post_init__(self) -> None:
+        if self.isolate not in ISOLATE_MODES:
+            raise ValueError(f"job field isolate must be one of {ISOLATE_MODES}, not {self.isolate!r}")
+        if self.steps < 1 or self.steps % self.mu:
+            raise ValueError(f"job field steps must be a positive multiple of mu = {self.mu} (whole bursts), "
+                             f"not {self.steps}")
+        Budgets(harness_timeout_s=self.harness_timeout_s, overall_timeout_s=self.overall_timeout_s)
+        self.scheduler()  # the policy core's own checks (K, N, B, phi, mu, ...) name any impossible value
+
+    def scheduler(self) -> SchedulerConfig:
+        return SchedulerConfig(K=self.K, C_e=self.C_e, C_s=self.C_e if self.separate_engine else 0, N=self.N,
+                               B=self.B, phi=self.phi, mu=self.mu, tau=self.tau, rho_min=self.rho_min,
+                               granularity=self.granularity, streaming=False)
+
+
+def load_job_config(path: str | Path, **overrides: Any) -> JobConfig:
+    """The ``[job]`` table of a TOML file, with ``overrides``; errors name the file and the field."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"job configuration {path}: {exc}") from None
+    data = dict(data.get("job", data), **overrides)
+    known = {f.name for f in dataclasses.fields(JobConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"job configuration {path}: unknown field(s) {unknown}; known: {sorted(known)}")
+    try:
+        return JobConfig(**data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"job configuration {path}: {exc}") from None
+
+
+class ProxyThread:
+    """The proxy's aiohttp app on its own event loop in a daemon thread."""
+
+    def __init__(self, proxy_config) -> None:
+        self.config, self.loop = proxy_config, asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="gyre-proxy")
+        self.runner = None
+
+    def start(self) -> "ProxyThread":
+        from aiohttp import web
+
+        from gyre.real.proxy.app import ProxyServer
+
+        async def up():
+            self.runner = web.AppRunner(ProxyServer(self.config).application(), access_log=None)
+            await self.runner.setup()
+            await web.TCPSite(self.runner, "127.0.0.1", self.config.port).start()
+
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(up(), self.loop).result(60)
+        return self
+
+    def stop(self) -> None:
+        if self.runner is not None:
+            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def _initial_model(plane, tokenizer_dir: Path, work: Path) -> Path:
+    """Export the plane's version-0 weights as an HF Qwen2 folder with the tokenizer (engine model)."""
+    plane.call(0, "enter_training")
+    answer = plane.call(0, "publish", version=0, endpoints=[], directory=str(work / "checkpoints"))
+    plane.call(0, "leave_training")
+    model = work / "engine-model"
+    shutil.copytree(answer["path"], model)
+    for item in tokenizer_dir.iterdir():
+        if item.is_file() and item.name not in ("config.json", "model.safetensors"):
+            shutil.copy(item, model / item.name)
+    return model
+
+
+def run_job(job: JobConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run ``job`` to its last step; ``progress`` gets one line per phase and per trained step."""
+    from transformers import AutoTokenizer
+
+    from gyre.real.proxy.config import EngineSpec as ProxyEngine
+    from gyre.real.proxy.config import Limits, ProxyConfig
+    from gyre.real.runtime.trace import write_trace
+    from gyre.real.train.model import ModelConfig
+    from gyre.real.train.plane import PlaneConfig, TrainingPlane
+    from gyre.real.train.state import OptimConfig
+    from gyre.formats.eventlog import replay_run
+
+    work = Path(job.workdir)
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    say = progress or (lambda line: None)
+    say(f"building the tiny tokenizer in {job.model_dir}")
+    tok_dir = build_tiny_tokenizer(Path(job.model_dir))
+    vocab = len(AutoTokenizer.from_pretrained(str(tok_dir)))
+    model_cfg = ModelConfig(vocab_size=vocab, max_sequence_length=4096, init_seed=1234 + job.seed)
+    cfg = job.scheduler()
+    plane = TrainingPlane(PlaneConfig(cells=job.K, model=model_cfg, optim=OptimConfig(lr=job.lr), timeout_s=300.0),
+                          work / "plane")
+    engines = EngineManager(work / "engine-logs")
+    proxy = runner = None
+    try:
+        say(f"starting {job.K} training cells (Megatron-core, CPU)")
+        plane.start()
+        model = _initial_model(plane, tok_dir, work)
+        names = {c: f"e{c}" for c in range(job.K)}
+        if job.separate_engine:
+            names[SEPARATE] = "sep"
+        for name in names.values():
+            engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=free_port(),
+                                      extra_args=SMALL_ENGINE))
+        say(f"starting {len(names)} SGLang CPU engines ({', '.join(names.values())})")
+        for name in names.values():
+            engines.wait_healthy(name, timeout=300)
+        timings["startup_s"] = time.monotonic() - t0
+        say(f"ready after {timings['startup_s']:.1f} s; running {job.steps} steps, {job.mu} per burst")
+        proxy_cfg = ProxyConfig(model_path=str(model), records_dir=str(work / "records"), admin_token=ADMIN_TOKEN,
+                                engines=tuple(ProxyEngine(id=n, url=engines.engines[n].url) for n in names.values()),
+                                port=free_port(), fsync=False, limits=Limits(default_max_tokens=job.max_tokens))
+        proxy = ProxyThread(proxy_cfg).start()
+        proxy_url = f"http://127.0.0.1:{proxy_cfg.port}"
+        runner = HarnessRunner(work / "executions", proxy_url,
+                               ScriptedHarness(calls=job.calls, compact_every=0, subagent_at=()),
+                               Budgets(harness_timeout_s=job.harness_timeout_s,
+                                       overall_timeout_s=job.overall_timeout_s), isolate=job.isolate)
+        parts = Parts(proxy_url=proxy_url, admin_token=ADMIN_TOKEN, engines=engines, engine_names=names,
+                      plane=plane, runner=runner, records_dir=work / "records",
+                      checkpoint_dir=work / "checkpoints", task=EmitCharTask(job.target))
+        backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget, mu=job.mu,
+                              progress=say, steps=job.steps)
+        controller = Controller(cfg, backend)
+        backend.bind(controller)
+
+        async def main() -> None:
+            try:
+                run = asyncio.ensure_future(controller.run(job.steps, timeout_s=job.timeout_s,
+                                                           finish_publication=True))
+                while not run.done():  # a failed backend task (engine, cell, proxy) stops the run at once
+                    await asyncio.wait({run}, timeout=0.5)
+                    if backend.errors and not run.done():
+                        run.cancel()
+                        raise RuntimeError(f"backend task failed: {backend.errors}")
+                run.result()
+            finally:
+                await backend.stop()
+
+        t_run = time.monotonic()
+        try:
+            asyncio.run(main())
+        finally:
+            log_dir = controller.write_log(work / "log")
+        timings["run_s"] = time.monotonic() - t_run
+        return _summarise(job, cfg, controller, backend, log_dir, replay_run(log_dir), write_trace, work, timings)
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        engines.shutdown_all()
+        plane.close()
+
+
+def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, work, timings) -> dict[str, Any]:
+    m = backend.metrics
+    complete = {}
+    for r in m.trace:
+        complete.setdefault(r.query_id, []).append(r)
+    kept = [r for rs in complete.values() if len([x for x in rs if x.outcome != "cancelled"]) == cfg.N for r in rs]
+    trace_path = write_trace(kept, work / "trace.csv", N=cfg.N) if kept else None
+    staleness = m.staleness()
+    curve = [statistics.fmean(m.rewards[v]) for v in sorted(m.rewards)]
+    finished = [o for x, o in m.outcomes.items()]
+    summary = {
+        "steps": controller.core.version, "published": controller.core.published, "bursts": controller.core.burst,
+        "replay_identical": replayed == controller.log.actions, "actions": len(controller.log.actions),
+        "events": len(controller.log.rows),
+        "staleness_mean": statistics.fmean(staleness) if staleness else None,
+        "staleness_predicted": cfg.predicted_staleness, "staleness_per_group": staleness,
+        "reward_curve": curve, "losses": [m.steps[v]["loss"] for v in sorted(m.steps)],
+        "step_wall_s": [m.steps[v]["wall_s"] for v in sorted(m.steps)],
+        "participants": [m.steps[v]["participants"] for v in sorted(m.steps)],
+        "publishes": m.publishes, "transitions": m.transitions, "reroutes": len(m.reroutes),
+        "move_stalls_ms": m.move_stalls_ms, "dropped_groups": m.dropped_groups, "harnesses_isolated": backend.parts.runner.isolated,
+        "executions_in_flight_at_transitions": m.in_flight_at_transition,
+        "outcomes": {o: finished.count(o) for o in sorted(set(finished))},
+        "backend_errors": backend.errors, "trace": str(trace_path) if trace_path else None,
+        "log": str(log_dir), "timings": timings, "config": dataclasses.asdict(job),
+    }
+    if summary["reward_curve"]:
+        from gyre.analysis.real_run import plot_real_run
+
+        summary["figures"] = [str(p) for p in plot_real_run(summary, work)]
+    (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary

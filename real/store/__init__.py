@@ -1,0 +1,11 @@
+"""What the real backend keeps on disk: durable TITO logs and the micro-step queue.
+
+- ``tito_log``: one append-only, fsync'd record log per execution
+  (``ExecutionStore``); a crash loses nothing acknowledged;
+- ``microstep_queue``: micro-step queues with atomic claims, in memory
+  (threads) or on a directory (processes);
+- ``cli``: ``gyre traj stats|show`` over recorded logs.
+
+May import: ``gyre`` (trajectory records, trees, packing) and
+``gyre.analysis`` (the prefix-graph drawing); nothing heavy.
+"""

@@ -1,0 +1,16 @@
+"""Training cells: Megatron models, prefix groups, Mooncake joins, one optimizer (SPEC.md 3.6).
+
+- ``plane``: the driver side: control store, K cell processes, supervision,
+  commands; ``cell``: one cell process serving those commands;
+- ``context``: the plane's configuration and each process's context;
+- ``core`` / ``satellite``: the core cell's step (expose, train with whoever
+  joins, reduce, one update) and a satellite's (join, pull, claim, reduce);
+- ``membership``: control store, prefix groups, join seats, done marks;
+- ``state`` / ``model`` / ``loss``: a cell's model, flat weights, gradients and
+  optimizer; the Megatron GPT; the execution-level objective of SPEC 4.5;
+- ``transport``: moving the core's weight snapshot to a satellite (Mooncake);
+- ``publish``: publishing new weights to SGLang engines;
+- ``cpu_compat``: the one place that adapts Megatron and Mooncake to a CPU.
+
+May import: ``gyre`` (trajectory packing and rows) and ``gyre.real.store``.
+"""

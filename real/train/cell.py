@@ -1,0 +1,158 @@
+"""A training-cell process: build the context once, then serve the driver's commands until ``stop``.
+
+Commands arrive as ``cmd/{cell}/{n}`` (n = 0, 1, ...) in the control store and
+are answered as ``reply/{cell}/{n}``, in order. A handler that fails answers
+``{"error": ...}`` and the cell keeps serving; only ``stop`` ends the process.
+
+| op              | cells      | effect                                                        |
+|-----------------|------------|---------------------------------------------------------------|
+| enter_training  | all        | restore training state; a satellite then joins steps until    |
+|                 |            | released or barred (other commands are served between steps)  |
+| leave_training  | all        | offload training state (idempotent)                           |
+| step            | core       | ``CoreCell.step(version, batch, final)``; answers its report  |
+| publish         | core       | HF checkpoint + ``/update_weights_from_disk`` on each engine  |
+| dump / load     | all / core | write weights (and the last reduced gradient) / load weights  |
+| info, stop      | all        | pid, role, resident bytes / answer and exit                   |
+
+Mapping to the policy core's actions (gyre/): BeginTransition(cell, role) ->
+enter/leave_training, answered = TransitionDone; StartBatch + FeedGroups ->
+``step`` on the core while the driver packs groups into the batch's queue;
+the step's answer = StepDone; Broadcast is carried out by the core at the end
+of a non-final step; Publish -> ``publish``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+
+import torch
+
+from gyre.real.train.context import CellConfig, CellContext, build_context
+from gyre.real.train.core import CoreCell
+from gyre.real.train.publish import publish_from_disk, save_hf_checkpoint
+from gyre.real.train.satellite import Interrupted, SatelliteCell
+from gyre.real.train import keys
+
+IDLE_POLL_S = 0.01  # command polling while not training (a satellite in training polls at poll_s)
+
+
+def cell_main(cfg: CellConfig, cell: int) -> None:
+    """Process entry point (picklable target for multiprocessing)."""
+    ctx = build_context(cfg, cell)
+    try:
+        CellProcess(ctx).serve()
+    finally:
+        logging.shutdown()
+        os._exit(0)  # no atexit teardown: peers may be gone, and the driver owns the store
+
+
+class CellProcess:
+    def __init__(self, ctx: CellContext) -> None:
+        self.ctx = ctx
+        self.core = CoreCell(ctx) if ctx.cell == 0 else None
+        self.n = 0
+        self.role = "rollout"
+        self.next_version = 0  # a satellite never joins a step older than this
+
+    def serve(self) -> None:
+        control = self.ctx.control
+        control.set(keys.ready(self.ctx.cell), {"pid": os.getpid()})
+        while True:
+            if self.core is None and self.role == "training" and not self.command_pending():
+                self._train_as_satellite()  # returns on release, bar, failure or a new command
+                continue
+            if not self.command_pending():
+                time.sleep(IDLE_POLL_S)
+                continue
+            cmd = control.get(keys.command(self.ctx.cell, self.n))
+            op, args = cmd["op"], cmd.get("args", {})
+            try:
+                result = self.handle(op, args)
+            except Exception as exc:
+                self.ctx.log.exception("cell %d: command %s failed", self.ctx.cell, op)
+                result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            self.reply(result)
+            if op == "stop":
+                return
+
+    def command_pending(self) -> bool:
+        return self.ctx.control.has(keys.command(self.ctx.cell, self.n))
+
+    def reply(self, result: dict) -> None:
+        self.ctx.control.set(keys.reply(self.ctx.cell, self.n), result)
+        self.n += 1
+
+    def handle(self, op: str, args: dict) -> dict:
+        handlers = {"enter_training": self.enter_training, "leave_training": self.leave_training,
+                    "step": self.step, "publish": self.publish, "dump": self.dump, "load": self.load,
+                    "info": self.info, "stop": self.info}
+        if op not in handlers:
+            raise ValueError(f"unknown command {op!r}; known: {sorted(handlers)}")
+        return handlers[op](**args)
+
+    # -- role changes -----------------------------------------------------------------------------
+    def enter_training(self) -> dict:
+        """Restore the training state; the answer is TransitionDone (a satellite then joins the next window)."""
+        self.ctx.state.restore()
+        self.role = "training"
+        self.ctx.log.info("cell %d entered training (%d bytes of training state)", self.ctx.cell,
+                          self.ctx.state.resident_bytes())
+        return self.info()
+
+    def _train_as_satellite(self) -> None:
+        satellite = SatelliteCell(self.ctx, self.command_pending, self.next_version)
+        try:
+            outcome = satellite.train()
+        except Interrupted:
+            return  # serve the pending command, then resume if still in training
+        except Exception:
+            self.ctx.log.exception("cell %d: training loop failed; back to rollout", self.ctx.cell)
+            outcome = "failed"
+        finally:
+            self.next_version = satellite.next_version
+        self.ctx.log.info("cell %d leaves training: %s", self.ctx.cell, outcome)
+        self._to_rollout()
+
+    def leave_training(self) -> dict:
+        self._to_rollout()
+        return self.info()
+
+    def _to_rollout(self) -> None:
+        self.ctx.state.offload()
+        self.role = "rollout"
+
+    # -- core-only and utility commands -----------------------------------------------------------
+    def step(self, version: int, batch: int | None = None, final: bool = False) -> dict:
+        self._require_core("step")
+        return self.core.step(version, version if batch is None else batch, final)
+
+    def publish(self, version: int, endpoints: list[str], directory: str, timeout: float = 120.0) -> dict:
+        self._require_core("publish")
+        path = save_hf_checkpoint(directory, self.ctx.state.flat.named_tensors(), self.ctx.cfg.model, version)
+        answers = publish_from_disk(endpoints, path, version, timeout=timeout)
+        self.ctx.log.info("published version %d from %s to %d engines", version, path, len(endpoints))
+        return {"path": str(path), "answers": answers}
+
+    def dump(self, path: str) -> dict:
+        data = {"weights": self.ctx.state.flat.data.detach().cpu().clone(), "names": self.ctx.state.flat.names}
+        if self.core is not None and self.core.last_gradient is not None:
+            data["gradient"] = self.core.last_gradient.cpu()
+        torch.save(data, path)
+        return {"path": path}
+
+    def load(self, path: str) -> dict:
+        self._require_core("load")
+        self.ctx.state.load_weights(torch.load(path)["weights"])
+        self.core.members = set()  # satellites must pull the loaded weights
+        return self.info()
+
+    def info(self) -> dict:
+        return {"cell": self.ctx.cell, "pid": os.getpid(), "role": self.role,
+                "resident_bytes": self.ctx.state.resident_bytes()}
+
+    def _require_core(self, op: str) -> None:
+        if self.core is None:
+            raise ValueError(f"{op!r} is a core command; cell {self.ctx.cell} is a satellite")

@@ -1,0 +1,113 @@
+"""Configuration of the training plane and the per-process context every cell builds once.
+
+``CellConfig`` is one frozen, keyword-only dataclass shared by all K cells (the
+driver builds it; constructors do no I/O). ``build_context`` runs inside a cell
+process and does, in this order (the same order in every rank, because group
+creation is collective): select the device (``train.cpu_compat``), connect to
+the driver's TCPStore, join the process group, initialise Megatron's parallel
+state (TP = PP = 1), build the model from the shared seed, flatten its
+weights, build the prefix groups, start the weight transport, and create the
+training state offloaded (every cell starts in the rollout role).
+
+Processes, the process group and the communication groups live as long as the
+cell: role changes only offload and restore the training state.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch.distributed as dist
+
+from gyre.real.train.cpu_compat import DeviceSetup, prepare_device, seed_model_rng
+from gyre.real.train.membership import BatchQueues, CommGroups, ControlStore
+from gyre.real.train.model import FlatParameters, LossConfig, ModelConfig, build_gpt
+from gyre.real.train.state import OptimConfig, TrainingState
+from gyre.real.train.transport import make_transport
+
+FAULT_EXIT_CODE = 17
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellConfig:
+    cells: int
+    store_port: int
+    queue_root: str
+    workdir: str
+    store_host: str = "127.0.0.1"
+    device: str = "cpu"
+    transport: str = "mooncake"  # "mooncake" or "torch" (torch.distributed broadcast fallback)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    threads: int = 1
+    timeout_s: float = 60.0
+    poll_s: float = 0.002
+    record_gradients: bool = False  # keep the last reduced gradient for ``dump`` (tests)
+    # Fault injection for tests: (cell, n) = cell exits with FAULT_EXIT_CODE after claiming its
+    # n-th micro-step of a step, before computing it.
+    crash_after: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.cells < 1:
+            raise ValueError(f"cells must be >= 1, got {self.cells!r}")
+        if self.transport not in ("mooncake", "torch"):
+            raise ValueError(f"transport must be 'mooncake' or 'torch', got {self.transport!r}")
+        if self.timeout_s <= 0 or self.poll_s <= 0:
+            raise ValueError("timeout_s and poll_s must be positive")
+
+    def crash_point(self, cell: int) -> int | None:
+        return dict(self.crash_after).get(cell)
+
+
+@dataclass
+class CellContext:
+    cfg: CellConfig
+    cell: int
+    setup: DeviceSetup
+    control: ControlStore
+    groups: CommGroups
+    transport: object
+    state: TrainingState
+    queues: BatchQueues
+    log: logging.Logger
+
+    @property
+    def worker(self) -> str:
+        return f"cell{self.cell}"
+
+
+def _logger(workdir: Path, cell: int) -> logging.Logger:
+    log = logging.getLogger(f"gyre.train.cell{cell}")
+    log.setLevel(logging.INFO)
+    handler = logging.FileHandler(workdir / f"cell{cell}.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    return log
+
+
+def build_context(cfg: CellConfig, cell: int) -> CellContext:
+    """Everything a cell needs, built once at process start (see module docstring for the order)."""
+    setup = prepare_device(cfg.device, local_rank=cell, threads=cfg.threads)
+    timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    store = dist.TCPStore(cfg.store_host, cfg.store_port, None, False, timeout=timeout)
+    dist.init_process_group(setup.backend, store=dist.PrefixStore("gyre-pg", store), rank=cell,
+                            world_size=cfg.cells, timeout=timeout)
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel(1, 1)
+    seed_model_rng(cfg.model.init_seed, setup)
+    model = build_gpt(cfg.model, setup.device)
+    flat = FlatParameters(model)
+    groups = CommGroups(cfg.cells, pair_groups=cfg.transport == "torch")
+    transport = make_transport(cfg.transport, cfg.store_host, setup.mooncake_protocol)
+    state = TrainingState(model, flat, cfg.optim, cfg.loss, owns_optimizer=cell == 0)
+    state.offload()
+    log = _logger(Path(cfg.workdir), cell)
+    log.info("cell %d up: %d parameters (%d bytes), transport %s, backend %s", cell, flat.numel,
+             flat.nbytes, cfg.transport, setup.backend)
+    return CellContext(cfg, cell, setup, ControlStore(store, cfg.poll_s), groups, transport, state,
+                       BatchQueues(cfg.queue_root), log)

@@ -1,0 +1,183 @@
+"""Driver side of the training plane: control store, K cell processes, supervision, commands.
+
+``TrainingPlane`` hosts the TCPStore (so coordination survives any cell),
+starts one process per cell and supervises them: when a cell exits without
+being told to stop, the supervisor records ``crash/{cell}`` with its exit code
+(the core then finishes the current step without it) and every pending or
+later command to that cell fails with ``CellError`` naming the exit code.
+
+Cells start from a ``forkserver`` whose preload imports the cell module
+(Megatron-core, Mooncake): the ~5 s import is paid once per driver process,
+not once per cell. Each cell is a fresh fork of that server, with no state
+from the driver. Everything listens on 127.0.0.1 only, on ports chosen at
+run time.
+
+Commands are asynchronous: ``send`` returns a ``Ticket``; the driver can feed
+the queue of a running step (``queues``) and start satellites while the core
+trains. ``call`` is ``send(...).result()``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import multiprocessing as mp
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch.distributed as dist
+
+from gyre.real.train.context import CellConfig
+from gyre.real.train.membership import BatchQueues, ControlStore
+from gyre.real.train.model import LossConfig, ModelConfig
+from gyre.real.train.state import OptimConfig
+from gyre.real.train import keys
+
+HOST = "127.0.0.1"
+
+
+class CellError(RuntimeError):
+    """A command failed in its cell, or the cell exited; the message says which and why."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlaneConfig:
+    cells: int = 3
+    transport: str = "mooncake"
+    device: str = "cpu"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    threads: int = 1
+    timeout_s: float = 60.0
+    start_timeout_s: float = 180.0
+    record_gradients: bool = False
+    crash_after: tuple[tuple[int, int], ...] = ()
+
+
+class Ticket:
+    """One command's answer, to wait for."""
+
+    def __init__(self, plane: "TrainingPlane", cell: int, n: int, op: str) -> None:
+        self.plane, self.cell, self.n, self.op = plane, cell, n, op
+
+    def done(self) -> bool:
+        return self.plane.control.has(keys.reply(self.cell, self.n))
+
+    def result(self, timeout: float | None = None) -> dict:
+        deadline = time.monotonic() + (timeout if timeout is not None else self.plane.cfg.timeout_s * 2)
+        while not self.done():
+            exitcode = self.plane.crashes.get(self.cell)
+            if exitcode is not None:
+                raise CellError(f"cell {self.cell} exited with code {exitcode} before answering {self.op!r}")
+            if time.monotonic() > deadline:
+                raise CellError(f"cell {self.cell} did not answer {self.op!r} in time")
+            time.sleep(0.002)
+        reply = self.plane.control.get(keys.reply(self.cell, self.n))
+        if "error" in reply:
+            raise CellError(f"cell {self.cell} failed {self.op!r}: {reply['error']}")
+        return reply
+
+
+class TrainingPlane:
+    def __init__(self, cfg: PlaneConfig, workdir: str | Path) -> None:
+        self.cfg = cfg
+        self.workdir = Path(workdir)
+        self.crashes: dict[int, int] = {}
+        self.pids: dict[int, int] = {}
+        self._procs: list = []
+        self._next = [0] * cfg.cells
+        self._stopping = False
+        self._store = None
+        self.control: ControlStore | None = None
+        self.queues = BatchQueues(self.workdir / "queue")
+
+    def __enter__(self) -> "TrainingPlane":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> "TrainingPlane":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        timeout = datetime.timedelta(seconds=self.cfg.timeout_s)
+        self._store = dist.TCPStore(HOST, 0, None, True, timeout=timeout, wait_for_workers=False)
+        self.control = ControlStore(self._store)
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["gyre.real.train.cell"])
+        from gyre.real.train.cell import cell_main
+
+        cell_cfg = self._cell_config(self._store.port)
+        for cell in range(self.cfg.cells):
+            proc = ctx.Process(target=cell_main, args=(cell_cfg, cell), name=f"gyre-cell{cell}", daemon=True)
+            proc.start()
+            self._procs.append(proc)
+        threading.Thread(target=self._supervise, name="gyre-cell-supervisor", daemon=True).start()
+        self._wait_ready()
+        return self
+
+    def _cell_config(self, port: int) -> CellConfig:
+        c = self.cfg
+        return CellConfig(cells=c.cells, store_port=port, queue_root=str(self.queues.root),
+                          workdir=str(self.workdir), store_host=HOST, device=c.device, transport=c.transport,
+                          model=c.model, optim=c.optim, loss=c.loss, threads=c.threads, timeout_s=c.timeout_s,
+                          record_gradients=c.record_gradients, crash_after=c.crash_after)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.cfg.start_timeout_s
+        for cell in range(self.cfg.cells):
+            while not self.control.has(keys.ready(cell)):
+                if cell in self.crashes or time.monotonic() > deadline:
+                    self.close()
+                    raise CellError(f"cell {cell} did not start (exit code {self.crashes.get(cell)}); "
+                                    f"see {self.workdir / f'cell{cell}.log'} and stderr")
+                time.sleep(0.01)
+            self.pids[cell] = self.control.get(keys.ready(cell))["pid"]
+
+    def _supervise(self) -> None:
+        """Record every cell that exits while not being stopped (exit code in ``crash/{cell}``)."""
+        while not self._stopping:
+            for cell, proc in enumerate(self._procs):
+                if cell not in self.crashes and proc.exitcode is not None and not self._stopping:
+                    self.crashes[cell] = proc.exitcode
+                    self._store.set(keys.crash(cell), json.dumps({"exitcode": proc.exitcode, "pid": proc.pid}))
+            time.sleep(0.01)
+
+    def send(self, cell: int, op: str, **args) -> Ticket:
+        if not 0 <= cell < self.cfg.cells:
+            raise ValueError(f"cell must be in [0, {self.cfg.cells}), got {cell!r}")
+        n = self._next[cell]
+        self.control.set(keys.command(cell, n), {"op": op, "args": args})
+        self._next[cell] += 1
+        return Ticket(self, cell, n, op)
+
+    def call(self, cell: int, op: str, *, timeout: float | None = None, **args) -> dict:
+        return self.send(cell, op, **args).result(timeout)
+
+    def wait_seated(self, version: int, cell: int, timeout: float | None = None) -> str:
+        """Block until satellite ``cell`` holds a seat in step ``version``; returns the seat state."""
+        return self.control.wait(keys.seat(version, cell), timeout or self.cfg.timeout_s,
+                                 f"cell {cell}'s seat in step {version}", raw=True)
+
+    def log_text(self, cell: int) -> str:
+        path = self.workdir / f"cell{cell}.log"
+        return path.read_text() if path.exists() else ""
+
+    def close(self) -> None:
+        if self._store is None:
+            return
+        tickets = [self.send(c, "stop") for c in range(self.cfg.cells) if c not in self.crashes]
+        self._stopping = True
+        for ticket in tickets:
+            try:
+                ticket.result(timeout=10)
+            except CellError:
+                pass
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        self._procs, self._store, self.control = [], None, None

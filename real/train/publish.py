@@ -1,0 +1,190 @@
+"""Publishing the core's weights to SGLang rollout engines after a burst's final update.
+
+Two paths, both against SGLang's HTTP weight-update endpoints (contracts read
+from sglang ``srt/entrypoints/http_server.py`` and ``srt/managers/io_struct.py``):
+
+- **from disk** (works with SGLang's CPU engine): ``save_hf_checkpoint`` writes
+  the Megatron weights as a Hugging Face Qwen2 checkpoint (``config.json`` +
+  ``model.safetensors``, written to a temporary folder and renamed into place,
+  so an engine never sees a half-written checkpoint); then
+  ``POST /update_weights_from_disk`` with ``{"model_path", "load_format",
+  "abort_all_requests", "weight_version"}``. The engine answers
+  ``{"success", "message", "num_paused_requests"}`` with 200, or 400 on failure.
+- **distributed** (GPU path): ``POST /init_weights_update_group`` with
+  ``{"master_address", "master_port", "rank_offset", "world_size",
+  "group_name", "backend"}`` once, then per bucket ``POST
+  /update_weights_from_distributed`` with ``{"names", "dtypes", "shapes",
+  "group_name", "flush_cache", "weight_version"}`` while the trainer
+  broadcasts each tensor, in that order, from rank 0 of the update group. The
+  caller supplies the broadcast (it owns the trainer-engine process group).
+
+Name mapping Megatron -> Qwen2: the fused QKV weight is laid out per query
+group as [q heads of the group, k, v]; ``linear_fc1`` is [gate; up].
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from gyre.real.train.model import ModelConfig
+
+
+class PublishError(RuntimeError):
+    """An engine refused or could not be reached; the message names the engine and its answer."""
+
+
+def qwen2_config(cfg: ModelConfig) -> dict:
+    return {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.ffn_hidden_size,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_query_groups, "max_position_embeddings": cfg.max_sequence_length,
+        "rms_norm_eps": cfg.norm_epsilon, "rope_theta": float(cfg.rotary_base), "hidden_act": "silu",
+        "tie_word_embeddings": False, "torch_dtype": "float32", "use_sliding_window": False,
+    }
+
+
+def hf_state_dict(named: list[tuple[str, torch.Tensor]], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Megatron GPT (``train.model.build_gpt``) tensors under Qwen2 names (copies, contiguous)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in named:
+        out.update(_map_one(name, tensor.detach(), cfg))
+    return {k: v.contiguous().clone() for k, v in out.items()}
+
+
+def _map_one(name: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    fixed = {"embedding.word_embeddings.weight": "model.embed_tokens.weight",
+             "decoder.final_layernorm.weight": "model.norm.weight", "output_layer.weight": "lm_head.weight"}
+    if name in fixed:
+        return {fixed[name]: t}
+    parts = name.split(".")
+    if parts[:2] != ["decoder", "layers"]:
+        raise ValueError(f"no Qwen2 name for Megatron parameter {name!r}")
+    prefix, rest = f"model.layers.{parts[2]}", ".".join(parts[3:])
+    simple = {"input_layernorm.weight": "input_layernorm.weight",
+              "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+              "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+              "mlp.linear_fc2.weight": "mlp.down_proj.weight"}
+    if rest in simple:
+        return {f"{prefix}.{simple[rest]}": t}
+    if rest == "mlp.linear_fc1.weight":
+        gate, up = torch.chunk(t, 2, dim=0)
+        return {f"{prefix}.mlp.gate_proj.weight": gate, f"{prefix}.mlp.up_proj.weight": up}
+    if rest.startswith("self_attention.linear_qkv."):
+        kind = parts[-1]
+        q, k, v = _split_qkv(t, cfg)
+        return {f"{prefix}.self_attn.{p}_proj.{kind}": x for p, x in zip("qkv", (q, k, v))}
+    raise ValueError(f"no Qwen2 name for Megatron parameter {name!r}")
+
+
+def _split_qkv(t: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    groups, hd = cfg.num_query_groups, cfg.head_dim
+    per_group = cfg.num_attention_heads // groups
+    grouped = t.reshape(groups, (per_group + 2) * hd, *t.shape[1:])
+    q, k, v = torch.split(grouped, [per_group * hd, hd, hd], dim=1)
+    return (q.reshape(-1, *t.shape[1:]), k.reshape(-1, *t.shape[1:]), v.reshape(-1, *t.shape[1:]))
+
+
+def save_hf_checkpoint(directory: str | os.PathLike, named: list[tuple[str, torch.Tensor]], cfg: ModelConfig,
+                       version: int) -> Path:
+    """Write ``directory/v{version:06d}`` atomically; returns its path."""
+    from safetensors.torch import save_file
+
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"v{version:06d}"
+    if final.exists():
+        raise FileExistsError(f"checkpoint of version {version} already exists at {final}")
+    tmp = Path(tempfile.mkdtemp(prefix=f".v{version:06d}-", dir=root))
+    try:
+        tensors = {k: v.to("cpu") for k, v in hf_state_dict(named, cfg).items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "gyre_version": str(version)})
+        (tmp / "config.json").write_text(json.dumps(qwen2_config(cfg), indent=2))
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def post_json(url: str, payload: dict, timeout: float) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            body = json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        raise PublishError(f"{url} answered {err.code}: {err.read()[:500]!r}") from err
+    except (urllib.error.URLError, OSError) as err:
+        raise PublishError(f"{url} unreachable: {err}") from err
+    if body.get("success") is False:
+        raise PublishError(f"{url} refused: {body.get('message')!r}")
+    return body
+
+
+def publish_from_disk(endpoints: list[str], path: Path, version: int, *, timeout: float = 120.0,
+                      abort_all_requests: bool = False) -> list[dict]:
+    """Ask every engine to load ``path``; all answers, or PublishError naming the first failure."""
+    payload = {"model_path": str(path), "load_format": None, "abort_all_requests": abort_all_requests,
+               "weight_version": str(version)}
+    return [post_json(f"{e.rstrip('/')}/update_weights_from_disk", payload, timeout) for e in endpoints]
+
+
+def init_update_group(endpoint: str, *, master_address: str, master_port: int, rank_offset: int,
+                      world_size: int, group_name: str = "weight_update_group", backend: str = "nccl",
+                      timeout: float = 120.0) -> dict:
+    payload = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+               "world_size": world_size, "group_name": group_name, "backend": backend}
+    return post_json(f"{endpoint.rstrip('/')}/init_weights_update_group", payload, timeout)
+
+
+def publish_distributed(endpoint: str, named: list[tuple[str, torch.Tensor]], version: int,
+                        broadcast: Callable[[torch.Tensor], None], *, group_name: str = "weight_update_group",
+                        bucket_bytes: int = 256 << 20, timeout: float = 120.0) -> list[dict]:
+    """Per bucket: POST the metadata in a thread while ``broadcast`` sends each tensor in order."""
+    answers = []
+    for bucket in _buckets(named, bucket_bytes):
+        payload = {"names": [n for n, _ in bucket], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                   "shapes": [list(t.shape) for _, t in bucket], "group_name": group_name,
+                   "flush_cache": True, "weight_version": str(version)}
+        result: dict = {}
+        poster = threading.Thread(target=_post_into, args=(f"{endpoint.rstrip('/')}/update_weights_from_distributed",
+                                                           payload, timeout, result))
+        poster.start()
+        for _, tensor in bucket:
+            broadcast(tensor)
+        poster.join(timeout)
+        if "error" in result or "answer" not in result:
+            raise PublishError(f"distributed update of version {version} failed: {result.get('error', 'no answer')}")
+        answers.append(result["answer"])
+    return answers
+
+
+def _post_into(url: str, payload: dict, timeout: float, result: dict) -> None:
+    try:
+        result["answer"] = post_json(url, payload, timeout)
+    except PublishError as err:
+        result["error"] = str(err)
+
+
+def _buckets(named, limit: int):
+    bucket, size = [], 0
+    for name, tensor in named:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > limit:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket

@@ -1,0 +1,132 @@
+"""The house's import contracts (STYLE.md, "The shape of the house"), checked on the source.
+
+Rooms and the arrows between them (an arrow is "may import"):
+
+    core (gyre/, incl. gyre/formats, gyre/trajectory)  <- sim, real, analysis, paper_figs
+    analysis -> sim         (the theorem check runs simulations)
+    real     -> analysis    (a real run draws its own pictures)
+    sim  and real never import each other; nothing imports paper_figs.
+
+Purity: the policy core (``gyre/*.py``) and the trajectory package
+(``gyre/trajectory``) do no I/O: they import no file, process, thread, network
+or plotting module and never call ``open``. ``gyre/formats`` is the one place
+in ``gyre`` that reads and writes tables. Heavy stacks (torch, Megatron,
+SGLang, Mooncake, Ray, aiohttp, transformers) are imported only under
+``real/``. Every package folder is listed in pyproject.toml.
+
+Each rule is checked by ``violations(room, path, source)``, which the tests
+also feed hand-made sources to, so a broken checker fails here too.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ROOMS = {"gyre": "core", "sim": "sim", "real": "real", "analysis": "analysis", "paper_figs": "paper_figs"}
+ALLOWED = {
+    "core": {"core"},
+    "sim": {"core", "sim"},
+    "real": {"core", "real", "analysis"},
+    "analysis": {"core", "sim", "analysis"},
+    "paper_figs": {"core", "sim", "analysis", "paper_figs"},
+}
+IO_MODULES = {"os", "pathlib", "io", "shutil", "tempfile", "threading", "multiprocessing", "subprocess",
+              "socket", "asyncio", "concurrent", "urllib", "http", "matplotlib", "simpy", "csv", "sqlite3"}
+HEAVY_MODULES = {"torch", "megatron", "sglang", "mooncake", "ray", "aiohttp", "transformers", "tokenizers",
+                 "safetensors", "mbridge"}
+
+
+def room_of_module(name: str) -> str | None:
+    """The room a ``gyre...`` module name lives in (None for anything outside the project)."""
+    parts = name.split(".")
+    if parts[0] != "gyre":
+        return None
+    if len(parts) > 1 and parts[1] in ("sim", "real", "analysis", "paper_figs"):
+        return ROOMS[parts[1]]
+    return "core"
+
+
+def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) for every import in a module, at any depth (lazy imports count)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+            out += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names
+                    if node.module in ("gyre", "gyre.sim", "gyre.real", "gyre.analysis")]
+    return out
+
+
+def pure(path: Path) -> bool:
+    rel = path.relative_to(ROOT).parts
+    return rel[0] == "gyre" and (len(rel) == 2 or rel[1] == "trajectory")
+
+
+def violations(room: str, path: Path, source: str) -> list[str]:
+    tree = ast.parse(source)
+    found = []
+    for line, module in imported_modules(tree):
+        target = room_of_module(module)
+        top = module.split(".")[0]
+        if target is not None and target not in ALLOWED[room]:
+            found.append(f"{path}:{line}: {room} imports {module} ({target})")
+        if top in HEAVY_MODULES and room != "real":
+            found.append(f"{path}:{line}: heavy module {module} imported outside real/")
+        if pure(path) and top in IO_MODULES:
+            found.append(f"{path}:{line}: pure module imports {module}")
+    if pure(path):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+                found.append(f"{path}:{node.lineno}: pure module calls open()")
+    return found
+
+
+def project_modules() -> list[tuple[str, Path]]:
+    return [(room, path) for folder, room in ROOMS.items() for path in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def test_every_module_keeps_its_rooms_contracts():
+    problems = [v for room, path in project_modules() for v in violations(room, path, path.read_text())]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("room, relpath, source, expected", [
+    ("core", "gyre/scheduler.py", "from gyre.sim.driver import Simulation\n", "core imports gyre.sim.driver"),
+    ("core", "gyre/scheduler.py", "def f():\n    import gyre.real.runtime.job\n", "core imports gyre.real"),
+    ("sim", "sim/driver.py", "from gyre.real import runtime\n", "sim imports gyre.real.runtime"),
+    ("real", "real/runtime/job.py", "from gyre.sim.runner import run_simulation\n", "real imports gyre.sim"),
+    ("analysis", "analysis/runs.py", "import torch\n", "heavy module torch"),
+    ("core", "gyre/trajectory/tree.py", "import threading\n", "pure module imports threading"),
+    ("core", "gyre/scheduler.py", "x = open('f').read()\n", "pure module calls open()"),
+    ("core", "gyre/trajectory/groups.py", "from pathlib import Path\n", "pure module imports pathlib"),
+])
+def test_the_checker_catches_each_kind_of_break(room, relpath, source, expected):
+    found = violations(room, ROOT / relpath, source)
+    assert any(expected in v for v in found), found
+
+
+def test_formats_may_touch_files_but_the_core_may_not():
+    assert violations("core", ROOT / "gyre/formats/eventlog.py", "import csv\nopen('x')\n") == []
+    assert violations("core", ROOT / "gyre/loop.py", "import csv\n")
+
+
+def test_every_package_is_listed_in_pyproject():
+    text = (ROOT / "pyproject.toml").read_text()
+    listed = set(re.findall(r'"(gyre(?:\.[a-z_]+)*)"', text.split("packages = [", 1)[1].split("]", 1)[0]))
+    folders = {"gyre": "gyre", "sim": "gyre.sim", "real": "gyre.real", "analysis": "gyre.analysis",
+               "paper_figs": "gyre.paper_figs"}
+    found = {folders[init.relative_to(ROOT).parts[0]] + "".join("." + p for p in init.relative_to(ROOT).parts[1:-1])
+             for folder in folders for init in (ROOT / folder).rglob("__init__.py")}
+    assert found == listed
+
+
+def test_real_has_rooms_not_loose_modules():
+    loose = sorted(p.name for p in (ROOT / "real").glob("*.py") if p.name != "__init__.py")
+    assert loose == []

@@ -1,0 +1,188 @@
+"""Durable append-only record logs (storage.py), including a killed writer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gyre.trajectory.records import ModelCall, RecordError
+from gyre.real.store.tito_log import ExecutionStore, RecordLog, TornTailWarning, encode_frame, read_records
+
+
+def record(i: int, execution: str = "e1", size: int = 50) -> ModelCall:
+    rng = np.random.default_rng(i)
+    return ModelCall(execution_id=execution, request_id=f"r{i}", input_ids=rng.integers(0, 1000, size),
+                     output_ids=rng.integers(0, 1000, 7), output_logprobs=-rng.random(7), policy_version=i)
+
+
+def write(path, n, **kw):
+    with RecordLog(path, "e1", **kw) as log:
+        for i in range(n):
+            log.append(record(i))
+
+
+def test_round_trip_in_order(tmp_path):
+    path = tmp_path / "e1.tito"
+    write(path, 5, fsync=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_records(path) == [record(i) for i in range(5)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(cut=st.integers(1, 400))
+def test_torn_tail_is_skipped_with_a_warning_naming_file_and_offset(tmp_path_factory, cut):
+    path = tmp_path_factory.mktemp("torn") / "e1.tito"
+    write(path, 4)
+    size = path.stat().st_size
+    frame = len(path.read_bytes()) // 4
+    os.truncate(path, size - min(cut, frame - 1))
+    with pytest.warns(TornTailWarning, match=rf"e1\.tito: skipping torn tail at byte {3 * frame}"):
+        assert read_records(path) == [record(i) for i in range(3)]
+
+
+def test_corrupt_frame_stops_reading_there(tmp_path):
+    path = tmp_path / "e1.tito"
+    write(path, 3)
+    data = bytearray(path.read_bytes())
+    frame = len(data) // 3
+    data[frame + 20] ^= 0xFF  # flip a payload byte of the second frame
+    path.write_bytes(bytes(data))
+    with pytest.warns(TornTailWarning, match="CRC mismatch"):
+        assert read_records(path) == [record(0)]
+
+
+def test_reopening_truncates_a_torn_tail_before_appending(tmp_path):
+    path = tmp_path / "e1.tito"
+    write(path, 3)
+    os.truncate(path, path.stat().st_size - 5)
+    with pytest.warns(TornTailWarning):
+        log = RecordLog(path, "e1").open()
+    assert log.count == 2
+    log.append(record(9))
+    log.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_records(path) == [record(0), record(1), record(9)]
+
+
+def test_wrong_execution_is_refused(tmp_path):
+    with RecordLog(tmp_path / "e1.tito", "e1") as log:
+        with pytest.raises(RecordError, match="sent to the log of 'e1'"):
+            log.append(record(0, execution="e2"))
+        log.append(record(0))
+    with pytest.raises(RecordError, match="other executions"):
+        RecordLog(tmp_path / "e1.tito", "zz").open()
+
+
+def test_store_keeps_one_log_per_execution(tmp_path):
+    store = ExecutionStore(tmp_path / "store")
+    for i in range(6):
+        store.append(record(i, execution=f"e{i % 2}"))
+    store.close()
+    assert store.executions() == ["e0", "e1"]
+    assert [r.request_id for r in store.read("e1")] == ["r1", "r3", "r5"]
+    with pytest.raises(KeyError, match="no records stored for execution 'e7'"):
+        store.read("e7")
+    with pytest.raises(RecordError):
+        store.path_for("../evil")
+
+
+CONVERSATION = textwrap.dedent("""
+    import numpy as np
+    from gyre.trajectory.records import ModelCall
+
+    def conversation():
+        '''Records whose inputs extend earlier ones (delta frames), restarting now and then.'''
+        context = np.zeros(0, dtype=np.int64)
+        i = 0
+        while True:
+            rng = np.random.default_rng(i)
+            if i % 25 == 0:
+                context = rng.integers(0, 1000, 3000)
+            output = rng.integers(0, 1000, 7)
+            yield ModelCall(execution_id="e1", request_id=f"r{i}", input_ids=context, output_ids=output,
+                            output_logprobs=-rng.random(7), policy_version=i)
+            context = np.concatenate([context, output, rng.integers(0, 1000, 400)])
+            i += 1
+""")
+WRITER = CONVERSATION + textwrap.dedent("""
+    import sys
+    from gyre.real.store.tito_log import RecordLog
+    log = RecordLog(sys.argv[1], "e1", fsync=False).open()
+    for call in conversation():
+        log.append(call)
+""")
+
+CHUNKED_WRITER = CONVERSATION + textwrap.dedent("""
+    # Like a writer that dies in the middle of a frame: each frame leaves in small pieces.
+    import os, sys
+    from gyre.real.store.tito_log import encode_frame
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    for call in conversation():
+        frame = encode_frame(call)
+        for start in range(0, len(frame), 512):
+            os.write(fd, frame[start : start + 512])
+""")
+
+
+def conversation(n: int) -> list[ModelCall]:
+    namespace: dict = {}
+    exec(CONVERSATION, namespace)
+    generator = namespace["conversation"]()
+    return [next(generator) for _ in range(n)]
+
+
+def test_prefix_deltas_shrink_the_log_and_round_trip(tmp_path):
+    calls = conversation(60)
+    path = tmp_path / "e1.tito"
+    with RecordLog(path, "e1") as log:
+        for call in calls[:30]:
+            log.append(call)
+    with RecordLog(path, "e1") as log:  # reopening keeps deltas going from the last records
+        for call in calls[30:]:
+            log.append(call)
+    full = sum(len(c.to_bytes()) for c in calls)
+    assert path.stat().st_size < full / 5
+    assert read_records(path) == calls
+    with pytest.raises(RecordError, match="already in"):
+        with RecordLog(path, "e1") as log:
+            log.append(calls[3])
+
+
+def test_a_delta_without_its_base_is_a_torn_tail(tmp_path):
+    calls = conversation(3)
+    path = tmp_path / "e1.tito"
+    path.write_bytes(encode_frame(calls[0]) + encode_frame(calls[2], calls[1], len(calls[1].sequence)))
+    with pytest.warns(TornTailWarning, match="base record 'r1'"):
+        assert read_records(path) == calls[:1]
+
+
+@pytest.mark.parametrize("writer", [WRITER, CHUNKED_WRITER], ids=["record-log", "chunked"])
+@pytest.mark.parametrize("attempt", range(3))
+def test_writer_killed_mid_stream_loses_at_most_the_record_being_written(tmp_path, attempt, writer):
+    path = tmp_path / "e1.tito"
+    proc = subprocess.Popen([sys.executable, "-c", writer, str(path)])
+    try:
+        deadline = time.monotonic() + 30
+        while (not path.exists() or path.stat().st_size < 100_000 * (attempt + 1)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records = read_records(path)
+    assert len(records) >= 5
+    assert records == conversation(len(records))
+    assert all(issubclass(w.category, TornTailWarning) for w in caught)
