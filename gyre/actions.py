@@ -75,9 +75,14 @@ class BeginTransition(Action):
 
 @dataclass(frozen=True)
 class StartBatch(Action):
-    """A new batch (training version ``version``) opens on the training cells."""
+    """A new batch (training version ``version``) opens on the training cells.
+
+    ``final``: this is the burst's last update, so the core publishes after it
+    (drivers never compute burst boundaries themselves).
+    """
 
     version: int
+    final: bool = False
     kind: ClassVar[str] = "start_batch"
 
 

@@ -55,6 +55,18 @@ class GroupReady(Event):
 
 
 @dataclass(frozen=True)
+class GroupDropped(Event):
+    """A dispatched group can never complete (its query was cancelled, its task could not be set up).
+
+    Not for an excluded execution: that is a designated outcome and its group
+    still becomes ready (SPEC 4.3).
+    """
+
+    group: int
+    kind: ClassVar[str] = "group_dropped"
+
+
+@dataclass(frozen=True)
 class GroupWanted(Event):
     """Streaming: the packing buffer runs short and asks for one more group."""
 
@@ -88,7 +100,8 @@ class PublishDone(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (Begin, Tick, ExecutionFinished, GroupReady, GroupWanted, TransitionDone, StepDone, PublishDone)
+    for cls in (Begin, Tick, ExecutionFinished, GroupReady, GroupDropped, GroupWanted, TransitionDone, StepDone,
+                PublishDone)
 }
 
 

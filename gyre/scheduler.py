@@ -9,9 +9,11 @@ Invariants (each is tested by a Hypothesis state machine):
 - running executions never exceed C_R, and each sits on an engine whose cell
   is in the rollout role (or the separate pool);
 - under boundary dispatch the waterlevel w = d - f never rises between two
-  publications (d only grows at Begin and at PublishDone); under continuous
-  dispatch d also grows by one group per group fed, so the dispatched but
-  unconsumed depth stays (phi + mu) * B;
+  publications (d only grows at Begin and at PublishDone), except by one
+  group's executions per GroupDropped (its replacement); under continuous
+  dispatch d also grows by one group per group fed; either way the
+  dispatched, not dropped and unconsumed depth stays at most (phi + mu) * B
+  (exactly that under continuous dispatch);
 - cells in (or entering) training form a prefix 0..k-1 that starts at the core;
   only one unit switches into training at a time;
 - every group is fed to exactly one batch, ready groups oldest policy version
@@ -29,6 +31,22 @@ Choices where SPEC.md is silent (documented here, tested in tests/):
 - A satellite still switching into training when its burst ends goes back to
   rollout as soon as it arrives; it is not counted as training meanwhile.
 - After a burst's final step the next batch opens only at PublishDone.
+- Streaming off (SPEC 3.7): a burst trains like a conventional trainer. Its
+  first update is fed only once mu * B groups are ready; the core then
+  reserves those mu * B (oldest policy version first; groups that become
+  ready later wait for the next burst) and feeds B of them to each of the
+  burst's mu updates back to back, in version order. The global shuffle
+  across the burst's minibatches is the trainer's; accounting each group's
+  v_t in version order leaves the group-weighted mean staleness unchanged.
+  With mu = 1 this is "wait for B ready groups".
+- GroupDropped (a group that can never complete: query cancelled, task not
+  set up) cancels the group's running executions, removes its queued ones
+  (counted started and terminated at once, like a surplus) and dispatches
+  one replacement group at the newest published version, so the dispatched
+  depth, and with it the burst's supply, stays whole. The waterlevel may
+  therefore rise by at most one group's executions per dropped group. An
+  excluded execution (overall timeout) is *not* a dropped group: it is a
+  designated outcome and its group becomes ready (SPEC 4.3).
 """
 
 from __future__ import annotations
@@ -55,6 +73,7 @@ class GroupState:
     v_d: int
     closed: int = 0
     ready: bool = False
+    dropped: bool = False
     v_t: int | None = None
 
 
@@ -81,11 +100,13 @@ class Scheduler:
         self._queue: deque[int] = deque()
         self._queued: set[int] = set()
         self._ready: list[tuple[int, int]] = []
+        self._burst_reserve: deque[int] = deque()  # streaming off: the burst's groups, reserved at its start
         self._handlers: dict[type, tuple[Callable, Callable]] = {
             ev.Begin: (self._check_begin, self._on_begin),
             ev.Tick: (_no_check, _no_apply),
             ev.ExecutionFinished: (self._check_finished, self._on_finished),
             ev.GroupReady: (self._check_group_ready, self._on_group_ready),
+            ev.GroupDropped: (self._check_group_dropped, self._on_group_dropped),
             ev.GroupWanted: (self._check_wanted, self._on_wanted),
             ev.TransitionDone: (self._check_transition_done, self._on_transition_done),
             ev.StepDone: (self._check_step_done, self._on_step_done),
@@ -177,8 +198,19 @@ class Scheduler:
             raise PolicyError(f"group {event.group} was never dispatched")
         if group.ready:
             raise PolicyError(f"group {event.group} reported ready twice")
+        if group.dropped:
+            raise PolicyError(f"group {event.group} reported ready after it was dropped")
         if group.closed < self.cfg.N:
             raise PolicyError(f"group {event.group} ready with only {group.closed} of {self.cfg.N} executions closed")
+
+    def _check_group_dropped(self, event: ev.GroupDropped) -> None:
+        group = self.groups.get(event.group)
+        if group is None:
+            raise PolicyError(f"group {event.group} was never dispatched")
+        if group.ready:
+            raise PolicyError(f"group {event.group} is ready and cannot be dropped")
+        if group.dropped:
+            raise PolicyError(f"group {event.group} dropped twice")
 
     def _check_wanted(self, event: ev.GroupWanted) -> None:
         if not self.cfg.streaming:
@@ -228,8 +260,17 @@ class Scheduler:
         group = self.groups[event.group]
         group.ready = True
         heapq.heappush(self._ready, (group.v_d, event.group))
+        self._cancel_group(event.group, out)  # the oversampled surplus
+
+    def _on_group_dropped(self, event: ev.GroupDropped, out: list[act.Action]) -> None:
+        self.groups[event.group].dropped = True
+        self._cancel_group(event.group, out)
+        self._dispatch(1, out)
+
+    def _cancel_group(self, g: int, out: list[act.Action]) -> None:
+        """Cancel a group's running executions; its queued ones never start (counted p and f)."""
         running, dropped = [], []
-        for x in self.executions_of(event.group):
+        for x in self.executions_of(g):
             if x in self._queued:
                 self._queued.discard(x)
                 dropped.append(x)
@@ -237,7 +278,7 @@ class Scheduler:
                 running.append(x)
         self.p += len(dropped)
         self.f += len(dropped)
-        group.closed += len(dropped)
+        self.groups[g].closed += len(dropped)
         if running or dropped:
             out.append(act.CancelExecutions(tuple(running), tuple(dropped)))
 
@@ -331,7 +372,7 @@ class Scheduler:
             return
         self.batch_open = True
         self.fed = self.wants = 0
-        out.append(act.StartBatch(self.version))
+        out.append(act.StartBatch(self.version, final=self.steps_in_burst + 1 == self.cfg.mu))
         self._restart_timer()
 
     def _feed(self, out: list[act.Action]) -> int:
@@ -340,11 +381,12 @@ class Scheduler:
             return 0
         if self.cfg.streaming:
             n = min(self.wants, len(self._ready))
+            fed = tuple(heapq.heappop(self._ready)[1] for _ in range(n))
         else:
-            n = self.cfg.B if self.fed == 0 and len(self._ready) >= self.cfg.B else 0
+            fed = self._take_from_burst_reserve()
+            n = len(fed)
         if n == 0:
             return 0
-        fed = tuple(heapq.heappop(self._ready)[1] for _ in range(n))
         for g in fed:
             self.groups[g].v_t = self.version
         self.fed += n
@@ -354,6 +396,17 @@ class Scheduler:
         if self.cfg.dispatch == "continuous":
             self._dispatch(n, out)
         return n
+
+    def _take_from_burst_reserve(self) -> tuple[int, ...]:
+        """Streaming off: B groups of the burst's reserve, reserving mu * B at the burst's first update."""
+        if self.fed > 0:
+            return ()
+        burst_size = self.cfg.mu * self.cfg.B
+        if self.steps_in_burst == 0 and not self._burst_reserve:
+            if len(self._ready) < burst_size:
+                return ()
+            self._burst_reserve.extend(heapq.heappop(self._ready)[1] for _ in range(burst_size))
+        return tuple(self._burst_reserve.popleft() for _ in range(min(self.cfg.B, len(self._burst_reserve))))
 
     # ---- the supply timer and the transition test ---------------------------
     def _batch_need(self) -> int:

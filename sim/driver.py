@@ -13,6 +13,16 @@ replaying that log through a fresh core reproduces the same actions; every
 dispatched execution that starts ends exactly once (finished or cancelled);
 a run stops at the StepDone of its last step, or raises ``SimulationStalled``
 naming the core's state when no event is left.
+
+Groups become ready by the rule the real trajectory buffer uses
+(``gyre.trajectory.outcomes.GroupOutcomes``): each execution's trace outcome
+maps to its designated outcome, the group is ready once N executions have one
+(an excluded execution never blocks it), ``evaluation_s`` later. Groups named
+in ``dropped_groups`` model queries that can never complete (cancelled by an
+operator, task not set up): the driver reports ``GroupDropped`` as soon as
+they are dispatched and the core replaces them. A cell returning to rollout
+waits for a publication in flight, whichever cell it is: its engine must
+serve the published weights (the real backend does the same).
 """
 
 from __future__ import annotations
@@ -27,11 +37,13 @@ from gyre import events as ev
 from gyre.actions import SEPARATE
 from gyre.config import SchedulerConfig
 from gyre.formats.trace import Trace
+from gyre.ids import execution_id
 from gyre.loop import ActionHandler, DriverLoop
 from gyre.scheduler import Scheduler
 from gyre.sim.costs import CostModel
 from gyre.sim.record import SimRecord
 from gyre.sim.training import SimTrainingPlane
+from gyre.trajectory.outcomes import GroupOutcomes, designated_outcome
 
 
 class SimulationStalled(RuntimeError):
@@ -40,7 +52,7 @@ class SimulationStalled(RuntimeError):
 
 class Simulation(ActionHandler):
     def __init__(self, cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
-                 on_step: Callable[[int], None] | None = None) -> None:
+                 on_step: Callable[[int], None] | None = None, dropped_groups: frozenset[int] = frozenset()) -> None:
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         if trace.N != cfg.N:
@@ -55,7 +67,8 @@ class Simulation(ActionHandler):
         self._done = self.env.event()
         self._end_at: dict[int, float] = {}
         self._extra: dict[int, float] = {}
-        self._closed: dict[int, int] = {}
+        self._outcomes: dict[int, GroupOutcomes] = {}
+        self._dropped = frozenset(dropped_groups)
         self._tick_at: float | None = None
         self._publish_until = 0.0
         self._tokens = trace.column("output_tokens")
@@ -109,6 +122,9 @@ class Simulation(ActionHandler):
         for g in a.groups:
             self.record.group_dispatched(g, self.trace.query_at(g).query_id, a.version, self.env.now,
                                          self._group_tokens(g))
+            self._outcomes[g] = GroupOutcomes(self.cfg.N)
+            if g in self._dropped:
+                self._after(0.0, lambda g=g: self._drop(g))
 
     def on_start_executions(self, a: act.StartExecutions) -> None:
         for x, engine in a.placements:
@@ -150,13 +166,20 @@ class Simulation(ActionHandler):
         self.record.execution_finished(x, self.env.now, outcome)
         self.send(ev.ExecutionFinished(self.env.now, x, outcome))
         g = self.core.group_of(x)
-        self._closed[g] = self._closed.get(g, 0) + 1
-        if self._closed[g] == self.cfg.N:
+        outcomes = self._outcomes[g]
+        if outcome == "cancelled" or g in self._dropped or outcomes.ready:
+            return  # cancelled work and late surplus have no designated outcome
+        if outcomes.resolve(execution_id(x), designated_outcome(outcome)):
             self._after(self.costs.evaluation_s, lambda: self._group_ready(g))
 
     def _group_ready(self, g: int) -> None:
-        self.record.group_ready(g, self.env.now)
+        outcomes = self._outcomes.pop(g)
+        self.record.group_ready(g, self.env.now, len(outcomes.participants), len(outcomes.excluded))
         self.send(ev.GroupReady(self.env.now, g))
+
+    def _drop(self, g: int) -> None:
+        self.record.group_dropped(g, self.env.now)
+        self.send(ev.GroupDropped(self.env.now, g))
 
     def on_cancel_executions(self, a: act.CancelExecutions) -> None:
         for x in a.executions:
@@ -173,7 +196,7 @@ class Simulation(ActionHandler):
         self.record.role(a.cell, "to_" + a.role, self.env.now)
         if a.role == "rollout":
             self.plane.leave(a.cell)
-            start = max(self.env.now, self._publish_until) if a.cell == 0 else self.env.now
+            start = max(self.env.now, self._publish_until)
             delay = start - self.env.now + self.costs.to_rollout_s
         else:
             delay = self.costs.to_training_s

@@ -4,7 +4,10 @@ Tables (one CSV each, written by ``write_tables``):
 - ``events.csv``: every event the policy core received, in order (replayable);
 - ``steps.csv``: step, start_s, end_s, duration_s, training_cells_max, published;
 - ``groups.csv``: group_id, query_id, v_d, v_t, staleness, dispatched_at_s,
-  ready_at_s, consumed_at_s, consumed_step, tokens;
+  ready_at_s, consumed_at_s, consumed_step, tokens, participants (designated
+  executions whose rewards enter the advantages), excluded (designated
+  executions without a valid reward; both count in the batch's B x N),
+  dropped_at_s (the group could never complete and was replaced);
 - ``roles.csv``: cell, role, start_s, end_s (one row per interval);
 - ``executions.csv``: execution, group_id, engine, start_s, end_s, outcome, reroutes.
 
@@ -47,10 +50,14 @@ class SimRecord:
     def group_dispatched(self, g: int, query_id: Any, v_d: int, now: float, tokens: float) -> None:
         self.groups[g] = {"group_id": g, "query_id": query_id, "v_d": v_d, "v_t": None, "staleness": None,
                           "dispatched_at_s": float(now), "ready_at_s": None, "consumed_at_s": None,
-                          "consumed_step": None, "tokens": tokens}
+                          "consumed_step": None, "tokens": tokens, "participants": None, "excluded": None,
+                          "dropped_at_s": None}
 
-    def group_ready(self, g: int, now: float) -> None:
-        self.groups[g]["ready_at_s"] = now
+    def group_ready(self, g: int, now: float, participants: int, excluded: int) -> None:
+        self.groups[g].update(ready_at_s=now, participants=participants, excluded=excluded)
+
+    def group_dropped(self, g: int, now: float) -> None:
+        self.groups[g]["dropped_at_s"] = now
 
     def groups_fed(self, groups: tuple[int, ...], version: int, now: float) -> None:
         for g in groups:
@@ -119,7 +126,8 @@ def write_tables(record: SimRecord, out: Path, summary: dict[str, Any]) -> None:
     write_csv(out / "steps.csv", ("step", "start_s", "end_s", "duration_s", "training_cells_max", "published"),
               record.step_rows())
     write_csv(out / "groups.csv", ("group_id", "query_id", "v_d", "v_t", "staleness", "dispatched_at_s",
-                                   "ready_at_s", "consumed_at_s", "consumed_step", "tokens"),
+                                   "ready_at_s", "consumed_at_s", "consumed_step", "tokens", "participants", "excluded",
+                                   "dropped_at_s"),
               (row for _, row in sorted(record.groups.items())))
     write_csv(out / "roles.csv", ("cell", "role", "start_s", "end_s"),
               sorted(record.roles, key=lambda r: (r["cell"], r["start_s"], r["end_s"])))

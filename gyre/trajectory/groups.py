@@ -4,16 +4,21 @@ A group is opened with its dispatched executions (``N`` plus any oversampled
 surplus) and the policy version it was admitted under. Each execution owns a
 trajectory tree and an evaluation state machine.
 
-Readiness: a group is ready once ``N`` of its executions closed with a valid
-designated outcome (a placeholder counts, as reward 0); the *first* ``N`` to
-become valid are the designated ones (without oversampling that is all N). A
-group in which every execution resolved (valid or excluded) with fewer than N
-valid outcomes is *dropped*: it never produces advantages.
+Readiness follows ``outcomes.GroupOutcomes`` (SPEC 4.3, the same rule the
+simulator uses): a group is ready once ``N`` of its executions have a
+designated outcome, valid (a placeholder counts, as reward 0) or excluded
+(budget exhausted without a valid reward); the *first* ``N`` to resolve are
+the designated ones (without oversampling that is all N). An excluded
+execution never blocks its group: it appears in the ready group with
+``excluded=True``, no reward and advantage 0, and still counts in the batch
+denominator. A group the driver gives up on (``drop_group``: an operator
+cancelled the query, its task could not be set up) is forgotten.
 
 Pull order: ``pop_ready_group`` returns the ready group with the oldest policy
 version, ties broken by the order in which groups became ready.
 
-Advantage normalisation (exact), over the N designated rewards r_1..r_N:
+Advantage normalisation (exact), over the designated participants' rewards
+r_1..r_m (m = N minus the excluded; no advantages when m = 0):
 - ``"std"`` (default): A_i = (r_i - mean(r)) / (std(r) + eps), where std is the
   population standard deviation (ddof = 0) and eps = 1e-6; equal rewards give
   A_i = 0 for every i;
@@ -27,12 +32,13 @@ closed execution raise; advantages are computed only for ready groups.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from gyre.trajectory.evaluation import (EvalState, EvaluationBinding, EvaluationResult,
                                         ExecutionEvaluation)
+from gyre.trajectory.outcomes import Designated, GroupOutcomes
 from gyre.trajectory.records import ModelCall
 from gyre.trajectory.tree import Placement, TrajectoryTree
 
@@ -58,9 +64,14 @@ def group_advantages(rewards, normalisation: str = "std", eps: float = 1e-6) -> 
 class ReadyExecution:
     execution_id: str
     tree: TrajectoryTree
-    reward: float
-    advantage: float
+    reward: float | None      # None when excluded
+    advantage: float          # 0.0 when excluded
     placeholder: bool
+    excluded: bool = False
+
+    @property
+    def trainable(self) -> bool:
+        return not (self.placeholder or self.excluded)
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,7 @@ class _Group:
     group_id: str
     policy_version: int
     execution_ids: tuple[str, ...]
-    valid: list[str] = field(default_factory=list)
+    outcomes: GroupOutcomes
     ready_seq: int | None = None
 
 
@@ -106,7 +117,7 @@ class TrajectoryBuffer:
         taken = [e for e in execution_ids if e in self._group_of]
         if taken:
             raise TrajectoryBufferError(f"executions {taken} already belong to a group")
-        self._groups[group_id] = _Group(group_id, int(policy_version), execution_ids)
+        self._groups[group_id] = _Group(group_id, int(policy_version), execution_ids, GroupOutcomes(self.group_size))
         for execution_id in execution_ids:
             self._group_of[execution_id] = group_id
             self._trees[execution_id] = TrajectoryTree(execution_id)
@@ -141,27 +152,28 @@ class TrajectoryBuffer:
 
     def evaluator_failed(self, execution_id: str, now: float, reason: str = "evaluator failure") -> EvalState:
         _, evaluation = self._execution(execution_id)
-        return evaluation.evaluator_failed(now, reason)
+        state = evaluation.evaluator_failed(now, reason)
+        self._after_change(execution_id)
+        return state
 
     def tick(self, now: float) -> None:
-        for evaluation in self._evals.values():
+        for execution_id, evaluation in list(self._evals.items()):
             evaluation.tick(now)
+            self._after_change(execution_id)
 
     def _after_change(self, execution_id: str) -> None:
         group = self._groups[self._group_of[execution_id]]
-        if self._evals[execution_id].state is EvalState.VALID and execution_id not in group.valid:
-            group.valid.append(execution_id)
-        if group.ready_seq is None and len(group.valid) >= self.group_size:
+        evaluation = self._evals[execution_id]
+        if evaluation.state not in (EvalState.VALID, EvalState.INVALID) or group.outcomes.has(execution_id):
+            return
+        outcome = (Designated.EXCLUDED if evaluation.state is EvalState.INVALID
+                   else Designated.PLACEHOLDER if evaluation.placeholder else Designated.VALID)
+        if group.outcomes.resolve(execution_id, outcome):
             group.ready_seq = next(self._ready_counter)
 
     def ready_group_ids(self) -> list[str]:
         ready = [g for g in self._groups.values() if g.ready_seq is not None]
         return [g.group_id for g in sorted(ready, key=lambda g: (g.policy_version, g.ready_seq))]
-
-    def dropped_group_ids(self) -> list[str]:
-        resolved = (EvalState.VALID, EvalState.INVALID)
-        return [g.group_id for g in self._groups.values()
-                if g.ready_seq is None and all(self._evals[e].state in resolved for e in g.execution_ids)]
 
     def pop_ready_group(self) -> ReadyGroup | None:
         """Remove and return the next ready group (oldest policy version first)."""
@@ -169,12 +181,14 @@ class TrajectoryBuffer:
         if not ready:
             return None
         group = self._groups[ready[0]]
-        designated = group.valid[: self.group_size]
-        rewards = [self._evals[e].reward for e in designated]
-        advantages = group_advantages(rewards, self.normalisation, self.eps)
+        participants = group.outcomes.participants
+        rewards = {e: self._evals[e].reward for e in participants}
+        advantages = dict(zip(participants, group_advantages(list(rewards.values()), self.normalisation, self.eps)
+                              if participants else ()))
         executions = tuple(
-            ReadyExecution(e, self._trees[e], r, float(a), self._evals[e].placeholder)
-            for e, r, a in zip(designated, rewards, advantages)
+            ReadyExecution(e, self._trees[e], rewards.get(e), float(advantages.get(e, 0.0)),
+                           self._evals[e].placeholder, excluded=o is Designated.EXCLUDED)
+            for e, o in group.outcomes.designated
         )
         self._forget(group)
         return ReadyGroup(group.group_id, group.policy_version, executions)

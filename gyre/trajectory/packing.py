@@ -138,7 +138,7 @@ class StreamPacker:
         """Admit and materialize every trainable execution of a ready group."""
         bundles = []
         for execution in group.executions:
-            if execution.placeholder:
+            if not execution.trainable:  # placeholders and excluded executions train nothing
                 continue
             rng = execution_rng(self.seed, execution.execution_id)
             admitted = admit_trajectories(execution.tree, self.roles, rng, self.j_max)

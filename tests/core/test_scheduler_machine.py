@@ -73,6 +73,9 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
         self.ready_unfed: dict[int, int] = {}  # group -> v_d
         self.v_d: dict[int, int] = {}
         self.fed_groups: set[int] = set()
+        self.dropped_groups: set[int] = set()
+        self.reserve: dict[int, int] = {}  # streaming off: groups the current burst may draw from
+        self.allowance = 0  # waterlevel rise allowed by replacements of dropped groups
         self.switching: dict[int, str] = {}
         self.batch: int | None = None
         self.fed = 0
@@ -116,6 +119,7 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
 
     def on_start_batch(self, a: act.StartBatch) -> None:
         assert self.batch is None
+        assert a.final == ((a.version + 1) % self.cfg.mu == 0), "StartBatch.final disagrees with the burst"
         self.batch, self.fed, self.wanted = a.version, 0, 0
 
     def on_feed_groups(self, a: act.FeedGroups) -> None:
@@ -130,19 +134,34 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
 
     def check_feed(self, a: act.FeedGroups) -> None:
         assert a.version == self.batch
+        pool = self.ready_unfed if self.cfg.streaming else self.burst_pool(a)
         for g in a.groups:
             assert g in self.ready_unfed, f"group {g} fed but not ready (or fed twice)"
+            assert g in pool, f"group {g} became ready after its burst reserved its groups"
             assert g not in self.fed_groups
             assert a.version - self.v_d[g] >= 0, "negative staleness"
-            self.fed_groups.add(g)
-            del self.ready_unfed[g]
-        oldest_left = min(self.ready_unfed.values(), default=None)
+        oldest_left = min((v for g, v in pool.items() if g not in a.groups), default=None)
         if oldest_left is not None:
             assert max(self.v_d[g] for g in a.groups) <= oldest_left, "fed a newer group before an older one"
+        for g in a.groups:
+            self.fed_groups.add(g)
+            del self.ready_unfed[g]
+            self.reserve.pop(g, None)
         self.fed += len(a.groups)
         if self.cfg.streaming:
             self.wanted -= len(a.groups)
+        else:
+            assert len(a.groups) == self.cfg.B, "streaming off feeds whole batches"
         assert self.fed <= self.cfg.B
+
+    def burst_pool(self, a: act.FeedGroups) -> dict[int, int]:
+        """Streaming off: at a burst's first update, mu * B ready groups must exist; the burst draws
+        only from the oldest of those (what was ready then), never from groups ready later."""
+        if a.version % self.cfg.mu == 0:
+            assert len(self.ready_unfed) >= self.cfg.mu * self.cfg.B, "burst started before mu * B groups were ready"
+            cutoff = sorted(self.ready_unfed.values())[self.cfg.mu * self.cfg.B - 1]
+            self.reserve = {g: v for g, v in self.ready_unfed.items() if v <= cutoff}
+        return self.reserve
 
     # ---- legal events ---------------------------------------------------------
     @rule(dt=st.sampled_from([0.0, 1.0, 5.0, 20.0]))
@@ -186,7 +205,22 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
             self.send(ev.GroupReady(self.now, g))
 
     def closable_groups(self) -> list[int]:
-        return sorted(g for g, n in self.closed.items() if n >= self.cfg.N and g not in self.ready_sent)
+        return sorted(g for g, n in self.closed.items()
+                      if n >= self.cfg.N and g not in self.ready_sent and g not in self.dropped_groups)
+
+    def droppable_groups(self) -> list[int]:
+        return sorted(g for g in self.v_d if g not in self.ready_sent and g not in self.dropped_groups)
+
+    @precondition(lambda self: self.droppable_groups())
+    @rule(data=st.data())
+    def drop_group(self, data) -> None:
+        g = data.draw(st.sampled_from(self.droppable_groups()))
+        dispatched_before = len(self.v_d)
+        self.dropped_groups.add(g)
+        self.allowance += self.cfg.group_size
+        self.send(ev.GroupDropped(self.now, g))
+        assert len(self.v_d) == dispatched_before + 1, "a dropped group was not replaced"
+        assert all(x not in self.queued for x in self.s.executions_of(g))
 
     @precondition(lambda self: self.closable_groups())
     @rule(data=st.data())
@@ -233,6 +267,10 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
                       ev.ExecutionFinished(self.now, 10**7)]
         candidates += [ev.ExecutionFinished(self.now, x) for x in sorted(self.queued)[:2]]
         candidates += [ev.GroupReady(self.now, g) for g in sorted(self.ready_sent)[:2]]
+        candidates += [ev.GroupDropped(self.now, g) for g in sorted(self.ready_sent)[:2]]
+        candidates += [ev.GroupDropped(self.now, g) for g in sorted(self.dropped_groups)[:2]]
+        candidates += [ev.GroupReady(self.now, g) for g in sorted(self.dropped_groups)[:2]]
+        candidates.append(ev.GroupDropped(self.now, 10**6))
         candidates += [ev.TransitionDone(self.now, c, "training") for c in range(self.cfg.K)
                        if c not in self.switching]
         if self.batch is None or not self.cfg.streaming:
@@ -279,13 +317,13 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
         burst, w = self.s.burst, self.s.waterlevel
         prev_burst, prev_w = self.prev_w
         if prev_burst == burst and self.cfg.dispatch == "boundary":
-            assert w <= prev_w
-        self.prev_w = (burst, w)
+            assert w <= prev_w + self.allowance
+        self.prev_w, self.allowance = (burst, w), 0
 
     @invariant()
     def dispatch_depth(self) -> None:
         """Groups dispatched but not yet fed: (phi + mu) * B at start, never more."""
-        unconsumed = len(self.v_d) - len(self.fed_groups)
+        unconsumed = len(self.v_d) - len(self.fed_groups) - len(self.dropped_groups)
         assert unconsumed <= self.cfg.initial_groups
         if self.cfg.dispatch == "continuous":
             assert unconsumed == self.cfg.initial_groups

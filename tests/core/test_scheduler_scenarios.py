@@ -69,7 +69,7 @@ def test_supply_timer_must_hold_for_tau_and_restarts_after_a_drop():
     d.send(ev.Tick(15.0))
     assert d.kinds(act.BeginTransition) == [act.BeginTransition(0, "training")]
     d.send(ev.TransitionDone(20.0, 0, "training"))
-    assert d.kinds(act.StartBatch) == [act.StartBatch(0)]
+    assert d.kinds(act.StartBatch) == [act.StartBatch(0, final=False)]  # mu = 2: the first of two updates
     assert d.s.supply_since == 20.0  # restarted at the transition and the batch start
     d.send(ev.GroupWanted(21.0))  # the batch takes group 0: supply drops to 0
     assert d.kinds(act.FeedGroups) == [act.FeedGroups(0, (0,))]
@@ -116,7 +116,7 @@ def test_end_of_burst_core_stays_when_supply_and_eq3_hold():
     d = end_of_burst(C_s=0, extra_ready=2)
     assert d.last == [act.Publish(1)]
     d.send(ev.PublishDone(12.0, 1))
-    assert act.DispatchGroups((3,), 1) in d.last and act.StartBatch(1) in d.last
+    assert act.DispatchGroups((3,), 1) in d.last and act.StartBatch(1, final=True) in d.last  # mu = 1: every update ends a burst
 
 
 def test_end_of_burst_core_returns_without_ready_supply():
@@ -158,7 +158,7 @@ def test_satellites_return_and_broadcast_inside_a_burst():
     d.send(ev.GroupWanted(3.0))
     d.finish_group(1, 4.0)
     d.send(ev.StepDone(5.0, 0))
-    assert d.last[0] == act.Broadcast(1, (1,)) and act.StartBatch(1) in d.last
+    assert d.last[0] == act.Broadcast(1, (1,)) and act.StartBatch(1, final=True) in d.last  # the second of mu = 2
     for g in (2, 3):
         d.finish_group(g, 6.0)
     d.send(ev.GroupWanted(6.0))
@@ -203,3 +203,20 @@ def test_illegal_events_raise_with_clear_messages():
         d.send(ev.TransitionDone(1.0, 0, "training"))
     with pytest.raises(PolicyError, match="before Begin"):
         Scheduler(d.cfg).handle(ev.Tick(0.0))
+
+
+def test_streaming_off_reserves_the_whole_burst_then_trains_back_to_back():
+    """SPEC 3.7: mu = 2, B = 1: update 0 waits for 2 ready groups; update 1 is fed at its StartBatch;
+    a group ready in between (older or not) waits for the next burst."""
+    d = Drive(K=1, C_e=8, C_s=8, N=1, B=1, phi=1.0, mu=2, rho_min=1.0, tau=0.0, granularity="coarse",
+              streaming=False)
+    d.finish_group(0, 1.0)
+    d.send(ev.TransitionDone(2.0, 0, "training"))
+    assert d.kinds(act.StartBatch) == [act.StartBatch(0, final=False)] and not d.kinds(act.FeedGroups)
+    d.finish_group(2, 3.0)
+    assert d.kinds(act.FeedGroups) == [act.FeedGroups(0, (0,))]  # the reserve is {0, 2}, oldest first
+    d.finish_group(1, 4.0)  # ready after the reservation: not part of this burst
+    d.send(ev.StepDone(5.0, 0))
+    assert d.kinds(act.StartBatch) == [act.StartBatch(1, final=True)]
+    assert d.kinds(act.FeedGroups) == [act.FeedGroups(1, (2,))]
+    assert d.s.ready_unclaimed == 1

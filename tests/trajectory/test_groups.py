@@ -37,7 +37,7 @@ def test_advantages_sum_to_zero(rewards):
     assert abs(group_advantages(rewards).sum()) < 1e-6 * max(1.0, len(rewards))
 
 
-def test_group_ready_only_when_all_n_valid():
+def test_group_ready_only_when_all_n_have_an_outcome():
     buffer = TrajectoryBuffer(3)
     buffer.open_group("g1", 0, ["a", "b", "c"], deadline=100.0)
     finish(buffer, "a", 1.0)
@@ -61,15 +61,44 @@ def test_placeholder_keeps_group_counts_complete():
     assert [(e.reward, e.placeholder) for e in group.executions] == [(1.0, False), (0.0, True)]
 
 
-def test_excluded_execution_drops_the_group_without_oversampling():
-    buffer = TrajectoryBuffer(2)
-    buffer.open_group("g1", 0, ["a", "b"], deadline=10.0)
+def test_an_excluded_execution_never_blocks_its_group():
+    """SPEC 4.3: the group is ready, the excluded execution has no reward, advantages use the rest."""
+    buffer = TrajectoryBuffer(3)
+    buffer.open_group("g1", 0, ["a", "b", "c"], deadline=10.0)
     finish(buffer, "a", 1.0)
-    buffer.close_execution("b", 1.0, binding("b"))
-    buffer.evaluator_failed("b", 5.0)
+    finish(buffer, "b", 0.0)
+    buffer.close_execution("c", 1.0, binding("c"))
+    buffer.evaluator_failed("c", 5.0)
+    assert buffer.ready_group_ids() == []  # pending is not an outcome yet
     buffer.tick(10.0)
-    assert buffer.evaluation("b").state is EvalState.INVALID
-    assert buffer.pop_ready_group() is None and buffer.dropped_group_ids() == ["g1"]
+    assert buffer.evaluation("c").state is EvalState.INVALID
+    group = buffer.pop_ready_group()
+    by_id = {e.execution_id: e for e in group.executions}
+    assert [e.execution_id for e in group.executions] == ["a", "b", "c"]
+    assert by_id["c"].excluded and by_id["c"].reward is None and by_id["c"].advantage == 0.0
+    assert not by_id["c"].trainable and by_id["a"].trainable
+    assert np.allclose([by_id["a"].advantage, by_id["b"].advantage], group_advantages([1.0, 0.0]))
+
+
+def test_a_group_of_only_excluded_executions_is_ready_with_nothing_to_train():
+    buffer = TrajectoryBuffer(2)
+    buffer.open_group("g1", 0, ["a", "b"], deadline=5.0)
+    for e in ("a", "b"):
+        buffer.close_execution(e, 1.0, binding(e))
+    buffer.tick(5.0)
+    group = buffer.pop_ready_group()
+    assert [(e.excluded, e.advantage, e.trainable) for e in group.executions] == [(True, 0.0, False)] * 2
+
+
+def test_drop_group_forgets_a_group_that_cannot_complete():
+    buffer = TrajectoryBuffer(2)
+    buffer.open_group("g1", 0, ["a", "b"], deadline=5.0)
+    buffer.drop_group("g1")
+    assert buffer.ready_group_ids() == []
+    with pytest.raises(TrajectoryBufferError, match="unknown execution 'a'"):
+        buffer.tree("a")
+    with pytest.raises(TrajectoryBufferError, match="unknown group"):
+        buffer.drop_group("g1")
 
 
 def test_oversampling_designates_the_first_n_valid():
