@@ -20,8 +20,10 @@ an asyncio task whose completion is reported back with
 |                                | enter_training                                             |                  |
 | BeginTransition(c, rollout)    | leave_training, resume_memory, load newest weights,       | TransitionDone   |
 |                                | undrain                                                    |                  |
-| StartBatch(v)                  | ``step`` sent to the core cell (claims as groups arrive)  | StepDone          |
-| FeedGroups(v, gs)              | admission + packing of exactly these groups into batch v  |                   |
+| StartBatch(v, final)           | ``step`` sent to the core cell (claims as groups arrive); | StepDone,         |
+|                                | streaming: the packer asks for its first group            | GroupWanted       |
+| FeedGroups(v, gs)              | admission + packing of exactly these groups into batch v; | GroupWanted       |
+|                                | streaming: it asks for the next group until B are packed  |                   |
 | Broadcast                      | carried out by the core cell at the end of the step       |                   |
 | Publish(v)                     | HF checkpoint + update_weights_from_disk on rollout engines| PublishDone      |
 
@@ -31,6 +33,12 @@ thread in action order (per-cell command order = action order); an engine
 leaves training only after the newest published checkpoint is loaded into it;
 each group's v_d (DispatchGroups) and v_t (FeedGroups) are kept for the
 staleness measurement; every group is fed to the packer exactly once.
+
+Streaming (SPEC 3.6): the stream packing buffer holds at most one requested,
+unfed group: it reports ``GroupWanted`` when a batch opens and again after
+packing each fed group, until the batch's B groups are packed; the core
+answers with the oldest ready group. With streaming off the core feeds a
+burst's groups itself (SPEC 3.7) and the packer never asks.
 """
 
 from __future__ import annotations
@@ -105,16 +113,16 @@ class Metrics:
     reroutes: list[dict] = field(default_factory=list)
     in_flight_at_transition: list[int] = field(default_factory=list)
     move_stalls_ms: list[float] = field(default_factory=list)  # per moved call: the pause its harness saw
-    dropped_groups: list[int] = field(default_factory=list)    # an execution ran out of budget unscored
+    excluded: list[int] = field(default_factory=list)          # executions out of budget without a valid reward
 
     def staleness(self) -> list[int]:
         return [self.v_t[g] - self.v_d[g] for g in sorted(self.v_t)]
 
 
 class RealBackend(ActionHandler):
-    def __init__(self, cfg, parts: Parts, *, seed: int, token_budget: int, mu: int,
+    def __init__(self, cfg, parts: Parts, *, seed: int, token_budget: int,
                  progress: Callable[[str], None] | None = None, steps: int | None = None) -> None:
-        self.cfg, self.parts, self.mu = cfg, parts, mu
+        self.cfg, self.parts = cfg, parts
         self.progress, self._of = progress or (lambda line: None), "" if steps is None else f"/{steps}"
         self.buffer = PickingBuffer(cfg.N)
         self.packer = StreamPacker(self.buffer, GenericRoles(), groups_per_batch=cfg.B,
@@ -129,6 +137,7 @@ class RealBackend(ActionHandler):
         self._publishing: asyncio.Task | None = None
         self._ready_reported: set[int] = set()
         self._step_sent: dict[int, float] = {}
+        self._packed = 0  # groups packed into the open batch
         self.errors: list[str] = []
 
     def bind(self, controller) -> "RealBackend":
@@ -183,13 +192,10 @@ class RealBackend(ActionHandler):
             for call in calls:
                 self.buffer.add(call)
             state = await close_and_evaluate(self.buffer, self.parts.task, eid, result.workspace, time.monotonic)
-            if state is EvalState.INVALID:
+            if state is EvalState.INVALID:  # SPEC 4.3: excluded, and its group still becomes ready
                 outcome = "overall_timeout"
+                self.metrics.excluded.append(x)
                 self.progress(f"execution {eid} excluded: {self.buffer.evaluation(eid).exclusion_reason}")
-            if group_id(g) in self.buffer.dropped_group_ids():
-                self.buffer.drop_group(group_id(g))
-                self.metrics.dropped_groups.append(g)
-                self.progress(f"group {g} dropped: an execution has no valid reward within its budget")
         self.metrics.outcomes[x] = outcome
         self.metrics.trace.append(TraceResult(query_id=g, execution_index=x - g * self.cfg.group_size,
                                               start_s=result.started_at, end_s=result.ended_at,
@@ -251,10 +257,15 @@ class RealBackend(ActionHandler):
 
     # ---- training ---------------------------------------------------------------------
     def on_start_batch(self, a: act.StartBatch) -> None:
-        final = (a.version + 1) % self.mu == 0
-        ticket = self.parts.plane.send(0, "step", version=a.version, final=final)
+        ticket = self.parts.plane.send(0, "step", version=a.version, final=a.final)
         self._step_sent[a.version] = time.monotonic()
         self._spawn(self._await_step(a.version, ticket))
+        self._packed = 0
+        self._want_next_group()
+
+    def _want_next_group(self) -> None:
+        if self.cfg.streaming and self._packed < self.cfg.B:
+            self._report(ev.GroupWanted)
 
     async def _await_step(self, version: int, ticket) -> None:
         report = await asyncio.to_thread(ticket.result, 3600.0)
@@ -276,7 +287,10 @@ class RealBackend(ActionHandler):
             if state == "waiting":
                 raise RuntimeError(f"group {g} fed but not ready in the trajectory buffer")
             popped = self.buffer.popped[-1]
-            self.metrics.rewards.setdefault(a.version, []).extend(e.reward for e in popped.executions)
+            self.metrics.rewards.setdefault(a.version, []).extend(e.reward for e in popped.executions
+                                                                  if e.reward is not None)
+        self._packed += len(a.groups)
+        self._want_next_group()
 
     def on_broadcast(self, a: act.Broadcast) -> None:
         """The core cell broadcasts to its seated satellites at the end of every non-final step."""

@@ -1,8 +1,13 @@
 """A whole real run from one TOML file: ``run_job(JobConfig) -> summary``.
 
-``JobConfig`` (frozen, loaded by ``load_job_config``) names the policy knobs
-(K, C_e, N, B, phi, mu, tau, rho_min), the toy task, the harness shape and
-the run length. ``run_job`` builds, in order: the tiny tokenizer (trained
+``JobConfig`` (frozen, loaded by ``load_job_config``) names a schedule preset
+of ``gyre.presets`` (Gyre, Async, Colocate or any ablation) scaled to the
+job's cluster (``nodes`` single-node cells of ``C_e`` concurrent executions,
+groups of ``N``, batches of ``B``), per-field overrides of that schedule (the
+``[job.schedule]`` table), the toy task, the harness shape and the run length.
+A preset that keeps a separate rollout pool (``C_s > 0``) gets one extra
+SGLang engine for it; cells that train for the whole run (a static split)
+get no engine and enter training before the first event. ``run_job`` builds, in order: the tiny tokenizer (trained
 locally if missing), the training plane (K cells, Megatron-core on CPU), the
 initial Qwen2 checkpoint *exported from the plane's version-0 weights* (so the
 engines' behaviour policy and the trainer start identical), one SGLang CPU
@@ -34,7 +39,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gyre.actions import SEPARATE
-from gyre.config import SchedulerConfig
+from gyre.config import ConfigError, SchedulerConfig
+from gyre.presets import ClusterShape, build_preset
 from gyre.real.runtime.backend import Parts, RealBackend
 from gyre.real.runtime.controller import Controller
 from gyre.real.engines.manager import EngineManager, EngineSpec, free_port
@@ -51,17 +57,13 @@ SMALL_ENGINE = ("--mem-fraction-static", "0.05", "--max-total-tokens", "16384", 
 class JobConfig:
     workdir: str = "runs/cpu-demo"
     model_dir: str = "runs/tiny-tokenizer"
-    K: int = 2
-    C_e: int = 2
+    preset: str = "gyre-1"           # any name of gyre.presets.PRESETS
+    nodes: int = 2                   # single-node cells (each: one SGLang engine + one training cell)
+    C_e: int = 2                     # concurrent executions per node
     N: int = 2
     B: int = 2
-    phi: float = 0.0
-    mu: int = 2
-    tau: float = 0.0
-    rho_min: float = 0.5
-    granularity: str = "fine"
+    schedule: dict[str, Any] = dataclasses.field(default_factory=dict)  # SchedulerConfig field overrides
     steps: int = 4
-    separate_engine: bool = False
     calls: int = 2
     max_tokens: int = 12
     target: str = "e"
@@ -76,16 +78,23 @@ class JobConfig:
     def __post_init__(self) -> None:
         if self.isolate not in ISOLATE_MODES:
             raise ValueError(f"job field isolate must be one of {ISOLATE_MODES}, not {self.isolate!r}")
-        if self.steps < 1 or self.steps % self.mu:
-            raise ValueError(f"job field steps must be a positive multiple of mu = {self.mu} (whole bursts), "
+        if not isinstance(self.schedule, dict):
+            raise ValueError(f"job field schedule must be a table of schedule fields, not {self.schedule!r}")
+        try:
+            cfg = self.scheduler()  # the presets' and the policy core's own checks name any impossible value
+        except (ConfigError, TypeError) as exc:
+            raise ValueError(f"schedule: {exc}") from None
+        if self.steps < 1 or self.steps % cfg.mu:
+            raise ValueError(f"job field steps must be a positive multiple of mu = {cfg.mu} (whole bursts), "
                              f"not {self.steps}")
         Budgets(harness_timeout_s=self.harness_timeout_s, overall_timeout_s=self.overall_timeout_s)
-        self.scheduler()  # the policy core's own checks (K, N, B, phi, mu, ...) name any impossible value
+
+    def shape(self) -> ClusterShape:
+        return ClusterShape(nodes=self.nodes, nodes_per_cell=1, per_node_capacity=self.C_e, N=self.N, B=self.B)
 
     def scheduler(self) -> SchedulerConfig:
-        return SchedulerConfig(K=self.K, C_e=self.C_e, C_s=self.C_e if self.separate_engine else 0, N=self.N,
-                               B=self.B, phi=self.phi, mu=self.mu, tau=self.tau, rho_min=self.rho_min,
-                               granularity=self.granularity, streaming=False)
+        """The preset on this job's cluster, with the ``schedule`` overrides applied."""
+        return build_preset(self.preset, self.shape(), **self.schedule)
 
 
 def load_job_config(path: str | Path, **overrides: Any) -> JobConfig:
@@ -171,17 +180,21 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None) -> di
     vocab = len(AutoTokenizer.from_pretrained(str(tok_dir)))
     model_cfg = ModelConfig(vocab_size=vocab, max_sequence_length=4096, init_seed=1234 + job.seed)
     cfg = job.scheduler()
-    plane = TrainingPlane(PlaneConfig(cells=job.K, model=model_cfg, optim=OptimConfig(lr=job.lr), timeout_s=300.0),
+    plane = TrainingPlane(PlaneConfig(cells=cfg.K, model=model_cfg, optim=OptimConfig(lr=job.lr), timeout_s=300.0),
                           work / "plane")
     engines = EngineManager(work / "engine-logs")
     proxy = runner = None
     try:
-        say(f"starting {job.K} training cells (Megatron-core, CPU)")
+        say(f"schedule {job.preset}: K={cfg.K} cells, C_s={cfg.C_s}, phi={cfg.phi}, mu={cfg.mu}, "
+            f"{cfg.granularity} transitions, streaming {'on' if cfg.streaming else 'off'}")
+        say(f"starting {cfg.K} training cells (Megatron-core, CPU)")
         plane.start()
         model = _initial_model(plane, tok_dir, work)
-        names = {c: f"e{c}" for c in range(job.K)}
-        if job.separate_engine:
+        names = {c: f"e{c}" for c in range(cfg.static_train_cells, cfg.K)}  # static trainers serve no rollout
+        if cfg.C_s > 0:
             names[SEPARATE] = "sep"
+        for cell in range(cfg.static_train_cells):
+            plane.send(cell, "enter_training").result()
         for name in names.values():
             engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=free_port(),
                                       extra_args=SMALL_ENGINE))
@@ -189,7 +202,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None) -> di
         for name in names.values():
             engines.wait_healthy(name, timeout=300)
         timings["startup_s"] = time.monotonic() - t0
-        say(f"ready after {timings['startup_s']:.1f} s; running {job.steps} steps, {job.mu} per burst")
+        say(f"ready after {timings['startup_s']:.1f} s; running {job.steps} steps, {cfg.mu} per burst")
         proxy_cfg = ProxyConfig(model_path=str(model), records_dir=str(work / "records"), admin_token=ADMIN_TOKEN,
                                 engines=tuple(ProxyEngine(id=n, url=engines.engines[n].url) for n in names.values()),
                                 port=free_port(), fsync=False, limits=Limits(default_max_tokens=job.max_tokens))
@@ -202,7 +215,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None) -> di
         parts = Parts(proxy_url=proxy_url, admin_token=ADMIN_TOKEN, engines=engines, engine_names=names,
                       plane=plane, runner=runner, records_dir=work / "records",
                       checkpoint_dir=work / "checkpoints", task=EmitCharTask(job.target))
-        backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget, mu=job.mu,
+        backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget,
                               progress=say, steps=job.steps)
         controller = Controller(cfg, backend)
         backend.bind(controller)
@@ -254,7 +267,7 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
         "step_wall_s": [m.steps[v]["wall_s"] for v in sorted(m.steps)],
         "participants": [m.steps[v]["participants"] for v in sorted(m.steps)],
         "publishes": m.publishes, "transitions": m.transitions, "reroutes": len(m.reroutes),
-        "move_stalls_ms": m.move_stalls_ms, "dropped_groups": m.dropped_groups, "harnesses_isolated": backend.parts.runner.isolated,
+        "move_stalls_ms": m.move_stalls_ms, "excluded_executions": m.excluded, "harnesses_isolated": backend.parts.runner.isolated,
         "executions_in_flight_at_transitions": m.in_flight_at_transition,
         "outcomes": {o: finished.count(o) for o in sorted(set(finished))},
         "backend_errors": backend.errors, "trace": str(trace_path) if trace_path else None,

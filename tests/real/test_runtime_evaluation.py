@@ -63,7 +63,7 @@ def test_failed_evaluations_are_retried_on_the_same_state_until_valid(tmp_path, 
     assert buffer.ready_group_ids() == ["g0"]
 
 
-def test_a_budget_spent_on_failures_excludes_the_execution_and_its_group(tmp_path):
+def test_a_budget_spent_on_failures_excludes_the_execution_but_not_its_group(tmp_path):
     buffer = _setup(tmp_path, deadline=10.0)
     evaluator = Flaky(10**6)
     assert _run(buffer, evaluator, tmp_path, Clock(1.0)) is EvalState.INVALID
@@ -71,7 +71,8 @@ def test_a_budget_spent_on_failures_excludes_the_execution_and_its_group(tmp_pat
     assert "budget" in evaluation.exclusion_reason and not evaluation.trainable
     assert all(a.result is None and "scorer container" in a.reason for a in evaluation.history)
     assert 3 <= evaluator.calls <= 10
-    assert buffer.ready_group_ids() == [] and buffer.dropped_group_ids() == ["g0"]
+    assert buffer.ready_group_ids() == ["g0"]  # SPEC 4.3: an excluded execution never blocks its group
+    assert [e.excluded for e in buffer.pop_ready_group().executions] == [True]
 
 
 def test_no_evaluable_work_is_a_zero_placeholder(tmp_path):

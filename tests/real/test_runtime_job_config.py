@@ -18,15 +18,39 @@ DEMO = Path(__file__).resolve().parents[2] / "configs" / "cpu_demo.toml"
 
 def test_the_shipped_demo_loads_with_overrides():
     job = load_job_config(DEMO, steps=4, workdir="elsewhere")
-    assert (job.K, job.N, job.B, job.mu, job.steps, job.workdir) == (2, 8, 2, 2, 4, "elsewhere")
-    assert job.scheduler().predicted_staleness == pytest.approx(0.5)
+    cfg = job.scheduler()
+    assert (cfg.K, cfg.N, cfg.B, cfg.mu, job.steps, job.workdir) == (2, 8, 2, 2, 4, "elsewhere")
+    assert (job.preset, cfg.granularity, cfg.streaming, cfg.tau) == ("gyre-1", "fine", True, 0.0)
+    assert cfg.predicted_staleness == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("preset, expected", [
+    ("gyre-1.5", {"K": 4, "C_s": 0, "granularity": "fine", "streaming": True, "phi": 0.5, "mu": 3}),
+    ("async-1", {"K": 4, "static_train_cells": 2, "granularity": "none", "phi": 1.0, "mu": 1}),
+    ("colocate-1", {"K": 4, "granularity": "global", "phi": 0.0, "mu": 3}),
+    ("C1", {"K": 3, "C_s": 8, "granularity": "coarse", "streaming": False}),
+])
+def test_a_preset_scales_to_the_jobs_cells(preset, expected):
+    cfg = JobConfig(preset=preset, nodes=4, C_e=8, N=2, B=2, steps=6).scheduler()
+    assert {k: getattr(cfg, k) for k in expected} == expected
+
+
+def test_schedule_overrides_apply_on_top_of_the_preset(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text("[job]\npreset = 'gyre-1'\nsteps = 2\n[job.schedule]\ntau = 2.5\nrho_min = 1.0\n")
+    cfg = load_job_config(path).scheduler()
+    assert (cfg.tau, cfg.rho_min, cfg.mu) == (2.5, 1.0, 2)
 
 
 @pytest.mark.parametrize("text, message", [
     ("[job]\nstepz = 4\n", "unknown field(s) ['stepz']"),
     ("[job]\nisolate = 'sometimes'\n", "isolate must be one of"),
-    ("[job]\nsteps = 5\nmu = 2\n", "steps must be a positive multiple of mu = 2"),
-    ("[job]\nK = 0\n", "K must be >= 1"),
+    ("[job]\nsteps = 5\n", "steps must be a positive multiple of mu = 2"),
+    ("[job]\nnodes = 0\n", "K must be >= 1"),
+    ("[job]\npreset = 'gyre-9'\n", "unknown preset 'gyre-9'"),
+    ("[job.schedule]\nwarp = 9\n", "schedule: "),
+    ("[job.schedule]\nphi = -1.0\n", "phi must be >= 0"),
+    ("[job]\nschedule = 3\n", "schedule must be a table"),
     ("[job\nK = 2\n", "job configuration"),
     ("[job]\nharness_timeout_s = 100.0\noverall_timeout_s = 50.0\n", "harness_timeout_s <= overall_timeout_s"),
 ])
@@ -44,7 +68,7 @@ def test_a_missing_file_is_named(tmp_path):
 
 
 def test_defaults_are_a_valid_job():
-    assert JobConfig().scheduler().K == 2
+    assert JobConfig().scheduler().K == 2 and JobConfig().preset == "gyre-1"
 
 
 def test_gyre_run_refuses_a_bad_override_before_starting_anything(capsys):
