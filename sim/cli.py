@@ -17,7 +17,8 @@ from pathlib import Path
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("sim", help="simulate a schedule from a rollout-duration trace")
-    p.add_argument("--preset", default="E0", help="schedule preset (A0..E2, async, colocate, gyre, ...)")
+    p.add_argument("--preset", help="schedule preset (A0..E2, async, colocate, gyre, ...); default: the "
+                   "trace's recorded preset (a real run's trace.json), else E0")
     p.add_argument("--trace", default="nl2repo-122b", help="trace preset name or CSV/Parquet path")
     p.add_argument("--steps", type=int, default=12, help="optimizer steps to simulate")
     p.add_argument("--seed", type=int, default=0, help="seed for generated traces")
@@ -51,7 +52,7 @@ def _single(args, overrides, costs) -> int:
     from gyre.sim.report import format_summary
     from gyre.sim.runner import run_simulation
 
-    with step_progress(args.steps, f"{args.preset} on {args.trace}") as on_step:
+    with step_progress(args.steps, f"{args.preset or 'schedule'} on {args.trace}") as on_step:
         result = run_simulation(args.preset, args.trace, steps=args.steps, seed=args.seed,
                                 overrides=overrides, costs=costs, on_step=on_step)
     print(format_summary(result.summary))

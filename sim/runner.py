@@ -27,6 +27,7 @@ from gyre.sim.costs import CostModel
 from gyre.sim.driver import Simulation
 from gyre.sim.record import SimRecord, write_tables
 from gyre.formats.trace import Trace, load_trace
+from gyre.formats.trace_meta import read_trace_meta
 from gyre.sim.traces.presets import PRESETS as TRACE_PRESETS
 from gyre.sim.traces.presets import generate_trace
 
@@ -57,11 +58,23 @@ def resolve_trace(trace: str | Path | Trace, seed: int, N: int | None = None) ->
     return load_trace(trace, N=N), str(trace)
 
 
-def run_simulation(preset: str = DEFAULT_PRESET, trace: str | Path | Trace = DEFAULT_TRACE, *, steps: int = 12,
+def run_simulation(preset: str | None = None, trace: str | Path | Trace = DEFAULT_TRACE, *, steps: int = 12,
                    seed: int = 0, overrides: dict[str, Any] | None = None, costs: CostModel | None = None,
                    on_step: Callable[[int], None] | None = None) -> SimResult:
-    shape = WORKLOAD_SHAPES.get(str(trace), PAPER_SHAPE) if not isinstance(trace, Trace) else PAPER_SHAPE
-    cfg = build_preset(preset, shape, **(overrides or {}))
+    """Simulate ``preset`` (default: the trace's recorded preset, else E0) on ``trace``.
+
+    A trace file with a sidecar (``gyre.formats.trace_meta``) brings its cluster
+    shape and schedule overrides: the recorded schedule, or another preset
+    scaled to the same cluster.
+    """
+    meta = read_trace_meta(trace) if not isinstance(trace, Trace) and str(trace) not in TRACE_PRESETS else None
+    if meta is not None:
+        shape, recorded = meta.shape, dict(meta.schedule) if preset in (None, meta.preset) else {}
+        preset = preset or meta.preset
+    else:
+        shape = WORKLOAD_SHAPES.get(str(trace), PAPER_SHAPE) if not isinstance(trace, Trace) else PAPER_SHAPE
+        recorded, preset = {}, preset or DEFAULT_PRESET
+    cfg = build_preset(preset, shape, **{**recorded, **(overrides or {})})
     resolved, trace_name = resolve_trace(trace, seed, N=cfg.N)
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")

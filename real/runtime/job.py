@@ -15,7 +15,8 @@ engine per cell, the proxy (in-process thread, 127.0.0.1), the harness runner
 and the ``RealBackend``; then runs the ``Controller`` for ``steps`` steps and
 writes, under ``workdir``: ``log/`` (events.csv + summary.json, replayable by
 ``gyre.formats.eventlog.replay_run``), ``trace.csv`` (complete groups, simulator
-format), ``summary.json`` and ``run.png``/``run.svg`` (reward and staleness per
+format, with ``trace.json`` naming the preset, cluster and schedule it ran
+under), ``summary.json`` and ``run.png``/``run.svg`` (reward and staleness per
 step, ``gyre.analysis.real_run``).
 
 Invariants: everything binds 127.0.0.1 on ports chosen at run time; every
@@ -40,6 +41,7 @@ from typing import Any, Callable
 
 from gyre.actions import SEPARATE
 from gyre.config import ConfigError, SchedulerConfig
+from gyre.formats.trace_meta import TraceMeta, write_trace_meta
 from gyre.presets import ClusterShape, build_preset
 from gyre.real.runtime.backend import Parts, RealBackend
 from gyre.real.runtime.controller import Controller
@@ -254,6 +256,8 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
         complete.setdefault(r.query_id, []).append(r)
     kept = [r for rs in complete.values() if len([x for x in rs if x.outcome != "cancelled"]) == cfg.N for r in rs]
     trace_path = write_trace(kept, work / "trace.csv", N=cfg.N) if kept else None
+    if trace_path is not None:  # self-describing: gyre sim --trace RUN/trace.csv needs no --set
+        write_trace_meta(trace_path, TraceMeta(job.preset, job.shape(), dict(job.schedule), "gyre run"))
     staleness = m.staleness()
     curve = [statistics.fmean(m.rewards[v]) for v in sorted(m.rewards)]
     finished = [o for x, o in m.outcomes.items()]

@@ -72,6 +72,11 @@ def test_gyre_run_cpu_demo_end_to_end(tmp_path):
     assert abs(s["staleness_mean"] - s["staleness_predicted"]) <= 0.25
     trace = load_trace(s["trace"])
     assert len(trace.frame) >= 8 * 2 * 4
+    # the trace describes itself: the simulator replays the recorded schedule with no --set
+    from gyre.sim.runner import run_simulation
+
+    replayed = run_simulation(trace=s["trace"], steps=4)
+    assert (replayed.summary["preset"], replayed.cfg.N, replayed.cfg.K, replayed.cfg.tau) == ("gyre-1", 8, 2, 0.0)
     curve = s["reward_curve"]
     assert len(curve) == 20 and all(0.0 <= r <= 1.0 for r in curve), curve
     assert [Path(f).name for f in s["figures"]] == ["run.png", "run.svg"] and Path(s["figures"][0]).stat().st_size
