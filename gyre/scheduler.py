@@ -192,10 +192,13 @@ class Scheduler:
         if not self._ledger.holds(x):
             raise PolicyError(f"execution {x} finished but is not running")
 
+    def _dispatched(self, g: int) -> GroupState:
+        if g not in self.groups:
+            raise PolicyError(f"group {g} was never dispatched")
+        return self.groups[g]
+
     def _check_group_ready(self, event: ev.GroupReady) -> None:
-        group = self.groups.get(event.group)
-        if group is None:
-            raise PolicyError(f"group {event.group} was never dispatched")
+        group = self._dispatched(event.group)
         if group.ready:
             raise PolicyError(f"group {event.group} reported ready twice")
         if group.dropped:
@@ -204,9 +207,7 @@ class Scheduler:
             raise PolicyError(f"group {event.group} ready with only {group.closed} of {self.cfg.N} executions closed")
 
     def _check_group_dropped(self, event: ev.GroupDropped) -> None:
-        group = self.groups.get(event.group)
-        if group is None:
-            raise PolicyError(f"group {event.group} was never dispatched")
+        group = self._dispatched(event.group)
         if group.ready:
             raise PolicyError(f"group {event.group} is ready and cannot be dropped")
         if group.dropped:
