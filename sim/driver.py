@@ -166,8 +166,8 @@ class Simulation(ActionHandler):
         self.record.execution_finished(x, self.env.now, outcome)
         self.send(ev.ExecutionFinished(self.env.now, x, outcome))
         g = self.core.group_of(x)
-        outcomes = self._outcomes[g]
-        if outcome == "cancelled" or g in self._dropped or outcomes.ready:
+        outcomes = self._outcomes.get(g)  # gone once the group was reported ready
+        if outcomes is None or outcomes.ready or outcome == "cancelled" or g in self._dropped:
             return  # cancelled work and late surplus have no designated outcome
         if outcomes.resolve(execution_id(x), designated_outcome(outcome)):
             self._after(self.costs.evaluation_s, lambda: self._group_ready(g))

@@ -81,3 +81,15 @@ def test_dropped_groups_are_replaced_and_staleness_still_holds(preset, base_trac
 def test_without_drops_no_group_is_marked_dropped(base_trace):
     sim = run("E0", base_trace)
     assert all(row["dropped_at_s"] is None for row in sim.record.groups.values())
+
+
+def test_oversampled_surplus_is_cancelled_and_never_designated(base_trace):
+    """Groups of N + 2: the first N to end are designated; the surplus is cancelled once the group is ready."""
+    cfg = build_preset("E0").replace_fields(oversample=2)
+    sim = Simulation(cfg, base_trace, CostModel(), 6)
+    sim.run()
+    consumed = pd.DataFrame(sim.record.consumed_groups(6))
+    assert len(consumed) == 6 * cfg.B and (consumed.participants + consumed.excluded == cfg.N).all()
+    outcomes = pd.DataFrame(sim.record.executions.values()).groupby("group_id").outcome
+    assert (outcomes.apply(lambda o: (o == "cancelled").sum())[consumed.group_id] <= 2).all()
+    assert replay(cfg, sim.record.log.events()) == sim.record.log.actions
