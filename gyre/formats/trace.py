@@ -115,7 +115,11 @@ def _query_ids(frame: pd.DataFrame, source: str) -> pd.Series:
 
 
 def _outcomes(frame: pd.DataFrame, source: str) -> pd.Categorical:
-    text = frame["outcome"].astype(object).astype(str)
+    raw = frame["outcome"]
+    if isinstance(raw.dtype, pd.CategoricalDtype) and set(raw.cat.categories) <= set(OUTCOMES):
+        if not raw.isna().any():  # fast path: already coded, e.g. a generated trace
+            return pd.Categorical(raw, categories=OUTCOMES)
+    text = raw.astype(object).astype(str)
     unknown = ~text.isin(OUTCOMES).to_numpy()
     if unknown.any():
         position = int(np.flatnonzero(unknown)[0])
@@ -240,7 +244,7 @@ class Trace:
         object.__setattr__(self, "frame", frame)
         object.__setattr__(self, "N", n)
         grids = {c: _frozen(frame[c].to_numpy(), n) for c in ("duration_s", *COUNT_COLUMNS) if c in frame}
-        grids["outcome"] = _frozen(frame["outcome"].to_numpy(dtype=str), n)
+        grids["outcome"] = _frozen(np.asarray(OUTCOMES)[frame["outcome"].cat.codes.to_numpy()], n)
         object.__setattr__(self, "_grids", grids)
         object.__setattr__(self, "_query_ids", frame["query_id"].to_numpy()[::n].copy())
 

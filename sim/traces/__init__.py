@@ -1,7 +1,12 @@
 """Rollout-duration traces for the simulator: presets, statistics, ``gyre trace``.
 
-- ``presets``: synthetic traces from named presets calibrated to SPEC.md 5;
-- ``stats``: achieved statistics of a trace beside its targets, and the fit;
+- ``model``: the duration model (per-query difficulty, hard queries whose
+  executions time out together, ceiling and budget) and its random draws;
+- ``presets``: the preset type, registry and ``generate_trace``;
+- ``catalogue``: the four calibrated presets (SPEC.md 5 and 5.1), with the
+  source of every target (the paper's, or ours);
+- ``stats``: achieved statistics of a trace beside its targets;
+- ``fit``: re-deriving a preset's fitted parameters;
 - ``cli``: ``gyre trace gen|stats|presets``.
 
 The table format shared with the real backend is ``gyre.formats.trace``.

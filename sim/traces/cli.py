@@ -4,8 +4,12 @@ Subcommands (each handler is ``func(args) -> int``):
 
 * ``gen --preset P --queries Q --seed S --out FILE [--N 16]`` writes a
   synthetic trace (CSV or Parquet by suffix) and prints a one-line summary;
-* ``stats FILE [--preset P] [--N N]`` prints the statistics table, with the
-  preset's targets beside the achieved values when ``--preset`` is given;
+* ``stats [FILE] [--preset P] [--N N] [--queries Q] [--seed S]`` prints the
+  statistics table of FILE, with the preset's targets beside the achieved
+  values when ``--preset`` is given; without FILE it generates Q queries
+  (default 20,000, seed 0) from the named preset, or from every preset, and
+  prints for each target: its value, its source ("paper" or "ours"), the
+  achieved value, the fit error and the verdict (``format_stats_table``);
 * ``presets [NAME ...]`` describes presets (all when none is named);
 * ``fit --preset P [--queries Q] [--seed S]`` re-derives a preset's fitted
   parameters (how the hard-coded values in ``traces.presets`` were made) and
@@ -71,16 +75,33 @@ def cmd_gen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compared(stats: dict, preset) -> str:
+    from gyre.sim.traces.stats import format_stats_table
+
+    return format_stats_table(stats, preset.targets, sources=preset.sources, bounds=preset.bounds)
+
+
 @_guarded
 def cmd_stats(args: argparse.Namespace) -> int:
-    """Print a trace's statistics, beside a preset's targets if one is named."""
+    """Print a trace's statistics beside a preset's targets, or every preset's fit."""
+    import numpy as np
+
     from gyre.formats.trace import load_trace
-    from gyre.sim.traces.presets import get_preset
+    from gyre.sim.traces.presets import PRESETS, generate_trace, get_preset
     from gyre.sim.traces.stats import format_stats_table, trace_stats
 
-    targets = get_preset(args.preset).targets if args.preset else None
-    trace = load_trace(args.file, N=args.N)
-    print(format_stats_table(trace_stats(trace), targets))
+    named = get_preset(args.preset) if args.preset else None
+    if args.file is not None:
+        stats = trace_stats(load_trace(args.file, N=args.N))
+        print(_compared(stats, named) if named else format_stats_table(stats))
+        return 0
+    presets = [named] if named else [PRESETS[name] for name in sorted(PRESETS)]
+    blocks = []
+    for preset in presets:
+        trace = generate_trace(preset, args.queries, np.random.default_rng(args.seed), N=args.N or preset.N)
+        heading = f"preset {preset.name}: generated, seed {args.seed}"
+        blocks.append(f"{heading}\n{_compared(trace_stats(trace), preset)}")
+    print("\n\n".join(blocks))
     return 0
 
 
@@ -99,8 +120,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     """Refit a preset's shape parameters to its targets and print them."""
     import numpy as np
 
+    from gyre.sim.traces.fit import FITTED_FIELDS, fit_model
     from gyre.sim.traces.presets import draw_variates, get_preset, realize_counts, realize_durations
-    from gyre.sim.traces.stats import FITTED_FIELDS, count_stats, duration_stats, fit_model, format_stats_table
+    from gyre.sim.traces.stats import count_stats, duration_stats
 
     preset = get_preset(args.preset)
     model = fit_model(preset.model, preset.targets, queries=args.queries, seed=args.seed, N=preset.N)
@@ -112,7 +134,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     for field in (*FITTED_FIELDS, "tokens_per_call"):
         print(f"{field}={getattr(model, field):.4f},")
     print(f"\nachieved on a fresh sample (seed {args.seed + 1}):")
-    print(format_stats_table(stats, preset.targets))
+    print(_compared(stats, preset))
     return 0
 
 
@@ -139,11 +161,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     gen.add_argument("--N", type=_positive_int, default=16, help="executions per query (default 16)")
     gen.set_defaults(func=cmd_gen)
 
-    stats = sub.add_parser("stats", help="print a trace's statistics")
-    stats.add_argument("file")
+    stats = sub.add_parser("stats", help="print a trace's statistics, or every preset's targets vs achieved")
+    stats.add_argument("file", nargs="?", help="trace file; without it, generate from the preset(s)")
     stats.add_argument("--preset", help="show this preset's targets beside the achieved values")
-    stats.add_argument("--N", type=_positive_int, default=None, 
-        help="required group size (default: inferred)")
+    stats.add_argument("--N", type=_positive_int, default=None,
+                       help="required group size (default: inferred; for generated traces: the preset's)")
+    stats.add_argument("--queries", type=_positive_int, default=20_000, help="generated queries (default 20000)")
+    stats.add_argument("--seed", type=int, default=0, help="seed of generated traces (default 0)")
     stats.set_defaults(func=cmd_stats)
 
     describe = sub.add_parser("presets", help="describe presets")

@@ -1,7 +1,8 @@
-"""Achieved statistics of a trace, their comparison with targets, and the fit.
+"""Achieved statistics of a trace and their comparison with a preset's targets.
 
 Definitions (every statistic is over all executions or all queries, whatever
-their outcome; hours are 3,600 s):
+their outcome; hours are 3,600 s; a *timeout* is a harness or overall
+timeout):
 
 * ``mean_execution_h``: mean execution duration;
 * ``mean_query_h``: mean over queries of the slowest execution of the group
@@ -11,47 +12,43 @@ their outcome; hours are 3,600 s):
   of executions with that outcome;
 * ``slowest_overall_timeout_share``: share of queries whose slowest execution
   (any of them, on a tie) ended in an overall timeout;
+* ``queries_with_timeout``: share of queries holding at least one timeout;
+* ``independent_timeout_queries``: the same share had the trace's timeouts
+  struck executions independently, ``1 - (1 - t)^N`` with t the share of
+  executions that timed out (the SPEC 5.1 counterfactual, ~64 % for 122B);
+* ``timeouts_per_timed_out_query``: mean number of timeouts in a query that
+  holds one (out of N);
+* ``queries_at_ceiling``: share of queries whose slowest execution (any, on
+  a tie) is a timeout, i.e. whose duration is pinned to the ceiling or the
+  budget rather than set by a completion;
+* ``near_ceiling_share``: share of executions lasting at least
+  ``NEAR_CEILING`` of the harness ceiling (timeouts included); the ceiling is
+  read off the trace as the shortest harness timeout; absent without one;
+* ``tie_share``: the largest share of completed and failed executions that
+  end at one single duration value (a pile-up check; ~1/count when none);
 * ``p50/p90/p99_execution_h``: execution duration quantiles (linear);
 * ``mean_tokens`` (input + output), ``mean_input_tokens``,
-  ``mean_output_tokens``, ``mean_call_count``: present only when the trace
-  has those columns.
+  ``mean_output_tokens``, ``mean_call_count``: only when the trace has those
+  columns.
 
-Tolerance (the yardstick of the preset tests and of the table's last column):
-keys ending in ``_rate`` or containing ``share``/``over`` are fractions and
-must lie within 1.5 percentage points; every other key within 5 % relative.
-
-``fit_model`` re-derives a preset's hard-coded parameters: it solves the
-preset's duration targets for the five shape parameters on common random
-numbers, then scales ``tokens_per_call`` to the token target.
+Tolerance (the yardstick of the preset tests and of the table): fractions
+(metrics printed in %) must lie within 1.5 percentage points of their target;
+every other key within 5 % relative. A *bound* (``<= value``) is met when the
+achieved value does not exceed it, with no tolerance.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Mapping
 
 import numpy as np
 
 from gyre.formats.trace import COUNT_COLUMNS, OUTCOMES, Outcome, Trace
-from gyre.sim.traces.presets import (
-    HOUR_S,
-    DurationModel,
-    Variates,
-    draw_variates,
-    realize_counts,
-    realize_durations,
-)
+from gyre.sim.traces.model import HOUR_S
 
 RATE_TOLERANCE = 0.015  # absolute, on fractions
 RELATIVE_TOLERANCE = 0.05
-FITTED_FIELDS = (
-    "difficulty_log_mean",
-    "difficulty_log_sd",
-    "execution_log_sd",
-    "overall_logit_mean",
-    "overall_logit_sd",
-)
-_LOG_FIELDS = {"difficulty_log_sd", "execution_log_sd"}  # fitted on log scale
+NEAR_CEILING = 0.8
 
 # key -> (label, kind); kind picks the printed unit
 METRICS: dict[str, tuple[str, str]] = {
@@ -62,6 +59,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "overall_timeout_rate": ("overall timeout rate", "%"),
     "failed_rate": ("failed rate", "%"),
     "slowest_overall_timeout_share": ("slowest in overall timeout", "%"),
+    "queries_with_timeout": ("queries holding a timeout", "%"),
+    "independent_timeout_queries": ("  same, timeouts independent", "%"),
+    "timeouts_per_timed_out_query": ("timeouts per such query", "count"),
+    "queries_at_ceiling": ("queries at ceiling/budget", "%"),
+    "near_ceiling_share": (f"executions >= {NEAR_CEILING:.0%} of ceiling", "%"),
+    "tie_share": ("largest tie, completed/failed", "%"),
     "p50_execution_h": ("p50 execution", "h"),
     "p90_execution_h": ("p90 execution", "h"),
     "p99_execution_h": ("p99 execution", "h"),
@@ -71,12 +74,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "mean_call_count": ("mean call count", "count"),
 }
 
-
 DURATION_KEYS = tuple(k for k in METRICS if "token" not in k and "call" not in k)
 
 
 def is_fraction(key: str) -> bool:
-    return key.endswith("_rate") or "share" in key or "_over_" in key
+    return METRICS[key][1] == "%" if key in METRICS else key.endswith("_rate") or "share" in key
 
 
 def within_tolerance(key: str, achieved: float, target: float) -> bool:
@@ -86,26 +88,46 @@ def within_tolerance(key: str, achieved: float, target: float) -> bool:
     return abs(achieved - target) <= RELATIVE_TOLERANCE * abs(target)
 
 
+def _largest_tie(values: np.ndarray) -> float:
+    if values.size == 0:
+        return 0.0
+    _, counts = np.unique(values, return_counts=True)
+    return float(counts.max() / values.size)
+
+
 def duration_stats(durations_s: np.ndarray, outcomes: np.ndarray) -> dict[str, float]:
     """Duration statistics of a (queries, N) grid; outcomes are names or codes."""
     if outcomes.dtype.kind in "iu":
         outcomes = np.asarray(OUTCOMES)[outcomes]
+    N = durations_s.shape[1]
     slowest = durations_s.max(axis=1)
+    is_slowest = durations_s == slowest[:, None]
+    harness = outcomes == Outcome.HARNESS_TIMEOUT
     overall = outcomes == Outcome.OVERALL_TIMEOUT
-    slowest_is_overall = (overall & (durations_s == slowest[:, None])).any(axis=1)
+    timeout = harness | overall
+    per_query = timeout.sum(axis=1)
+    finished = (outcomes == Outcome.COMPLETED) | (outcomes == Outcome.FAILED)
     p50, p90, p99 = np.quantile(durations_s, [0.5, 0.9, 0.99]) / HOUR_S
-    return {
+    stats = {
         "mean_execution_h": float(durations_s.mean() / HOUR_S),
         "mean_query_h": float(slowest.mean() / HOUR_S),
         "queries_over_4h": float((slowest > 4 * HOUR_S).mean()),
-        "harness_timeout_rate": float((outcomes == Outcome.HARNESS_TIMEOUT).mean()),
+        "harness_timeout_rate": float(harness.mean()),
         "overall_timeout_rate": float(overall.mean()),
         "failed_rate": float((outcomes == Outcome.FAILED).mean()),
-        "slowest_overall_timeout_share": float(slowest_is_overall.mean()),
+        "slowest_overall_timeout_share": float((overall & is_slowest).any(axis=1).mean()),
+        "queries_with_timeout": float((per_query > 0).mean()),
+        "independent_timeout_queries": float(1 - (1 - timeout.mean()) ** N),
+        "timeouts_per_timed_out_query": float(per_query[per_query > 0].mean()) if per_query.any() else 0.0,
+        "queries_at_ceiling": float((timeout & is_slowest).any(axis=1).mean()),
+        "tie_share": _largest_tie(durations_s[finished]),
         "p50_execution_h": float(p50),
         "p90_execution_h": float(p90),
         "p99_execution_h": float(p99),
     }
+    if harness.any():
+        stats["near_ceiling_share"] = float((durations_s >= NEAR_CEILING * durations_s[harness].min()).mean())
+    return stats
 
 
 def count_stats(counts: Mapping[str, np.ndarray]) -> dict[str, float]:
@@ -125,6 +147,13 @@ def trace_stats(trace: Trace) -> dict[str, float]:
     return stats
 
 
+def fit_error(key: str, achieved: float, target: float) -> str:
+    """Achieved minus target: in percentage points for fractions, else relative."""
+    if is_fraction(key):
+        return f"{100 * (achieved - target):+.2f} pp"
+    return f"{100 * (achieved - target) / abs(target):+.1f}%" if target else f"{achieved - target:+.3g}"
+
+
 def _format_value(value: float, kind: str) -> str:
     if kind == "%":
         return f"{100 * value:.2f}%"
@@ -139,70 +168,39 @@ def _tolerance_text(key: str) -> str:
     return f"+-{100 * RATE_TOLERANCE:.1f} pp" if is_fraction(key) else f"+-{100 * RELATIVE_TOLERANCE:.0f}%"
 
 
-def format_stats_table(stats: Mapping[str, float], targets: Mapping[str, float] | None = None) -> str:
-    """A plain-text table: achieved values, and target/tolerance/verdict if given."""
-    header = ["metric", "achieved"] + (["target", "tolerance", "ok"] if targets else [])
+def format_stats_table(
+    stats: Mapping[str, float],
+    targets: Mapping[str, float] | None = None,
+    *,
+    sources: Mapping[str, str] | None = None,
+    bounds: Mapping[str, float] | None = None,
+) -> str:
+    """A plain-text table of achieved values; with targets (or bounds), each
+    target, its source ("paper" or "ours", the first word of ``sources``),
+    the fit error, the tolerance and a verdict beside the achieved value."""
+    targets, bounds, sources = dict(targets or {}), dict(bounds or {}), dict(sources or {})
+    compared = bool(targets or bounds)
+    header = ["metric", "target", "source", "achieved", "error", "tolerance", "ok"] if compared else [
+        "metric", "achieved"]
     rows = [header]
     for key, (label, kind) in METRICS.items():
         if key not in stats:
             continue
-        row = [label, _format_value(stats[key], kind)]
-        if targets and key in targets:
+        value = _format_value(stats[key], kind)
+        if not compared:
+            rows.append([label, value])
+        elif key in targets:
             ok = within_tolerance(key, stats[key], targets[key])
-            row += [_format_value(targets[key], kind), _tolerance_text(key), "yes" if ok else "NO"]
-        rows.append(row + [""] * (len(header) - len(row)))
+            rows.append([label, _format_value(targets[key], kind), sources.get(key, "").split(":")[0], value,
+                         fit_error(key, stats[key], targets[key]), _tolerance_text(key), "yes" if ok else "NO"])
+        elif key in bounds:
+            ok = stats[key] <= bounds[key]
+            rows.append([label, "<= " + _format_value(bounds[key], kind), sources.get(key, "").split(":")[0],
+                         value, fit_error(key, stats[key], bounds[key]), "bound", "yes" if ok else "NO"])
+        else:
+            rows.append([label, "", "", value, "", "", ""])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     shape = f"{int(stats.get('queries', 0))} queries x N = {int(stats.get('N', 0))}"
     return "\n".join([shape, *lines])
-
-
-def _to_params(model: DurationModel) -> np.ndarray:
-    values = [getattr(model, f) for f in FITTED_FIELDS]
-    return np.array([np.log(v) if f in _LOG_FIELDS else v for f, v in zip(FITTED_FIELDS, values)])
-
-
-def _from_params(model: DurationModel, x: np.ndarray) -> DurationModel:
-    values = {f: float(np.exp(v) if f in _LOG_FIELDS else v) for f, v in zip(FITTED_FIELDS, x)}
-    values["overall_logit_sd"] = abs(values["overall_logit_sd"])  # Z is symmetric
-    return dataclasses.replace(model, **values)
-
-
-def _scale_tokens(model: DurationModel, variates: Variates, mean_tokens: float) -> DurationModel:
-    """Set ``tokens_per_call`` so the sample's mean token count is ``mean_tokens``."""
-    _, _, active_s = realize_durations(model, variates)
-    probe = dataclasses.replace(model, tokens_per_call=1000.0)
-    achieved = count_stats(realize_counts(probe, variates, active_s))["mean_tokens"]
-    return dataclasses.replace(model, tokens_per_call=float(1000.0 * mean_tokens / achieved))
-
-
-def fit_model(
-    model: DurationModel,
-    targets: Mapping[str, float],
-    *,
-    queries: int = 100_000,
-    seed: int = 20240601,
-    N: int = 16,
-) -> DurationModel:
-    """Solve the duration targets for ``FITTED_FIELDS`` starting from ``model``.
-
-    Every evaluation maps the same standard draws (common random numbers), so
-    the objective moves only with the parameters. It is still piecewise
-    constant at the scale of single executions crossing a threshold, hence
-    finite-difference steps of 3 % rather than the default ~1e-8.
-    """
-    from scipy.optimize import least_squares
-
-    keys = [k for k in targets if k in DURATION_KEYS and k != "failed_rate"]  # failed_rate is assumed
-    variates = draw_variates(np.random.default_rng(seed), queries, N)
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        durations_s, codes, _ = realize_durations(_from_params(model, x), variates)
-        achieved = duration_stats(durations_s, codes)
-        return np.array([(achieved[k] - targets[k]) / max(abs(targets[k]), 1e-3) for k in keys])
-
-    fitted = _from_params(model, least_squares(residuals, _to_params(model), diff_step=0.03).x)
-    if "mean_tokens" in targets:
-        fitted = _scale_tokens(fitted, variates, targets["mean_tokens"])
-    return fitted

@@ -51,6 +51,26 @@ def test_stats_prints_targets_only_with_preset(tmp_path, capsys):
     assert "target" in compared and "0.250 h" in compared
 
 
+def test_stats_without_a_file_prints_every_preset_fit(capsys):
+    assert run(["trace", "stats", "--queries", "1000", "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    for name in ("nl2repo-122b", "nl2repo-2.4t", "deepswe", "terminalbench"):
+        assert f"preset {name}: generated, seed 0" in out
+    assert out.count("1000 queries x N = 16") == 4
+    header = next(line for line in out.splitlines() if line.startswith("metric"))
+    assert header.split() == ["metric", "target", "source", "achieved", "error", "tolerance", "ok"]
+    block = out.split("preset nl2repo-122b")[1].split("\n\n")[0]
+    over = next(line for line in block.splitlines() if line.startswith("queries > 4 h"))
+    assert "9.51%" in over and "paper" in over and " pp" in over
+    assert "ours" in out and "<= 9.51%" in out
+
+
+def test_stats_of_one_generated_preset(capsys):
+    assert run(["trace", "stats", "--preset", "deepswe", "--queries", "500", "--seed", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "preset deepswe: generated, seed 2" in out and "nl2repo" not in out and "0.400 h" in out
+
+
 def test_bad_trace_is_reported_with_status_2(tmp_path, capsys):
     bad = tmp_path / "bad.csv"
     bad.write_text("query_id,execution_index,duration_s,outcome\n0,0,-1,completed\n")

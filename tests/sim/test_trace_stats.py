@@ -10,7 +10,8 @@ import pytest
 
 from gyre.formats.trace import Trace
 from gyre.sim.traces.presets import PRESETS, draw_variates, realize_durations
-from gyre.sim.traces.stats import duration_stats, fit_model, format_stats_table, trace_stats, within_tolerance
+from gyre.sim.traces.fit import fit_model
+from gyre.sim.traces.stats import duration_stats, format_stats_table, trace_stats, within_tolerance
 
 H = 3600.0
 
@@ -44,6 +45,12 @@ def test_stats_of_a_hand_checked_trace():
         "overall_timeout_rate": 0.25,
         "failed_rate": 0.25,
         "slowest_overall_timeout_share": 0.5,
+        "queries_with_timeout": 1.0,  # a: overall timeout, b: harness timeout
+        "independent_timeout_queries": 0.75,  # 1 - (1 - 2/4)^2
+        "timeouts_per_timed_out_query": 1.0,
+        "queries_at_ceiling": 0.5,  # a ends on its overall timeout; b on a failure after its timeout
+        "near_ceiling_share": 0.75,  # ceiling read as 2 h: 5, 2 and 3 h are >= 1.6 h
+        "tie_share": 0.5,  # completed/failed durations 1 h and 3 h
         "p50_execution_h": 2.5,
         "mean_input_tokens": 150.0,
         "mean_output_tokens": 15.0,
@@ -76,14 +83,19 @@ def test_tolerance_rules():
 
 def test_table_puts_achieved_beside_target():
     stats = trace_stats(two_by_two())
-    table = format_stats_table(stats, {"mean_execution_h": 2.75, "failed_rate": 0.10})
+    sources = {"mean_execution_h": "paper: SPEC 5", "failed_rate": "ours: a guess", "queries_with_timeout": "paper: x"}
+    table = format_stats_table(stats, {"mean_execution_h": 2.75, "failed_rate": 0.10}, sources=sources,
+                               bounds={"queries_with_timeout": 0.5})
     lines = table.splitlines()
     assert lines[0] == "2 queries x N = 2"
-    assert lines[1].split() == ["metric", "achieved", "target", "tolerance", "ok"]
+    assert lines[1].split() == ["metric", "target", "source", "achieved", "error", "tolerance", "ok"]
     row = next(line for line in lines if line.startswith("mean execution"))
-    assert row.count("2.750 h") == 2 and "+-5%" in row and row.endswith("yes")
+    assert row.count("2.750 h") == 2 and "paper" in row and "+0.0%" in row and "+-5%" in row and row.endswith("yes")
     failed = next(line for line in lines if line.startswith("failed rate"))
-    assert "25.00%" in failed and "10.00%" in failed and failed.endswith("NO")
+    assert "25.00%" in failed and "10.00%" in failed and "ours" in failed and "+15.00 pp" in failed
+    assert failed.endswith("NO")
+    bound = next(line for line in lines if line.startswith("queries holding a timeout"))
+    assert "<= 50.00%" in bound and "100.00%" in bound and "bound" in bound and bound.endswith("NO")
     plain = format_stats_table(stats)
     assert "target" not in plain and "2.750 h" in plain
 
@@ -93,9 +105,11 @@ def test_fit_recovers_targets_from_a_perturbed_start():
     start = dataclasses.replace(
         preset.model,
         difficulty_log_mean=0.3,
-        difficulty_log_sd=0.7,
+        difficulty_log_sd=0.2,
         execution_log_sd=0.2,
-        overall_logit_sd=1.0,
+        hard_share=0.15,
+        stuck_rate=0.6,
+        overall_share=0.2,
     )
     fitted = fit_model(start, preset.targets, queries=5_000, seed=11)
     variates = draw_variates(np.random.default_rng(11), 5_000, 16)

@@ -1,0 +1,149 @@
+"""The duration model behind the synthetic trace presets.
+
+Per query q and execution j (hours unless stated):
+
+* difficulty: one standard normal ``u_q`` per query. It sets the duration
+  scale ``D_q = exp(mu_q + sigma_q * u_q)`` and whether the query is *hard*:
+  the hardest ``hard_share`` of queries (``u_q`` above the normal quantile
+  ``1 - hard_share``) are those on which the harness can get stuck.
+* natural duration ``T_qj = D_q * exp(sigma_e * Z_qj)``: a shared scale makes
+  the N executions of a query finish close together (terminations cluster).
+* stuck: in a hard query each execution gets stuck with probability
+  ``stuck_rate`` and runs to the harness ceiling whatever its T_qj. So
+  harness timeouts are concentrated in hard queries and, inside them, most
+  executions time out together (SPEC 5.1). A non-stuck execution whose T_qj
+  reaches the ceiling is stopped there too (rare once fitted).
+* overall timeout: an execution stopped at the ceiling has only
+  ``budget_h - ceiling_h`` left for its evaluation; with probability
+  ``overall_share`` its evaluation never returns a valid reward inside the
+  budget: outcome overall_timeout, duration ``budget_h``, no reward. Other
+  stopped executions end as harness_timeout at ``ceiling_h`` (still scored).
+  Executions that end before the ceiling have hours of budget left and are
+  assumed always to get a valid reward (ours: SPEC gives no split).
+* failure: first of all, an execution fails outright with probability
+  ``failed_rate`` (nothing evaluable, e.g. an image pull error) at a uniform
+  point of its capped natural duration.
+* model calls: ``call_count = round(active_s / call_s * LN)``, active time
+  being the harness's own time (the ceiling for an overall timeout); tokens:
+  ``call_count * tokens_per_call * LN``, of which ``output_share`` are output.
+  Each LN is a mean-one lognormal factor.
+
+Invariants: every random number comes from the generator passed in, drawn in
+one fixed order (``draw_variates``), so equal seeds give identical traces; a
+harness timeout lasts exactly ``ceiling_h``, an overall timeout exactly
+``budget_h > ceiling_h``, a completed or failed execution strictly less than
+``ceiling_h`` and with a continuous distribution (no pile-up at one value);
+only hard queries hold stuck executions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import ndtri
+
+from gyre.formats.trace import OUTCOMES, Outcome
+
+HOUR_S = 3600.0
+CODE = {name: code for code, name in enumerate(OUTCOMES)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DurationModel:
+    """Parameters of the generator; see the module docstring for the model."""
+
+    difficulty_log_mean: float  # mu_q, ln hours
+    difficulty_log_sd: float  # sigma_q
+    execution_log_sd: float  # sigma_e
+    hard_share: float  # share of queries on which the harness can get stuck
+    stuck_rate: float  # per-execution probability of getting stuck, in a hard query
+    overall_share: float  # P(overall timeout | stopped at the ceiling)
+    ceiling_h: float  # harness timeout
+    budget_h: float  # total time budget = duration of an overall timeout
+    failed_rate: float
+    call_s: float  # mean seconds per model call, tool time included
+    tokens_per_call: float
+    output_share: float
+    call_log_sd: float = 0.2
+    token_log_sd: float = 0.3
+
+    def __post_init__(self) -> None:
+        if not 0 < self.ceiling_h < self.budget_h:
+            raise ValueError("need 0 < ceiling_h < budget_h")
+        fractions = ("hard_share", "stuck_rate", "overall_share", "failed_rate", "output_share")
+        if not all(0 <= getattr(self, name) <= 1 for name in fractions) or self.failed_rate == 1:
+            raise ValueError(f"{', '.join(fractions)} must be fractions (failed_rate < 1)")
+        if self.difficulty_log_sd < 0 or self.execution_log_sd < 0:
+            raise ValueError("log standard deviations must be >= 0")
+
+
+@dataclass(frozen=True)
+class Variates:
+    """Standard random draws for ``queries`` x ``N``; a model maps them to a trace."""
+
+    difficulty: np.ndarray  # (Q,) standard normal
+    noise: np.ndarray  # (Q, N) standard normal
+    stuck_draw: np.ndarray  # (Q, N) uniform
+    overall_draw: np.ndarray  # (Q, N) uniform
+    failed_draw: np.ndarray  # (Q, N) uniform
+    failed_point: np.ndarray  # (Q, N) uniform
+    call_noise: np.ndarray  # (Q, N) standard normal
+    token_noise: np.ndarray  # (Q, N) standard normal
+
+
+def draw_variates(rng: np.random.Generator, queries: int, N: int) -> Variates:
+    """All randomness of one trace, in a fixed order."""
+    shape = (queries, N)
+    return Variates(
+        difficulty=rng.standard_normal(queries),
+        noise=rng.standard_normal(shape),
+        stuck_draw=rng.random(shape),
+        overall_draw=rng.random(shape),
+        failed_draw=rng.random(shape),
+        failed_point=rng.random(shape),
+        call_noise=rng.standard_normal(shape),
+        token_noise=rng.standard_normal(shape),
+    )
+
+
+def hard_queries(model: DurationModel, difficulty: np.ndarray) -> np.ndarray:
+    """(Q,) bool: the queries whose difficulty lies in the top ``hard_share``."""
+    if model.hard_share <= 0:
+        return np.zeros(difficulty.shape, bool)
+    return difficulty > ndtri(1.0 - model.hard_share)
+
+
+def realize_durations(model: DurationModel, v: Variates) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(durations_s, outcome codes, active_s) grids; codes index ``OUTCOMES``."""
+    log_scale = model.difficulty_log_mean + model.difficulty_log_sd * v.difficulty
+    with np.errstate(over="ignore"):  # a fit may try huge spreads: inf is just "past the ceiling"
+        natural_h = np.exp(log_scale[:, None] + model.execution_log_sd * v.noise)
+    capped_h = np.minimum(natural_h, model.ceiling_h)
+    failed = v.failed_draw < model.failed_rate
+    stuck = hard_queries(model, v.difficulty)[:, None] & (v.stuck_draw < model.stuck_rate)
+    stopped = ~failed & (stuck | (natural_h >= model.ceiling_h))
+    overall = stopped & (v.overall_draw < model.overall_share)
+    active_h = np.where(failed, v.failed_point * capped_h, np.where(stopped, model.ceiling_h, capped_h))
+    duration_h = np.where(overall, model.budget_h, active_h)
+    codes = np.full(natural_h.shape, CODE[Outcome.COMPLETED], np.int8)
+    codes[failed] = CODE[Outcome.FAILED]
+    codes[stopped] = CODE[Outcome.HARNESS_TIMEOUT]
+    codes[overall] = CODE[Outcome.OVERALL_TIMEOUT]
+    return duration_h * HOUR_S, codes, active_h * HOUR_S
+
+
+def _mean_one(sd: float, z: np.ndarray) -> np.ndarray:
+    return np.exp(sd * z - sd * sd / 2)
+
+
+def realize_counts(model: DurationModel, v: Variates, active_s: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-execution call and token counts, growing with the harness's active time."""
+    calls = np.rint(active_s / model.call_s * _mean_one(model.call_log_sd, v.call_noise))
+    tokens = np.rint(calls * model.tokens_per_call * _mean_one(model.token_log_sd, v.token_noise))
+    output = np.rint(tokens * model.output_share)
+    return {
+        "input_tokens": (tokens - output).astype(np.int64),
+        "output_tokens": output.astype(np.int64),
+        "call_count": calls.astype(np.int64),
+    }
