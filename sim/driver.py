@@ -223,7 +223,11 @@ class Simulation(ActionHandler):
     def on_publish(self, a: act.Publish) -> None:
         self._publish_until = self.env.now + self.costs.publish_s
         self.record.published(a.version, self.env.now)
-        self._after(self.costs.publish_s, lambda: self.send(ev.PublishDone(self.env.now, a.version)))
+        self._after(self.costs.publish_s, lambda: self._publish_done(a.version))
+
+    def _publish_done(self, version: int) -> None:
+        self.record.publish_done(self.env.now)
+        self.send(ev.PublishDone(self.env.now, version))
 
     def _after(self, seconds: float, fn: Callable[[], None]) -> None:
         self.env.timeout(seconds).callbacks.append(lambda _e: fn())

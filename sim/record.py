@@ -45,6 +45,7 @@ class SimRecord:
             if role == "training":
                 self._training.add(cell)
         self.end_s = 0.0
+        self.publications: list[list[float | None]] = []  # [start_s, end_s] of each publication
 
     # ---- cluster facts -------------------------------------------------------------
     def group_dispatched(self, g: int, query_id: Any, v_d: int, now: float, tokens: float) -> None:
@@ -96,7 +97,11 @@ class SimRecord:
     def step_finished(self, version: int, now: float) -> None:
         self.steps[version]["end_s"] = now
 
+    def publish_done(self, now: float) -> None:
+        self.publications[-1][1] = now
+
     def published(self, version: int, now: float) -> None:
+        self.publications.append([float(now), None])
         self.steps[version - 1]["published"] = True
 
     def close(self, now: float) -> None:

@@ -18,6 +18,7 @@ _SUMMARY_ROWS = (
     ("staleness_max", "staleness, max", "{}"),
     ("transitions", "role transitions", "{}"),
     ("reroutes", "rerouted executions", "{}"),
+    ("slack", "slack: idle share of training-role node time", "{:.3f}"),
     ("events", "events to the policy core", "{}"),
     ("wall_seconds", "simulator wall time (s)", "{:.2f}"),
 )
@@ -29,6 +30,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     for key, label, fmt in _SUMMARY_ROWS:
         value = summary.get(key)
         lines.append(f"{label:<{width}}  {'-' if value is None else fmt.format(value)}")
+    breakdown = summary.get("time_breakdown_hours")
+    if breakdown:
+        lines.append("where the time goes (h):")
+        lines += [f"  {name.replace('_', ' '):<{width - 2}}  {hours:.3f}" for name, hours in breakdown.items()]
     return "\n".join(lines)
 
 

@@ -23,6 +23,8 @@ import numpy as np
 from gyre.staleness import steady_window
 from gyre.config import SchedulerConfig
 from gyre.presets import PAPER_SHAPE, WORKLOAD_SHAPES, build_preset
+from gyre.actions import SEPARATE
+from gyre.sim.breakdown import role_node_seconds, rollout_busy_share, time_breakdown
 from gyre.sim.costs import CostModel
 from gyre.sim.driver import Simulation
 from gyre.sim.record import SimRecord, write_tables
@@ -80,9 +82,33 @@ def run_simulation(preset: str | None = None, trace: str | Path | Trace = DEFAUL
         raise ValueError(f"steps must be >= 1, got {steps}")
     costs = costs or CostModel()
     t0 = time.perf_counter()
-    record = Simulation(cfg, resolved, costs, steps, on_step=on_step).run()
+    sim = Simulation(cfg, resolved, costs, steps, on_step=on_step)
+    record = sim.run()
     wall = time.perf_counter() - t0
-    return SimResult(cfg, summarize(cfg, record, preset, trace_name, steps, seed, wall), record)
+    summary = summarize(cfg, record, preset, trace_name, steps, seed, wall)
+    summary.update(where_the_time_goes(cfg, record, sim.plane.busy_node_s))
+    return SimResult(cfg, summary, record)
+
+
+def where_the_time_goes(cfg: SchedulerConfig, record: SimRecord, training_busy_node_s: float) -> dict[str, Any]:
+    """The wall-clock breakdown, node-hours per role with busy shares, and the slack (``sim.breakdown``)."""
+    roles = [(r["cell"], r["role"], r["start_s"], r["end_s"]) for r in record.roles]
+    execs = list(record.executions.values())
+    seconds = time_breakdown(end_s=record.end_s, executions=[(x["start_s"], x["end_s"]) for x in execs],
+                             roles=roles, steps=[(s["start_s"], s["end_s"]) for s in record.steps.values()],
+                             publications=[tuple(p) for p in record.publications], C_e=cfg.C_e, C_s=cfg.C_s)
+    node_s = role_node_seconds(roles, cfg.nodes_per_cell)
+    on_cells = [(x["start_s"], x["end_s"]) for x in execs if x["engine"] != SEPARATE]
+    rollout_busy = rollout_busy_share(end_s=record.end_s, executions_on_cells=on_cells, roles=roles, C_e=cfg.C_e)
+    training_busy = training_busy_node_s / node_s["training"] if node_s["training"] > 0 else None
+    return {
+        "time_breakdown_hours": {k: round(v / 3600, 6) for k, v in seconds.items()},
+        "role_node_hours": {k: round(v / 3600, 6) for k, v in node_s.items()},
+        "role_busy_share": {"rollout": None if rollout_busy != rollout_busy else round(rollout_busy, 6),
+                            "training": None if training_busy is None else round(min(1.0, training_busy), 6),
+                            "switching": 1.0},
+        "slack": None if training_busy is None else round(max(0.0, 1.0 - training_busy), 6),
+    }
 
 
 def summarize(cfg: SchedulerConfig, record: SimRecord, preset: str, trace: str, steps: int, seed: int,

@@ -45,6 +45,7 @@ class SimTrainingPlane:
         self.fed = self.wanted = self.queue = self.in_flight = 0
         self._assigning = False
         self.micro_steps_by_cell: dict[int, int] = {}
+        self.busy_node_s = 0.0  # node-seconds of micro-steps, warm-ups, drains and updates (the slack's busy part)
 
     # ---- membership ------------------------------------------------------------
     def join(self, cell: int, delay: float = 0.0) -> None:
@@ -113,6 +114,7 @@ class SimTrainingPlane:
             seconds = self.costs.micro_step_s(member.nodes) + (0.0 if member.warmed else self.costs.warmup_s)
             member.warmed = True
             self.micro_steps_by_cell[cell] = self.micro_steps_by_cell.get(cell, 0) + 1
+            self.busy_node_s += seconds * member.nodes
             self.env.timeout(seconds).callbacks.append(lambda _e, c=cell: self._micro_step_done(c))
 
     def _ask_for_groups(self) -> None:
@@ -137,4 +139,5 @@ class SimTrainingPlane:
     def _finish_batch(self) -> None:
         version, self.version = self.version, None
         tail = self.costs.drain_s + self.costs.grad_reduce_s + self.costs.optimizer_s
+        self.busy_node_s += tail * sum(m.nodes for m in self.members.values())
         self.env.timeout(tail).callbacks.append(lambda _e: self._send(ev.StepDone(self.env.now, version)))
