@@ -4,7 +4,9 @@
   Qwen's special tokens and a Qwen2.5-style chat template (tools in the system
   turn, ``<tool_call>`` JSON blocks, tool results in ``<tool_response>``),
   saved so ``AutoTokenizer`` loads it offline;
-- ``build_tiny_qwen2`` saves a seeded random 2-layer Qwen2 next to it.
+- ``build_tiny_qwen2`` saves a seeded random 2-layer Qwen2 next to it;
+- ``build_tiny_qwen3`` saves a seeded random 2-layer Qwen3 (qk-norm, a head
+  dimension other than hidden/heads, optionally tied embeddings or bf16).
 Used by the CPU demo job and by the tests; needs ``tokenizers``,
 ``transformers`` and ``torch`` (the ``real`` extra).
 
@@ -120,4 +122,33 @@ def build_tiny_qwen2(path: str | os.PathLike, *, seed: int = 0) -> Path:
         for param in model.parameters():
             param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
     model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def build_tiny_qwen3(path: str | os.PathLike, *, seed: int = 0, tie_word_embeddings: bool = False,
+                     dtype: str = "float32") -> Path:
+    """A seeded random 2-layer Qwen3 (hidden 64, 4 heads of 32, 2 KV heads) beside the tiny tokenizer.
+
+    Norm weights (layer, final and per-head q/k norms) are 1 + noise, every other tensor small noise,
+    so the qk-norm and the norms really shape the output."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    path = Path(path)
+    build_tiny_tokenizer(path)
+    if (path / "model.safetensors").exists():
+        return path
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+                         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+                         tie_word_embeddings=tie_word_embeddings, torch_dtype=dtype)
+    generator = torch.Generator().manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            param.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.02 * noise)
+    model.to(getattr(torch, dtype)).save_pretrained(path, safe_serialization=True)
     return path

@@ -9,6 +9,8 @@
 - ``state`` / ``model`` / ``loss``: a cell's model, flat weights, gradients and
   optimizer; the Megatron GPT; the execution-level objective of SPEC 4.5;
 - ``transport``: moving the core's weight snapshot to a satellite (Mooncake);
+- ``bridge``: Hugging Face checkpoints in (a model config naming a folder) and
+  out (publication), through mbridge;
 - ``publish``: publishing new weights to SGLang engines;
 - ``cpu_compat``: the one place that adapts Megatron and Mooncake to a CPU.
 

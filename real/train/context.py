@@ -5,9 +5,11 @@ driver builds it; constructors do no I/O). ``build_context`` runs inside a cell
 process and does, in this order (the same order in every rank, because group
 creation is collective): select the device (``train.cpu_compat``), connect to
 the driver's TCPStore, join the process group, initialise Megatron's parallel
-state (TP = PP = 1), build the model from the shared seed, flatten its
-weights, build the prefix groups, start the weight transport, and create the
-training state offloaded (every cell starts in the rollout role).
+state (TP = PP = 1), build the model from the shared seed (then, when the
+model config names a Hugging Face ``checkpoint``, load its weights through
+``train.bridge``: every cell loads the same folder, so every cell holds the
+same weights), flatten its weights, build the prefix groups, start the
+weight transport, and create the training state offloaded (every cell starts in the rollout role).
 
 Processes, the process group and the communication groups live as long as the
 cell: role changes only offload and restore the training state.
@@ -101,6 +103,10 @@ def build_context(cfg: CellConfig, cell: int) -> CellContext:
     parallel_state.initialize_model_parallel(1, 1)
     seed_model_rng(cfg.model.init_seed, setup)
     model = build_gpt(cfg.model, setup.device)
+    if cfg.model.checkpoint is not None:
+        from gyre.real.train.bridge import load_hf_weights
+
+        load_hf_weights(model, cfg.model.checkpoint, cfg.model)
     flat = FlatParameters(model)
     groups = CommGroups(cfg.cells, pair_groups=cfg.transport == "torch")
     transport = make_transport(cfg.transport, cfg.store_host, setup.mooncake_protocol)

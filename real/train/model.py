@@ -1,11 +1,17 @@
 """A Megatron-core GPT for the training cells, its flat weight buffer and its micro-step loss.
 
-The model is Qwen2-shaped so that published weights load into a Qwen2 rollout
-engine: RMSNorm, SwiGLU MLP, rotary positions, bias on the QKV projection only,
-untied output layer, grouped-query attention. ``build_gpt`` needs Megatron's
+The model is a dense Qwen-family decoder so that published weights load into a
+Qwen rollout engine: RMSNorm, SwiGLU MLP, rotary positions, grouped-query
+attention, no bias except (Qwen2) on the QKV projection, optionally (Qwen3)
+RMSNorm on queries and keys per head, optionally an output layer tied to the
+embedding. ``ModelConfig``'s defaults are the toy Qwen2 (untied, float32);
+``train.bridge.model_config_from_hf`` derives one from a Hugging Face
+checkpoint folder and names it in ``checkpoint``, whose weights then replace
+the seeded initialisation (``train.context``). ``build_gpt`` needs Megatron's
 parallel state initialised (TP = PP = 1) and the RNG seeded
 (``train.cpu_compat.seed_model_rng``); the same seed gives the same weights in
-every cell.
+every cell. Every parameter has the config's ``dtype`` (float32 on CPU unless
+asked otherwise).
 
 ``FlatParameters`` makes every parameter a view into one contiguous buffer: the
 snapshot a joining satellite pulls, the tensor the core broadcasts, and the
@@ -38,13 +44,30 @@ class ModelConfig:
     num_query_groups: int = 2
     ffn_hidden_size: int = 128
     max_sequence_length: int = 256
-    rotary_base: int = 10_000
+    rotary_base: float = 10_000  # rope theta (an int when integral)
     norm_epsilon: float = 1e-6
     init_seed: int = 1234
+    family: str = "qwen2"  # Hugging Face model_type of the export: "qwen2" or "qwen3"
+    kv_channels: int | None = None  # head dimension when not hidden_size // num_attention_heads (Qwen3)
+    qkv_bias: bool = True
+    qk_layernorm: bool = False
+    tie_embeddings: bool = False
+    dtype: str = "float32"  # parameter dtype: "float32" or "bfloat16"
+    checkpoint: str | None = None  # Hugging Face folder whose weights replace the seeded initialisation
+
+    def __post_init__(self) -> None:
+        if self.family not in ("qwen2", "qwen3"):
+            raise ValueError(f"family must be 'qwen2' or 'qwen3', got {self.family!r}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,25 +80,35 @@ class LossConfig:
     clip_high: float = CLIP_HIGH
 
 
-def build_gpt(cfg: ModelConfig, device: torch.device):
-    """The Megatron-core GPTModel of ``cfg`` in float32, local (non-TE) layer spec, no fusions, no dropout."""
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+def transformer_config(cfg: ModelConfig, device: torch.device):
+    """Megatron's TransformerConfig of ``cfg``: local spec, no fusions, no dropout, ``cfg.dtype`` parameters."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    config = TransformerConfig(
+    return TransformerConfig(
         num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
-        num_query_groups=cfg.num_query_groups, ffn_hidden_size=cfg.ffn_hidden_size,
+        num_query_groups=cfg.num_query_groups, ffn_hidden_size=cfg.ffn_hidden_size, kv_channels=cfg.head_dim,
         normalization="RMSNorm", layernorm_epsilon=cfg.norm_epsilon, gated_linear_unit=True,
-        activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=True,
-        hidden_dropout=0.0, attention_dropout=0.0, params_dtype=torch.float32,
+        activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=cfg.qkv_bias,
+        qk_layernorm=cfg.qk_layernorm, hidden_dropout=0.0, attention_dropout=0.0, params_dtype=cfg.torch_dtype,
         use_cpu_initialization=device.type == "cpu", gradient_accumulation_fusion=False,
         bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
         apply_rope_fusion=False, persist_layer_norm=False)
-    model = GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=cfg.vocab_size,
+
+
+def build_gpt(cfg: ModelConfig, device: torch.device):
+    """The Megatron-core GPTModel of ``cfg``: local (non-TE) layer spec, no fusions, no dropout.
+
+    Its weights are the seeded initialisation; ``train.bridge.load_hf_weights`` replaces them
+    with ``cfg.checkpoint``'s (``train.context`` does so in every cell)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(qk_layernorm=cfg.qk_layernorm, normalization="RMSNorm")
+    model = GPTModel(transformer_config(cfg, device), spec, vocab_size=cfg.vocab_size,
                      max_sequence_length=cfg.max_sequence_length, position_embedding_type="rope",
-                     rotary_base=cfg.rotary_base, share_embeddings_and_output_weights=False)
-    return model.to(device)
+                     rotary_base=cfg.rotary_base, share_embeddings_and_output_weights=cfg.tie_embeddings)
+    # The local spec's norms (torch RMSNorm) ignore params_dtype; cast like Megatron's Float16Module does.
+    return model.to(device=device, dtype=cfg.torch_dtype)
 
 
 class FlatParameters:

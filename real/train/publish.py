@@ -4,7 +4,7 @@ Two paths, both against SGLang's HTTP weight-update endpoints (contracts read
 from sglang ``srt/entrypoints/http_server.py`` and ``srt/managers/io_struct.py``):
 
 - **from disk** (works with SGLang's CPU engine): ``save_hf_checkpoint`` writes
-  the Megatron weights as a Hugging Face Qwen2 checkpoint (``config.json`` +
+  the Megatron weights as a Hugging Face Qwen2/Qwen3 checkpoint (``config.json`` +
   ``model.safetensors``, written to a temporary folder and renamed into place,
   so an engine never sees a half-written checkpoint); then
   ``POST /update_weights_from_disk`` with ``{"model_path", "load_format",
@@ -18,8 +18,11 @@ from sglang ``srt/entrypoints/http_server.py`` and ``srt/managers/io_struct.py``
   broadcasts each tensor, in that order, from rank 0 of the update group. The
   caller supplies the broadcast (it owns the trainer-engine process group).
 
-Name mapping Megatron -> Qwen2: the fused QKV weight is laid out per query
-group as [q heads of the group, k, v]; ``linear_fc1`` is [gate; up].
+The checkpoint is exported through ``train.bridge`` (mbridge's Qwen2/Qwen3
+converter with the local-spec name rules): no Megatron -> Hugging Face mapping
+lives here. ``hf_state_dict`` and ``qwen2_config`` keep their names for
+callers; ``qwen2_config`` is the ``config.json`` of whichever family ``cfg``
+describes (Qwen2 for the default toy model).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Callable
 
 import torch
 
+from gyre.real.train.bridge import export_hf, hf_config_dict, save_hf_folder
 from gyre.real.train.model import ModelConfig
 
 
@@ -44,62 +48,19 @@ class PublishError(RuntimeError):
 
 
 def qwen2_config(cfg: ModelConfig) -> dict:
-    return {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.ffn_hidden_size,
-        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_query_groups, "max_position_embeddings": cfg.max_sequence_length,
-        "rms_norm_eps": cfg.norm_epsilon, "rope_theta": float(cfg.rotary_base), "hidden_act": "silu",
-        "tie_word_embeddings": False, "torch_dtype": "float32", "use_sliding_window": False,
-    }
+    """``config.json`` of a published checkpoint (``train.bridge.hf_config_dict``; the name is historical)."""
+    return hf_config_dict(cfg)
 
 
 def hf_state_dict(named: list[tuple[str, torch.Tensor]], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Megatron GPT (``train.model.build_gpt``) tensors under Qwen2 names (copies, contiguous)."""
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in named:
-        out.update(_map_one(name, tensor.detach(), cfg))
-    return {k: v.contiguous().clone() for k, v in out.items()}
-
-
-def _map_one(name: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    fixed = {"embedding.word_embeddings.weight": "model.embed_tokens.weight",
-             "decoder.final_layernorm.weight": "model.norm.weight", "output_layer.weight": "lm_head.weight"}
-    if name in fixed:
-        return {fixed[name]: t}
-    parts = name.split(".")
-    if parts[:2] != ["decoder", "layers"]:
-        raise ValueError(f"no Qwen2 name for Megatron parameter {name!r}")
-    prefix, rest = f"model.layers.{parts[2]}", ".".join(parts[3:])
-    simple = {"input_layernorm.weight": "input_layernorm.weight",
-              "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
-              "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
-              "mlp.linear_fc2.weight": "mlp.down_proj.weight"}
-    if rest in simple:
-        return {f"{prefix}.{simple[rest]}": t}
-    if rest == "mlp.linear_fc1.weight":
-        gate, up = torch.chunk(t, 2, dim=0)
-        return {f"{prefix}.mlp.gate_proj.weight": gate, f"{prefix}.mlp.up_proj.weight": up}
-    if rest.startswith("self_attention.linear_qkv."):
-        kind = parts[-1]
-        q, k, v = _split_qkv(t, cfg)
-        return {f"{prefix}.self_attn.{p}_proj.{kind}": x for p, x in zip("qkv", (q, k, v))}
-    raise ValueError(f"no Qwen2 name for Megatron parameter {name!r}")
-
-
-def _split_qkv(t: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    groups, hd = cfg.num_query_groups, cfg.head_dim
-    per_group = cfg.num_attention_heads // groups
-    grouped = t.reshape(groups, (per_group + 2) * hd, *t.shape[1:])
-    q, k, v = torch.split(grouped, [per_group * hd, hd, hd], dim=1)
-    return (q.reshape(-1, *t.shape[1:]), k.reshape(-1, *t.shape[1:]), v.reshape(-1, *t.shape[1:]))
+    """Megatron GPT (``train.model.build_gpt``) tensors under Hugging Face names (copies, contiguous),
+    converted by the bridge (``train.bridge.export_hf``)."""
+    return export_hf(named, cfg)
 
 
 def save_hf_checkpoint(directory: str | os.PathLike, named: list[tuple[str, torch.Tensor]], cfg: ModelConfig,
                        version: int) -> Path:
     """Write ``directory/v{version:06d}`` atomically; returns its path."""
-    from safetensors.torch import save_file
-
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"v{version:06d}"
@@ -107,9 +68,7 @@ def save_hf_checkpoint(directory: str | os.PathLike, named: list[tuple[str, torc
         raise FileExistsError(f"checkpoint of version {version} already exists at {final}")
     tmp = Path(tempfile.mkdtemp(prefix=f".v{version:06d}-", dir=root))
     try:
-        tensors = {k: v.to("cpu") for k, v in hf_state_dict(named, cfg).items()}
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "gyre_version": str(version)})
-        (tmp / "config.json").write_text(json.dumps(qwen2_config(cfg), indent=2))
+        save_hf_folder(tmp, hf_state_dict(named, cfg), cfg, metadata={"gyre_version": str(version)})
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
