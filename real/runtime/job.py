@@ -76,6 +76,7 @@ class JobConfig:
     harness_timeout_s: float = 600.0   # a harness is killed here; its work is still scored
     overall_timeout_s: float = 900.0   # harness + evaluation retries; past it the execution is excluded
     isolate: str = "auto"  # each harness in its own loopback-only network namespace: auto | always | never
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)  # the [model] table: checkpoint, dtype
 
     def __post_init__(self) -> None:
         if self.isolate not in ISOLATE_MODES:
@@ -90,6 +91,28 @@ class JobConfig:
             raise ValueError(f"job field steps must be a positive multiple of mu = {cfg.mu} (whole bursts), "
                              f"not {self.steps}")
         Budgets(harness_timeout_s=self.harness_timeout_s, overall_timeout_s=self.overall_timeout_s)
+        if self.model:
+            self.model_config()  # a checkpoint the bridge cannot load fails here, before anything starts
+
+    def model_config(self):
+        """The cells' ``ModelConfig`` from the [model] checkpoint (None: the tiny toy model)."""
+        if not self.model:
+            return None
+        unknown = sorted(set(self.model) - {"checkpoint", "dtype"})
+        if unknown or not isinstance(self.model.get("checkpoint"), str):
+            raise ValueError(f"[model] needs checkpoint = \"FOLDER\" (and optionally dtype); unknown: {unknown}")
+        folder = Path(self.model["checkpoint"])
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"[model] checkpoint {folder}: no config.json (a Hugging Face checkpoint folder)")
+        if self.model.get("dtype", "float32") not in ("float32", "bfloat16"):
+            raise ValueError(f"[model] dtype must be float32 or bfloat16, not {self.model['dtype']!r}")
+        from gyre.real.train.bridge import model_config_from_hf
+
+        try:
+            return model_config_from_hf(folder, dtype=self.model.get("dtype"), init_seed=1234 + self.seed,
+                                        max_sequence_length=4096)
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"[model] checkpoint {folder}: {exc}") from None
 
     def shape(self) -> ClusterShape:
         return ClusterShape(nodes=self.nodes, nodes_per_cell=1, per_node_capacity=self.C_e, N=self.N, B=self.B)
@@ -105,7 +128,10 @@ def load_job_config(path: str | Path, **overrides: Any) -> JobConfig:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"job configuration {path}: {exc}") from None
-    data = dict(data.get("job", data), **overrides)
+    table = dict(data.get("job", data))
+    if "model" in data and "job" in data:  # a top-level [model] table beside [job]
+        table["model"] = data["model"]
+    data = dict(table, **overrides)
     known = {f.name for f in dataclasses.fields(JobConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -177,10 +203,15 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None) -> di
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     say = progress or (lambda line: None)
-    say(f"building the tiny tokenizer in {job.model_dir}")
-    tok_dir = build_tiny_tokenizer(Path(job.model_dir))
-    vocab = len(AutoTokenizer.from_pretrained(str(tok_dir)))
-    model_cfg = ModelConfig(vocab_size=vocab, max_sequence_length=4096, init_seed=1234 + job.seed)
+    model_cfg = job.model_config()
+    if model_cfg is not None:  # a Hugging Face checkpoint: the cells load it, its tokenizer serves
+        tok_dir = Path(job.model["checkpoint"])
+        say(f"model: {model_cfg.family} checkpoint {tok_dir} ({model_cfg.dtype})")
+    else:
+        say(f"building the tiny tokenizer in {job.model_dir}")
+        tok_dir = build_tiny_tokenizer(Path(job.model_dir))
+        vocab = len(AutoTokenizer.from_pretrained(str(tok_dir)))
+        model_cfg = ModelConfig(vocab_size=vocab, max_sequence_length=4096, init_seed=1234 + job.seed)
     cfg = job.scheduler()
     plane = TrainingPlane(PlaneConfig(cells=cfg.K, model=model_cfg, optim=OptimConfig(lr=job.lr), timeout_s=300.0),
                           work / "plane")
