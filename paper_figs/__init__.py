@@ -2,7 +2,11 @@
 
 Every ``figN_*.py`` has ``main(out_dir, quick=False) -> list[Path]`` writing a
 PNG and an SVG, and runs on its own (``python paper_figs/fig1_role_timeline.py
-DIR [--quick]``). ``make_all.py`` runs them all (``gyre figs --out DIR``).
+DIR [--quick]``). Each also has ``figure_data(quick=False)``, a pure function
+computing exactly what the figure plots, and ``main`` draws that result and
+nothing else (figures 1-6 through ``draw(data) -> Figure``, figure 7 through
+the shared prefix-graph renderer), so tests check the plotted data and read
+the drawn Figure back. ``make_all.py`` runs them all (``gyre figs --out DIR``).
 Figure 7 draws the trajectory-tree prefix graph of one SPEC 4.2-shaped execution.
 ``cli`` is ``gyre figs``. May import: ``gyre``, ``gyre.sim``, ``gyre.analysis``.
 """

@@ -9,12 +9,21 @@ depth, leaves are rows, colours are the Claude Code role classes of the
 leaves below a node (black where roles are mixed). Quick mode uses a smaller
 execution with the same structure.
 
-Invariant: the drawing is a pure function of the seed and the shape.
+``figure_data(quick)`` computes what the figure draws (a ``PrefixGraphData``:
+the tree, its statistics, the role of every leaf and the layout boxes);
+``main`` hands those boxes to the shared renderer
+(``gyre.analysis.prefix_graph.draw_image``), once per file.
+
+Invariants: the drawing is a pure function of the seed and the shape; there
+is one box per tree node (``stats.nodes``), one leaf row per candidate
+trajectory (``stats.leaves``), and the title quotes ``stats``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,20 +48,40 @@ def build_tree(quick: bool = False):
     return tree
 
 
-def main(out_dir: Path, quick: bool = False) -> list[Path]:
-    from gyre.trajectory.prefix_graph import render_prefix_graph
-    from gyre.trajectory.roles import leaf_roles, roles_for
+@dataclass(frozen=True)
+class PrefixGraphData:
+    """What figure 7 draws (see the module docstring for the invariants)."""
+
+    tree: Any  # gyre.trajectory.tree.TrajectoryTree, closed
+    stats: Any  # gyre.trajectory.tree_stats.TreeStats of the tree
+    roles: dict[int, str]  # Claude Code role class of every leaf
+    boxes: list  # gyre.analysis.prefix_graph.NodeBox per node, parents before children
+    title: str
+
+
+def figure_data(quick: bool = False) -> PrefixGraphData:
+    """The data of figure 7: the recorded synthetic execution and its prefix-graph layout."""
+    from gyre.analysis.prefix_graph import prefix_layout
+    from gyre.trajectory.harness_roles import leaf_roles, roles_for
     from gyre.trajectory.tree_stats import tree_stats
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     tree = build_tree(quick)
     stats = tree_stats(tree)
     title = (f"one execution: {stats.requests} requests, {stats.nodes} nodes, {stats.leaves} candidate "
              f"trajectories (x axis: token depth)")
     roles = leaf_roles(tree, roles_for("claude-code"))
-    paths = [render_prefix_graph(tree, roles, out_dir / f"{STEM}{suffix}", title) for suffix in (".png", ".svg")]
+    return PrefixGraphData(tree, stats, roles, prefix_layout(tree, roles), title)
+
+
+def main(out_dir: Path, quick: bool = False) -> list[Path]:
+    from gyre.analysis.prefix_graph import draw_image
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = figure_data(quick)
+    paths = [out_dir / f"{STEM}{suffix}" for suffix in (".png", ".svg")]
     for path in paths:
+        draw_image(data.tree, data.boxes, path, data.title)
         if path.stat().st_size == 0:
             raise RuntimeError(f"empty figure file: {path}")
     return paths

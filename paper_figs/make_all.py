@@ -38,9 +38,14 @@ def load_figure(name: str) -> ModuleType:
         return importlib.import_module(f"{__package__}.{name}")
     path = Path(__file__).with_name(f"{name}.py")
     spec = importlib.util.spec_from_file_location(f"paper_figs_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    if spec.name not in sys.modules:  # registered before it runs: dataclasses look their module up there
+        sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(sys.modules[spec.name])
+        except BaseException:
+            del sys.modules[spec.name]
+            raise
+    return sys.modules[spec.name]
 
 
 def make_all(out_dir: Path, quick: bool = False, only: tuple[str, ...] | None = None,
