@@ -50,7 +50,7 @@ run: $(VENV)/.base-installed
 
 # The fast tier: pure core, simulator, analysis and pure trajectory tests,
 # small Hypothesis budget, no heavy stack (tests/conftest.py).
-CHECK_DIRS := tests/core tests/sim tests/analysis tests/trajectory
+CHECK_DIRS := tests/core tests/sim tests/analysis tests/trajectory tests/proxy_parse
 check: $(VENV)/.check-installed
 	GYRE_TEST_TIER=check $(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:cacheprovider $(CHECK_DIRS)
 

@@ -15,7 +15,9 @@ locally-trained tokenizer), and this client (aiohttp).
   engine call with the same number of input ids;
 - requests per second through the proxy with 1, 64 and 384 concurrent
   clients, each its own execution, each sending streaming calls back to back
-  for ``window_s`` seconds.
+  for ``window_s`` seconds, and the proxy process's CPU time per call in each
+  window (``/proc/<pid>/stat``): unlike latencies, it barely moves when other
+  work shares the machine.
 
 Goal (issue 6): p50 added latency under 2 ms.
 """
@@ -118,7 +120,14 @@ async def _big_latency(engine_url: str, proxy_url: str, chat, calls: int) -> dic
             "big_followup_added_p50_ms": float(np.percentile(follow_ms, 50)) - direct_p50}
 
 
-async def _throughput(proxy_url: str, clients: int, window_s: float) -> float:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (``/proc/<pid>/stat`` fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _throughput(proxy_url: str, clients: int, window_s: float) -> tuple[float, int]:
     import aiohttp
 
     body = {"model": "m", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -136,7 +145,7 @@ async def _throughput(proxy_url: str, clients: int, window_s: float) -> float:
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
         start = time.perf_counter()
         await asyncio.gather(*(client(i, session) for i in range(clients)))
-        return done / (time.perf_counter() - start)
+        return done / (time.perf_counter() - start), done
 
 
 def main(calls: int = 300, window_s: float = 4.0) -> dict:
@@ -161,7 +170,9 @@ def main(calls: int = 300, window_s: float = 4.0) -> dict:
             figures = asyncio.run(_latency(engine_url, proxy_url, input_ids, calls))
             figures.update(asyncio.run(_big_latency(engine_url, proxy_url, chat, 15)))
             for clients in (1, 64, 384):
-                figures[f"rps_{clients}"] = asyncio.run(_throughput(proxy_url, clients, window_s))
+                cpu = _cpu_seconds(proxy.pid)
+                figures[f"rps_{clients}"], done = asyncio.run(_throughput(proxy_url, clients, window_s))
+                figures[f"cpu_ms_per_call_{clients}"] = (_cpu_seconds(proxy.pid) - cpu) * 1e3 / max(done, 1)
         finally:
             for process in (proxy, engine):
                 process.send_signal(signal.SIGTERM)

@@ -1,8 +1,8 @@
 """Shared test set-up: the two tiers and their Hypothesis budgets.
 
 - ``make check`` sets ``GYRE_TEST_TIER=check``: the pure core, simulator,
-  analysis and pure trajectory tests with a small, fixed-seed Hypothesis
-  budget, under a minute on a 2-core machine with only the base environment.
+  analysis, pure trajectory and proxy request-parsing tests with a small,
+  fixed-seed Hypothesis budget, under a minute on a 2-core machine with only the base environment.
 - ``make test`` (CI) runs every test with the full budget.
 
 Tests that set their own example counts scale them through

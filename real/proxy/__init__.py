@@ -2,6 +2,9 @@
 
 - ``app`` / ``admin`` / ``cli`` / ``config``: the aiohttp server, its admin API
   (execution keys, routes, drains), ``gyre proxy --config FILE``;
+- ``request`` / ``fields``: the typed request every body is parsed into before
+  any response starts, the proxy's errors, the JSON field readers and the
+  always-encodable JSON writer (standard library only: ``tests/proxy_parse``);
 - ``api/``: one module per wire format (``anthropic``, ``openai_chat``,
   ``openai_responses``): parsing requests and writing responses and streams;
 - ``model_call``: the API-independent core of one call (prompt, generation,

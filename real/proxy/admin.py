@@ -2,12 +2,14 @@
 
 Every route needs ``Authorization: Bearer <admin_token>`` (or ``x-admin-token``);
 execution keys never work here, and the admin token never works as an
-execution key. Errors are ``{"error": message}`` with 400/401/404.
+execution key. Errors are ``{"error": message}`` with 400/401/404. Execution
+ids follow ``config.ID_RULE``; a key is issued only for a valid id.
 
 | method and path                         | body                         | effect |
 |-----------------------------------------|------------------------------|--------|
 | GET  /admin/executions                  |                              | every execution: requests, route, in-flight |
-| POST /admin/executions                  | {"execution_id"}             | new API key for it (persisted) |
+| POST /admin/executions                  | {"execution_id"}             | new API key for it (persisted as a digest) |
+| POST /admin/executions/{id}/revoke      | {"api_key"?}                 | revoke that key, or every key of it |
 | GET  /admin/executions/{id}/stats       |                              | ``tree_stats`` of its trajectory tree |
 | GET  /admin/engines                     |                              | engines and routes |
 | POST /admin/engines                     | {"id", "url"}                | add an engine |
@@ -27,11 +29,9 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from gyre.real.proxy.config import ProxyConfigError, EngineSpec
+from gyre.real.proxy.config import ID_RULE, EngineSpec, ProxyConfigError, valid_id
 from gyre.real.proxy.recording import KeyRegistry, Recorder
 from gyre.real.proxy.routing import Router, RoutingError
-
-_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -49,6 +49,7 @@ class AdminApi:
         return [web.get("/admin/executions", guard(self.list_executions)),
                 web.post("/admin/executions", guard(self.create_execution)),
                 web.get("/admin/executions/{execution_id}/stats", guard(self.execution_stats)),
+                web.post("/admin/executions/{execution_id}/revoke", guard(self.revoke_keys)),
                 web.get("/admin/engines", guard(self.engines)),
                 web.post("/admin/engines", guard(self.add_engine)),
                 web.delete("/admin/engines/{engine_id}", guard(self.remove_engine)),
@@ -84,7 +85,7 @@ class AdminApi:
     async def list_executions(self, request: web.Request) -> web.Response:
         known = set(self.recorder.executions()) | self.keys.executions() | set(self.router.routes)
         rows = []
-        for execution_id in sorted(known):
+        for execution_id in sorted(filter(valid_id, known)):  # a stray file never breaks the listing
             state = self.recorder.state(execution_id)
             rows.append({"execution_id": execution_id, "requests": state.requests,
                          "route": self.router.routes.get(execution_id),
@@ -93,13 +94,24 @@ class AdminApi:
 
     async def create_execution(self, request: web.Request) -> web.Response:
         execution_id = (await self._json(request)).get("execution_id")
-        if not isinstance(execution_id, str) or not execution_id or set(execution_id) - _ID_CHARS:
-            raise ValueError("execution_id: required string of [A-Za-z0-9._:-]")
+        if not valid_id(execution_id):
+            raise ValueError(f"execution_id: must be {ID_RULE}")
         return web.json_response({"execution_id": execution_id, "api_key": self.keys.register(execution_id)})
+
+    async def revoke_keys(self, request: web.Request) -> web.Response:
+        """Revoke every key of the execution, or only ``{"api_key": ...}`` when given."""
+        execution_id = request.match_info["execution_id"]
+        key = (await self._json(request)).get("api_key")
+        if key is not None and not isinstance(key, str):
+            raise ValueError("api_key: must be a string")
+        revoked = self.keys.revoke(execution_id, key)
+        if not revoked:
+            raise KeyError(f"no such key of execution {execution_id!r}")
+        return web.json_response({"execution_id": execution_id, "revoked": revoked})
 
     async def execution_stats(self, request: web.Request) -> web.Response:
         execution_id = request.match_info["execution_id"]
-        if execution_id not in set(self.recorder.executions()) | self.keys.executions():
+        if not valid_id(execution_id) or execution_id not in set(self.recorder.executions()) | self.keys.executions():
             raise KeyError(f"unknown execution {execution_id!r}")
         return web.json_response(self.recorder.stats(execution_id))
 
@@ -132,8 +144,8 @@ class AdminApi:
     async def set_route(self, request: web.Request) -> web.Response:
         body = await self._json(request)
         execution_id, engine = body.get("execution_id"), body.get("engine")
-        if not isinstance(execution_id, str) or not isinstance(engine, str):
-            raise ValueError("execution_id and engine: required strings")
+        if not valid_id(execution_id) or not isinstance(engine, str):
+            raise ValueError(f"execution_id and engine: required; execution_id must be {ID_RULE}")
         moved = self.router.reroute(execution_id, engine)
         return web.json_response({"execution_id": execution_id, "engine": engine, "moved_in_flight": moved})
 

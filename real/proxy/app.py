@@ -11,15 +11,25 @@ the execution; an unknown key is a 401 in the API's own error shape, and a
 handler only ever touches the state of the execution its key names.
 
 Order of checks for a model call, each answered in the API's error shape and
-none leaving a record: key (401), body size (413), JSON (400), request fields
-(400), chat template and context length (400). Then the first generation event
-is awaited *before* the response starts, so an engine outage before any token
-is a plain overload error (Anthropic 529, OpenAI 503); later outages end the
-stream with the API's own in-stream error event.
+none leaving a record: key (401), body size (413), body received in time
+(408), JSON (400: invalid, NaN, too deep, lone surrogates), every request
+field (400 naming it), chat template and context length (400). Then the first
+generation event is awaited *before* the response starts, so an engine outage
+before any token is a plain overload error (Anthropic 529, OpenAI 503) and an
+engine's rejection of the request (bad sampling values, too long) a 400.
+
+Invariants:
+- once a stream's 200 is sent, no second status line is ever written: any
+  failure ends the stream with the API's own in-stream error event;
+- every body and event is valid JSON in UTF-8 (``fields.json_bytes``);
+- every error, aiohttp's own 404/405 included, has the API's error shape;
+- a client that disconnects (streaming or not) stops its generation and the
+  engine request is aborted; nothing is recorded for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -28,13 +38,14 @@ from typing import Any, AsyncIterator
 
 from aiohttp import web
 
+from gyre.real.proxy import fields
 from gyre.real.proxy.api import anthropic, openai_chat, openai_responses
 from gyre.real.proxy.admin import AdminApi
-from gyre.real.proxy.model_call import ApiError, ChatService, Finished
+from gyre.real.proxy.model_call import ChatService
 from gyre.real.proxy.config import ProxyConfig
 from gyre.real.proxy.engine_client import EngineClient
-from gyre.real.proxy.generation import Overloaded
 from gyre.real.proxy.recording import KeyRegistry, Recorder
+from gyre.real.proxy.request import ApiError, Finished, error_for
 from gyre.real.proxy.routing import Router
 from gyre.real.proxy.tokenize import ChatTokenizer
 
@@ -42,12 +53,28 @@ log = logging.getLogger("gyre.proxy")
 HINT_HEADERS = ("x-openai-subagent", "x-codex-parent-thread-id", "user-agent")
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
                "Connection": "keep-alive"}
+OFFLOAD_BODY_BYTES = 1 << 20  # bodies at least this large are decoded on a worker thread
+HTTP_KINDS = {404: "not_found", 405: "method_not_allowed", 408: "timeout", 413: "too_large"}
+
+
+class ClientGone(Exception):
+    """The client of a non-streaming call disconnected: stop generating (the engine request is aborted)."""
+
+
+def json_response(body: Any, status: int = 200, headers: Any = None) -> web.Response:
+    """A JSON response that always encodes (``fields.json_bytes``)."""
+    return web.Response(body=fields.json_bytes(body), status=status, headers=headers,
+                        content_type="application/json")
 
 
 async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
     yield first
     async for item in rest:
         yield item
+
+
+def _api_for(path: str) -> ModuleType:
+    return anthropic if path.startswith("/v1/messages") else openai_chat
 
 
 class ProxyServer:
@@ -64,8 +91,9 @@ class ProxyServer:
         self.admin = AdminApi(config.admin_token, self.router, self.recorder, self.keys, self.service)
 
     def application(self) -> web.Application:
-        # one byte over the limit lets ``_body`` tell "too large" apart and answer in the API's shape
-        app = web.Application(client_max_size=self.config.limits.max_body_bytes + 1)
+        # one byte over the limit lets ``_raw_body`` tell "too large" apart and answer in the API's shape
+        app = web.Application(client_max_size=self.config.limits.max_body_bytes + 1,
+                              middlewares=[self._http_errors])
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         app.add_routes([web.get("/", self.alive),  # aiohttp answers HEAD / through the GET route
@@ -75,6 +103,23 @@ class ProxyServer:
                         web.post("/v1/responses", self.responses),
                         web.get("/v1/models", self.models), *self.admin.routes()])
         return app
+
+    @web.middleware
+    async def _http_errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """aiohttp's own 404/405/413 answers, in the API's error shape (the admin API's under /admin)."""
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            message = f"{request.method} {request.path}: {exc.reason}"
+            headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            if request.path.startswith("/admin"):
+                return json_response({"error": message}, exc.status, headers)
+            api = _api_for(request.path)
+            status, body = api.error_body(ApiError(exc.status, HTTP_KINDS.get(exc.status, "invalid_request"),
+                                                   message))
+            return json_response(body, status, headers)
 
     async def _startup(self, app: web.Application) -> None:
         await self.client.start()
@@ -94,23 +139,38 @@ class ProxyServer:
             raise ApiError(401, "authentication", "invalid x-api-key: no execution has this key")
         return execution
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
+    async def _raw_body(self, request: web.Request) -> bytes:
+        """The body's bytes; 413 when too large, 408 when the client is too slow to send it."""
         limit = self.config.limits.max_body_bytes
+        too_large = ApiError(413, "too_large", f"request body exceeds the {limit}-byte limit")
         if (request.content_length or 0) > limit:
-            raise ApiError(413, "too_large", f"request body exceeds the {limit}-byte limit")
+            raise too_large
         try:
-            raw = await request.read()
+            raw = await asyncio.wait_for(request.read(), self.config.limits.client_read_timeout_s)
         except web.HTTPRequestEntityTooLarge:
-            raise ApiError(413, "too_large", f"request body exceeds the {limit}-byte limit") from None
+            raise too_large from None
+        except asyncio.TimeoutError:
+            raise ApiError(408, "timeout", f"body: not received within "
+                                           f"{self.config.limits.client_read_timeout_s} s") from None
         if len(raw) > limit:
-            raise ApiError(413, "too_large", f"request body exceeds the {limit}-byte limit")
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise ApiError(400, "invalid_request", f"body: invalid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "invalid_request", "body: expected a JSON object")
-        return body
+            raise too_large
+        return raw
+
+    async def _parse(self, request: web.Request, execution: str, api: ModuleType,
+                     parse: Any) -> tuple[Any, Any, int]:
+        """(body, typed request, body size): decode, restore cached tool calls, parse. A multi-megabyte
+        body is handled on a worker thread, so it never stalls the other streams."""
+        raw = await self._raw_body(request)
+        hints = self._hints(request)
+        field = "input" if api is openai_responses else "messages"
+
+        def decode() -> tuple[Any, Any, int]:
+            body = fields.load_body(raw)
+            return body, parse(self._restore(execution, body, field), hints), len(raw)
+
+        if len(raw) < OFFLOAD_BODY_BYTES:
+            return decode()
+        return await asyncio.get_running_loop().run_in_executor(self.service.pool, decode)
 
     @staticmethod
     def _hints(request: web.Request) -> dict[str, str]:
@@ -119,83 +179,97 @@ class ProxyServer:
     @staticmethod
     def _error(api: ModuleType, error: ApiError) -> web.Response:
         status, body = api.error_body(error)
-        return web.json_response(body, status=status)
+        return json_response(body, status)
 
     def _restore(self, execution: str, body: dict[str, Any], field: str) -> dict[str, Any]:
         """Put the cached raw tool-call blocks back into the history (undo re-serialization)."""
         items = body.get(field)
         if not isinstance(items, list) or not all(isinstance(m, dict) for m in items):
             return body  # malformed: the parser names the problem
-        return dict(body, **{field: self.recorder.state(execution).tool_cache.restore(items).messages})
+        try:
+            restored = self.recorder.state(execution).tool_cache.restore(items).messages
+        except (TypeError, ValueError, AttributeError):
+            return body  # a block the cache cannot read (e.g. a non-string "type"): the parser names it
+        return dict(body, **{field: restored})
 
     async def _call(self, request: web.Request, api: ModuleType, parse: Any) -> web.StreamResponse:
+        """Parse and check everything, await the first generation event, then answer.
+
+        Nothing after ``_stream`` starts can produce a status line: failures there
+        end the stream with the API's own error event."""
         try:
             execution = self._execution(request)
-            field = "input" if api is openai_responses else "messages"
-            sent = await self._body(request)
-            chat_request = parse(self._restore(execution, sent, field), self._hints(request))
-            prepared = await self.service.prepare(execution, chat_request)
+            sent, chat_request, size = await self._parse(request, execution, api, parse)
+            prepared = await self.service.prepare(execution, chat_request, size)
             if self.config.dump_requests:
                 self._dump(prepared, sent, request)
             async with contextlib.aclosing(self.service.run(prepared, api.ID_PREFIX)) as events:
                 try:
                     first = await events.__anext__()
-                except Overloaded as exc:
-                    raise ApiError(529, "overloaded", f"Overloaded: {exc}") from None
-                if not chat_request.stream:
-                    finished = first
-                    async for finished in events:
-                        pass
-                    assert isinstance(finished, Finished)
-                    return web.json_response(api.response(prepared, finished))
-                return await self._stream(request, api, prepared, _chain(first, events))
+                except Exception as exc:  # noqa: BLE001 - outage, rejection: answered before any byte
+                    raise error_for(exc) from None
+                if chat_request.stream:
+                    return await self._stream(request, api, prepared, _chain(first, events))
+                return json_response(api.response(prepared, await self._finish(request, first, events)))
         except ApiError as error:
             return self._error(api, error)
-        except Exception:  # noqa: BLE001 - an answer in the API's shape beats a dropped connection
-            log.exception("model call failed")
-            return self._error(api, ApiError(500, "internal", "internal proxy error"))
+        except ClientGone:
+            log.info("client of a non-streaming call went away; generation aborted")
+            return json_response({}, 499)
+        except Exception as exc:  # noqa: BLE001 - an answer in the API's shape beats a dropped connection
+            error = error_for(exc)
+            if error.status >= 500:
+                log.exception("model call failed")
+            return self._error(api, error)
+
+    @staticmethod
+    async def _finish(request: web.Request, first: Any, events: AsyncIterator[Any]) -> Finished:
+        """The ``Finished`` of a non-streaming call; ``ClientGone`` as soon as its client disconnects."""
+        finished = first
+        async for finished in events:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                raise ClientGone()
+        assert isinstance(finished, Finished)
+        return finished
 
     def _dump(self, prepared: Any, body: dict[str, Any], request: web.Request) -> None:
         folder = self.recorder.root / "requests" / prepared.execution_id
         folder.mkdir(parents=True, exist_ok=True)
         payload = {"path": request.path_qs, "headers": self._hints(request), "body": body}
-        (folder / f"{prepared.request_id}.json").write_text(json.dumps(payload))
+        (folder / f"{prepared.request_id}.json").write_bytes(fields.json_bytes(payload))
 
     async def _stream(self, request: web.Request, api: ModuleType, prepared: Any,
                       events: AsyncIterator[Any]) -> web.StreamResponse:
+        """Write the API's event stream; never raises once the 200 is sent (see ``_call``)."""
         response = web.StreamResponse(status=200, headers=SSE_HEADERS)
         await response.prepare(request)
-        if api is openai_chat:
-            include_usage = bool((getattr(prepared.request, "stream_options", None) or {}).get("include_usage"))
-            chunks = api.stream(events, prepared, include_usage)
-        else:
-            chunks = api.stream(events, prepared)
+        chunks = api.stream(events, prepared)
         try:
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
                     await response.write(chunk)
             await response.write_eof()
-        except (ConnectionResetError, ConnectionError):
+        except ConnectionError:
             log.info("client of %s went away mid-stream", prepared.execution_id)
+        except Exception:  # noqa: BLE001 - the status line is out: end the stream, never start a second one
+            log.exception("stream of %s failed", prepared.execution_id)
+            with contextlib.suppress(Exception):
+                await response.write(api.stream_error(ApiError(500, "internal", "internal proxy error")))
+                await response.write_eof()
         return response
 
     # -- handlers -------------------------------------------------------------
 
     async def alive(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "model": self.config.model_name})
+        return json_response({"status": "ok", "model": self.config.model_name})
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self._call(request, anthropic, anthropic.parse)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         default = self.config.limits.default_max_tokens
-
-        def parse(body: dict[str, Any], hints: dict[str, str]) -> Any:
-            parsed = openai_chat.parse(body, hints, default)
-            parsed.stream_options = body.get("stream_options") or {}  # type: ignore[attr-defined]
-            return parsed
-
-        return await self._call(request, openai_chat, parse)
+        return await self._call(request, openai_chat, lambda body, hints: openai_chat.parse(body, hints, default))
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         default = self.config.limits.default_max_tokens
@@ -205,16 +279,17 @@ class ProxyServer:
     async def count_tokens(self, request: web.Request) -> web.Response:
         try:
             execution = self._execution(request)
-            chat_request = anthropic.parse(await self._body(request), {}, count_only=True)
-            ids, _ = await self.service.encode(self.service.render(execution, chat_request))
-            return web.json_response({"input_tokens": len(ids)})
-        except ApiError as error:
-            return self._error(anthropic, error)
+            _, chat_request, size = await self._parse(request, execution, anthropic,
+                                                      lambda body, hints: anthropic.parse(body, {}, count_only=True))
+            ids, _ = await self.service.encode(await self.service.render_async(execution, chat_request, size))
+            return json_response({"input_tokens": len(ids)})
+        except Exception as exc:  # noqa: BLE001 - every failure in the API's shape
+            return self._error(anthropic, error_for(exc))
 
     async def models(self, request: web.Request) -> web.Response:
         try:
             self._execution(request)
         except ApiError as error:
             return self._error(openai_chat, error)
-        return web.json_response({"object": "list", "data": [
+        return json_response({"object": "list", "data": [
             {"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "gyre"}]})

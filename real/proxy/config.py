@@ -13,7 +13,8 @@ File shape (JSON shown; TOML has the same keys)::
       "engines": [{"id": "e0", "url": "http://127.0.0.1:30000"}],
       "executions": {"<api key>": "<execution id>"},
       "retry": {"attempts": 4, "budget_s": 30, "connect_timeout_s": 2, "read_timeout_s": 120},
-      "limits": {"max_body_bytes": 33554432, "default_max_tokens": 1024, "max_context_tokens": 262144},
+      "limits": {"max_body_bytes": 33554432, "default_max_tokens": 1024, "max_context_tokens": 262144,
+                 "client_read_timeout_s": 60},
       "policy_version": 0, "harness": "generic", "fsync": true,
       "dump_requests": false
     }
@@ -25,7 +26,9 @@ the records with exactly what the harness sent.
 
 Keys registered at run time through the admin API are kept in
 ``records_dir/keys.json`` next to the record logs, so a restarted proxy still
-knows them.
+knows them; the file holds only SHA-256 digests of keys (never a key) and is
+readable by its owner only (0600). Execution and engine ids follow one rule
+(``ID_RULE``, checked by ``check_id``) everywhere.
 """
 
 from __future__ import annotations
@@ -37,11 +40,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-_ENGINE_ID = re.compile(r"^[A-Za-z0-9._:-]+$")
+ID_RULE = "1-128 characters of [A-Za-z0-9._:-], starting with a letter or digit"
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 
 class ProxyConfigError(ValueError):
     """A proxy configuration that cannot be used; the message names the field."""
+
+
+def valid_id(value: object) -> bool:
+    """The one id rule of the proxy (execution and engine ids; see ``ID_RULE``).
+
+    An execution id names its record log and appears in admin URLs, so ".",
+    "..", hidden names, slashes and very long names are refused everywhere:
+    in the configuration, before the admin API issues a key, and when keys
+    are loaded from disk. Ids that pass are also valid ``ModelCall`` ids."""
+    return isinstance(value, str) and _ID.fullmatch(value) is not None
+
+
+def check_id(field_name: str, value: object) -> str:
+    if not valid_id(value):
+        raise ProxyConfigError(f"{field_name} must be {ID_RULE}, got {str(value)[:140]!r}")
+    return value  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,8 +72,7 @@ class EngineSpec:
     url: str
 
     def __post_init__(self) -> None:
-        if not _ENGINE_ID.match(self.id or ""):
-            raise ProxyConfigError(f"engines[].id must match [A-Za-z0-9._:-]+, got {self.id!r}")
+        check_id("engines[].id", self.id)
         if not self.url.startswith(("http://", "https://")):
             raise ProxyConfigError(f"engines[{self.id}].url must be an http(s) URL, got {self.url!r}")
         object.__setattr__(self, "url", self.url.rstrip("/"))
@@ -88,16 +107,20 @@ class RetryPolicy:
 class Limits:
     """Request limits: bodies over ``max_body_bytes`` get 413, prompts over
     ``max_context_tokens`` get 400; ``default_max_tokens`` applies when the
-    API allows omitting it (OpenAI)."""
+    API allows omitting it (OpenAI); a body not received within
+    ``client_read_timeout_s`` gets 408."""
 
     max_body_bytes: int = 32 * 1024 * 1024
     default_max_tokens: int = 1024
     max_context_tokens: int = 262_144
+    client_read_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "default_max_tokens", "max_context_tokens"):
             if getattr(self, name) < 1:
                 raise ProxyConfigError(f"limits.{name} must be >= 1")
+        if not self.client_read_timeout_s > 0:
+            raise ProxyConfigError("limits.client_read_timeout_s must be > 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,8 +154,9 @@ class ProxyConfig:
         if self.policy_version < 0:
             raise ProxyConfigError("policy_version must be >= 0")
         for key, execution in self.executions.items():
-            if not key or not _ENGINE_ID.match(execution or ""):
-                raise ProxyConfigError(f"executions maps API keys to ids of [A-Za-z0-9._:-]+, got {execution!r}")
+            if not isinstance(key, str) or not key:
+                raise ProxyConfigError("executions maps non-empty API keys to execution ids")
+            check_id("executions[].execution_id", execution)
             if key == self.admin_token:
                 raise ProxyConfigError("an execution key must differ from admin_token")
         object.__setattr__(self, "executions", dict(self.executions))

@@ -19,8 +19,13 @@ Invariants:
 - a stream that ends without a finish reason raises ``EngineCallError`` (a
   truncated stream is never mistaken for a finished one);
 - connection refused/reset, timeouts, HTTP 5xx/429 and error chunks raise
-  ``EngineCallError(retryable=True)``; HTTP 4xx other than 429 are not retryable;
-- closing the response (``Flight.detach``/``move``) ends the iteration promptly.
+  ``EngineCallError(retryable=True)``; HTTP 4xx other than 429, and error chunks
+  that say ``retryable: false`` or carry a 4xx ``code`` (SGLang's answer to
+  invalid sampling values or a too-long request), are not retryable: the
+  request itself is bad and the API answers 400;
+- closing the response (``Flight.detach``/``move``) ends the iteration promptly;
+- the events of one network read are merged into one chunk (``merge_chunks``):
+  the same ids and logprobs in the same order, fewer steps downstream.
 """
 
 from __future__ import annotations
@@ -55,6 +60,26 @@ class TokenChunk:
     weight_version: str | None = None
 
 
+def merge_chunks(chunks: list[TokenChunk]) -> TokenChunk:
+    """The chunks of one read as one: ids and logprobs in order, the last finish and version."""
+    if len(chunks) == 1:
+        return chunks[0]
+    finish = next((c.finish for c in reversed(chunks) if c.finish is not None), None)
+    version = next((c.weight_version for c in reversed(chunks) if c.weight_version is not None), None)
+    return TokenChunk(tuple(i for c in chunks for i in c.ids), tuple(v for c in chunks for v in c.logprobs),
+                      finish, version)
+
+
+def _retryable_error(error: Any) -> bool:
+    """SGLang marks a request it rejects as invalid with ``retryable: false`` / a 4xx ``code``."""
+    if not isinstance(error, dict):
+        return True
+    if error.get("retryable") is False:
+        return False
+    code = error.get("code")
+    return not (isinstance(code, int) and 400 <= code < 500 and code != 429)
+
+
 def generate_payload(rid: str, input_ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
     return {"rid": rid, "input_ids": input_ids, "sampling_params": sampling,
             "return_logprob": True, "stream": True}
@@ -71,7 +96,7 @@ class ChunkDecoder:
         if "error" in payload:
             error = payload["error"]
             message = error.get("message") if isinstance(error, dict) else str(error)
-            raise EngineCallError(self.engine_id, f"error chunk: {message}")
+            raise EngineCallError(self.engine_id, f"error chunk: {message}", retryable=_retryable_error(error))
         meta = payload.get("meta_info") or {}
         ids = payload.get("output_ids") or []
         logprobs = meta.get("output_token_logprobs") or []
@@ -167,20 +192,35 @@ class EngineClient:
             pass
 
     async def _chunks(self, resp: aiohttp.ClientResponse, decoder: ChunkDecoder) -> AsyncIterator[TokenChunk]:
+        """One ``TokenChunk`` per network read: the events that arrived together are merged, so
+        a burst of tokens costs one decode, one parse and one client write, not one per token."""
         buffer = bytearray()
         async for data in resp.content.iter_any():
             buffer += data.replace(b"\r\n", b"\n")
-            for event in _split_events(buffer):
-                body = _event_data(event)
-                if body is None:
-                    continue
-                if body == b"[DONE]":
-                    return
-                try:
-                    payload = json.loads(body)
-                except ValueError:
-                    raise EngineCallError(decoder.engine_id, f"undecodable chunk {body[:100]!r}") from None
-                yield decoder.decode(payload)
+            ready: list[TokenChunk] = []
+            error: EngineCallError | None = None
+            done = False
+            try:
+                for event in _split_events(buffer):
+                    body = _event_data(event)
+                    if body is None:
+                        continue
+                    if body == b"[DONE]":
+                        done = True
+                        break
+                    try:
+                        payload = json.loads(body)
+                    except ValueError:
+                        raise EngineCallError(decoder.engine_id, f"undecodable chunk {body[:100]!r}") from None
+                    ready.append(decoder.decode(payload))
+            except EngineCallError as exc:
+                error = exc  # the tokens that arrived before the error still count
+            if ready:
+                yield merge_chunks(ready)
+            if error is not None:
+                raise error
+            if done:
+                return
 
     async def abort(self, engine: EngineSpec, rid: str) -> bool:
         """Best-effort ``/abort_request``; True when the engine acknowledged it."""

@@ -12,6 +12,9 @@ output tokens as they stream in. Two things can interrupt a submission:
   another engine, and the call is resubmitted the same way, within
   ``RetryPolicy.attempts`` failures and ``budget_s`` seconds. When nothing is
   left, ``Overloaded`` is raised and the API answers its own overload error.
+  An engine that rejects the request itself (non-retryable: invalid sampling
+  values, too long for its context) raises ``EngineRejected`` at once (a 400,
+  not counted as an engine failure).
 
 Invariants:
 - the consumer sees one continuous token sequence: tokens are yielded once,
@@ -36,11 +39,10 @@ from typing import Any, AsyncIterator
 
 from gyre.real.proxy.config import RetryPolicy
 from gyre.real.proxy.engine_client import EngineClient, EngineCallError, TokenChunk
+from gyre.real.proxy.request import EngineRejected, Overloaded
 from gyre.real.proxy.routing import Flight, Router
 
-
-class Overloaded(Exception):
-    """No engine could serve the call within the retry budget."""
+__all__ = ["EngineRejected", "Generation", "GenerationLog", "Overloaded"]
 
 
 @dataclass
@@ -94,7 +96,7 @@ class Generation:
             submission += 1
             self.router.begin(self.flight, engine)
             self.log.engines.append(engine.spec.id)
-            failed = finished = False
+            failed = finished = rejected = False
             try:
                 async for chunk in self._submit(engine.spec, rid):
                     yield chunk
@@ -103,12 +105,12 @@ class Generation:
                 if self.flight.moved:
                     self._on_move(engine.spec.id, rid)
                     continue
-                failed = True
+                failed, rejected = exc.retryable, not exc.retryable  # a rejection is the client's fault
                 self._on_failure(exc, engine.spec.id, excluded, deadline)
                 await asyncio.sleep(self.retry.backoff_s)
             finally:
                 self.router.end(self.flight, failed=failed, finished=finished)
-                if self.log.finish is None and not failed and not self.flight.moved:
+                if self.log.finish is None and not (failed or rejected or self.flight.moved):
                     self._schedule_abort(engine.spec.id, rid)  # the consumer went away
             if self.flight.moved and self.log.finish is None:
                 self._on_move(engine.spec.id, rid)
@@ -165,8 +167,8 @@ class Generation:
 
     def _on_failure(self, exc: EngineCallError, engine_id: str, excluded: set[str], deadline: float) -> None:
         self.log.failures.append(str(exc))
-        if not exc.retryable:
-            raise Overloaded(f"engine rejected the call: {exc}") from None
+        if not exc.retryable:  # the engine found the request itself invalid: a client error
+            raise EngineRejected(str(exc)) from None
         excluded.add(engine_id)
         if len(self.log.failures) >= self.retry.attempts or time.monotonic() >= deadline:
             raise Overloaded(f"gave up after {len(self.log.failures)} engine failures: {exc}") from None

@@ -1,7 +1,8 @@
 """The API-independent core of a model call: prompt, generation, parsing, record.
 
 Each API module (Anthropic Messages, OpenAI Chat Completions, Responses)
-turns its request body into a ``ChatRequest`` of *canonical messages*::
+turns its request body into a fully validated ``ChatRequest`` (``proxy.request``,
+which also defines ``Prepared`` and ``Finished``) of *canonical messages*::
 
     {"role": "system" | "user", "content": str}
     {"role": "assistant", "content": str, "tool_calls": [{"id", "name", "arguments": dict}], "thinking": str}
@@ -24,6 +25,10 @@ Invariants:
 - ``prepare`` (a coroutine) raises ``ApiError`` (status 400) before anything is sent to an
   engine or recorded: a rejected call leaves no trace;
 - ``Finished`` is yielded only after the record is durable;
+- the text returned to the harness never contains the stop string the engine
+  matched (``toolcalls.trim_stop``), while the record keeps every sampled id;
+- each record's ``role_hints`` hold the sampling parameters asked for
+  (``requested``) and sent to the engine (``sampling``), as JSON;
 - input provenance is EXTERNAL for every input token and output provenance
   SAMPLED for every output token (the tree upgrades re-used output tokens).
 """
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,68 +46,19 @@ from typing import Any, AsyncIterator, Callable
 
 from gyre.trajectory.records import ModelCall
 from gyre.real.proxy.config import ProxyConfig
+from gyre.real.proxy.request import ApiError, ChatRequest, Finished, Prepared, bad_request
 from gyre.real.proxy.engine_client import EngineClient
 from gyre.real.proxy.generation import Generation
 from gyre.real.proxy.recording import ExecutionState, Recorder
 from gyre.real.proxy.routing import Router
 from gyre.real.proxy.tokenize import ChatTokenizer, PrefixCache
-from gyre.real.proxy.toolcalls import THINK_OPEN, OutputEvent, OutputSplitter, parse_output
+from gyre.real.proxy.toolcalls import THINK_OPEN, OutputEvent, OutputSplitter, StopHoldback, parse_output, trim_stop
 
 HINT_CHARS = 4000
 OFFLOAD_CHARS = 8192  # suffixes at least this long are tokenized on a worker thread
+OFFLOAD_MESSAGES_CHARS = 16384  # conversations at least this long are rendered on a worker thread
 
-
-class ApiError(Exception):
-    """A request the proxy answers with an error; ``kind`` is API-neutral."""
-
-    def __init__(self, status: int, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.kind, self.message = status, kind, message
-
-
-def bad_request(message: str) -> ApiError:
-    return ApiError(400, "invalid_request", message)
-
-
-@dataclass(kw_only=True)
-class ChatRequest:
-    api: str
-    model: str
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    max_tokens: int
-    stream: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    stop: list[str] = field(default_factory=list)
-    thinking: bool | None = None
-    hints: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(kw_only=True)
-class Prepared:
-    request: ChatRequest
-    execution_id: str
-    request_id: str
-    prompt_text: str
-    input_ids: list[int]
-    reused_ids: int
-    in_thinking: bool
-    started_at: float
-
-
-@dataclass(kw_only=True)
-class Finished:
-    output_ids: list[int]
-    logprobs: list[float]
-    text: str
-    thinking: str
-    tool_calls: list[dict[str, Any]]
-    stop_reason: str  # "stop" | "length" | "tool_calls" | "stop_sequence"
-    stop_sequence: str | None
-    input_tokens: int
-    output_tokens: int
+__all__ = ["ApiError", "ChatRequest", "ChatService", "Finished", "Prepared", "bad_request"]
 
 
 def template_messages(messages: list[dict[str, Any]], state: ExecutionState) -> list[dict[str, Any]]:
@@ -150,18 +107,32 @@ class ChatService:
         self.config, self.chat, self.router, self.client, self.recorder = config, chat, router, client, recorder
         self.clock = clock
         self.policy_version = config.policy_version
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gyre-tokenize")
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gyre-tokenize")
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def render(self, execution_id: str, request: ChatRequest) -> str:
-        state = self.recorder.state(execution_id)
+        return self._render(template_messages(request.messages, self.recorder.state(execution_id)),
+                            template_tools(request.tools), request.thinking)
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], thinking: bool | None) -> str:
         try:
-            return self.chat.render(template_messages(request.messages, state), template_tools(request.tools),
-                                    thinking=request.thinking)
+            return self.chat.render(messages, tools, thinking=thinking)
+        except RecursionError:
+            raise bad_request("body: JSON nested too deeply", "body") from None
         except Exception as exc:  # the template rejected the conversation (e.g. role order)
-            raise bad_request(f"messages cannot be rendered by the model's chat template: {exc}") from None
+            raise bad_request(f"messages: cannot be rendered by the model's chat template: {exc}") from None
+
+    async def render_async(self, execution_id: str, request: ChatRequest, size: int) -> str:
+        """``render``; a conversation of ``size`` >= ``OFFLOAD_MESSAGES_CHARS`` bytes is rendered on a
+        worker thread, so a huge request does not stall every other stream on the event loop."""
+        messages = template_messages(request.messages, self.recorder.state(execution_id))
+        tools = template_tools(request.tools)
+        if size < OFFLOAD_MESSAGES_CHARS:
+            return self._render(messages, tools, request.thinking)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self._render, messages, tools,
+                                                                request.thinking)
 
     async def encode(self, text: str, cache: PrefixCache | None = None) -> tuple[list[int], int]:
         """``ChatTokenizer.encode_prompt``; long suffixes are encoded on a worker thread
@@ -169,17 +140,18 @@ class ChatService:
         covered, ids = cache.best_prefix(text) if cache is not None else (0, [])
         if len(text) - covered < OFFLOAD_CHARS:
             return ids + self.chat.encode(text[covered:]), len(ids)
-        suffix = await asyncio.get_running_loop().run_in_executor(self._pool, self.chat.encode, text[covered:])
+        suffix = await asyncio.get_running_loop().run_in_executor(self.pool, self.chat.encode, text[covered:])
         return ids + suffix, len(ids)
 
-    async def prepare(self, execution_id: str, request: ChatRequest) -> Prepared:
-        prompt_text = self.render(execution_id, request)
+    async def prepare(self, execution_id: str, request: ChatRequest, size: int = 0) -> Prepared:
+        """Render and encode ``request`` (``size``: its body's bytes); 400 when the prompt cannot be served."""
+        prompt_text = await self.render_async(execution_id, request, size)
         state = self.recorder.state(execution_id)
         input_ids, reused = await self.encode(prompt_text, state.prefix)
         limit = self.config.limits.max_context_tokens
         if len(input_ids) + request.max_tokens > limit:
-            raise bad_request(f"prompt is too long: {len(input_ids)} tokens + max_tokens {request.max_tokens} "
-                              f"> {limit} maximum")
+            raise bad_request(f"max_tokens: prompt is too long: {len(input_ids)} tokens + max_tokens "
+                              f"{request.max_tokens} > {limit} maximum")
         return Prepared(request=request, execution_id=execution_id, request_id=secrets.token_hex(8),
                         prompt_text=prompt_text, input_ids=input_ids, reused_ids=reused,
                         in_thinking=prompt_text.rstrip().endswith(THINK_OPEN), started_at=self.clock())
@@ -201,13 +173,15 @@ class ChatService:
                                 request_id=prepared.request_id, input_ids=prepared.input_ids,
                                 sampling=self.sampling(prepared.request))
         decoder = self.chat.decoder()
+        holdback = StopHoldback(prepared.request.stop)
         splitter = OutputSplitter(in_thinking=prepared.in_thinking)
         calls: list[dict[str, Any]] = []
         async with contextlib.aclosing(generation.__aiter__()) as chunks:
             async for chunk in chunks:
-                for event in splitter.feed(decoder.push(chunk.ids)):
+                for event in splitter.feed(holdback.push(decoder.push(chunk.ids))):
                     yield self._named(event, calls, id_prefix, prepared.request_id)
-        for event in splitter.feed(decoder.finish()) + splitter.finish():
+        rest = holdback.push(decoder.finish()) + holdback.finish(_matched_stop(generation))
+        for event in splitter.feed(rest) + splitter.finish():
             yield self._named(event, calls, id_prefix, prepared.request_id)
         finished = self._finished(prepared, generation, calls)
         await self.recorder.commit(self._record(prepared, generation, calls), prepared.prompt_text)
@@ -222,25 +196,35 @@ class ChatService:
 
     def _finished(self, prepared: Prepared, generation: Generation, calls: list[dict[str, Any]]) -> Finished:
         finish = generation.log.finish or {}
-        matched = finish.get("matched")
+        matched = _matched_stop(generation)
         if finish.get("type") == "length":
             reason = "length"
         elif calls:
             reason = "tool_calls"
         else:
             reason = "stop_sequence" if isinstance(matched, str) else "stop"
-        text_parts = self.chat.decode(generation.output_ids, skip_special=True)
+        text_parts = trim_stop(self.chat.decode(generation.output_ids, skip_special=True), matched)
         parsed = parse_output(text_parts, in_thinking=prepared.in_thinking)
+        tokens = []
+        if prepared.request.logprobs:
+            ids = generation.output_ids
+            ids = ids[:-1] if ids and ids[-1] in self.chat.stop_token_ids else ids
+            tokens = [self.chat.decode([i], skip_special=True) for i in ids]
         return Finished(output_ids=list(generation.output_ids), logprobs=list(generation.logprobs), text=parsed.text,
-                        thinking=parsed.thinking, tool_calls=calls, stop_reason=reason,
-                        stop_sequence=matched if isinstance(matched, str) else None,
-                        input_tokens=len(prepared.input_ids), output_tokens=len(generation.output_ids))
+                        thinking=parsed.thinking, tool_calls=calls, stop_reason=reason, stop_sequence=matched,
+                        input_tokens=len(prepared.input_ids), output_tokens=len(generation.output_ids),
+                        tokens=tokens)
 
     def _record(self, prepared: Prepared, generation: Generation, calls: list[dict[str, Any]]) -> ModelCall:
         hints = role_hints(prepared.request)
         hints.update(harness=self.config.harness, engines=",".join(generation.log.engines), moves=str(generation.log.moves),
                      move_stalls_ms=",".join(f"{x * 1e3:.1f}" for x in generation.log.move_stalls_s),
-                     reused_ids=str(prepared.reused_ids), finish=str((generation.log.finish or {}).get("type")))
+                     reused_ids=str(prepared.reused_ids), finish=str((generation.log.finish or {}).get("type")),
+                     sampling=json.dumps(self.sampling(prepared.request), sort_keys=True),
+                     requested=json.dumps(prepared.request.sampling_record(), sort_keys=True))
+        matched = _matched_stop(generation)
+        if matched:
+            hints["stop_sequence"] = matched
         version = generation.log.weight_version
         policy = int(version) if version is not None and version.isdigit() else self.policy_version
         return ModelCall(execution_id=prepared.execution_id, request_id=prepared.request_id,
@@ -249,3 +233,9 @@ class ChatService:
                          engine_id=generation.log.engines[-1] if generation.log.engines else "",
                          started_at=prepared.started_at, finished_at=max(self.clock(), prepared.started_at),
                          role_hints=hints, tool_calls=tuple(calls))
+
+
+def _matched_stop(generation: Generation) -> str | None:
+    """The stop string the engine matched (SGLang: ``finish_reason.matched`` is a str), if any."""
+    matched = (generation.log.finish or {}).get("matched")
+    return matched if isinstance(matched, str) and matched else None

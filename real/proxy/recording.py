@@ -30,7 +30,9 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -41,8 +43,12 @@ from gyre.real.store.tito_log import ExecutionStore
 from gyre.trajectory.tool_calls import ToolCallCache
 from gyre.trajectory.tree import TrajectoryTree
 from gyre.trajectory.tree_stats import tree_stats
+from gyre.real.proxy.config import check_id, valid_id
 from gyre.real.proxy.tokenize import ChatTokenizer, PrefixCache
-from gyre.real.proxy.toolcalls import parse_output
+from gyre.real.proxy.toolcalls import parse_output, trim_stop
+
+
+log = logging.getLogger("gyre.proxy")
 
 
 def api_tool_block(api: str, call: Mapping[str, Any]) -> dict[str, Any]:
@@ -92,7 +98,8 @@ class ExecutionState:
             api = str(call.role_hints.get("api", "anthropic"))
             self.tool_cache.remember(api_output_message(api, calls))
         else:
-            self.echo[("text", parse_output(raw).text)] = raw
+            visible = trim_stop(raw, call.role_hints.get("stop_sequence"))  # what the harness received
+            self.echo[("text", parse_output(visible).text)] = raw
 
     def raw_for(self, call_ids: list[str], text: str) -> str | None:
         """The raw output that produced an assistant message with these call ids (or this text)."""
@@ -145,28 +152,82 @@ class Recorder:
         self.store.close()
 
 
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 class KeyRegistry:
-    """API key -> execution id; keys added at run time persist in ``keys.json``."""
+    """API key -> execution id. Keys added at run time persist in ``keys.json`` as
+    SHA-256 digests (never the key itself), in a file only its owner can read (0600);
+    any key can be revoked, configured ones included (the revocation persists).
+
+    File shape: ``{"version": 2, "keys": {digest: execution_id}, "revoked": [digest]}``.
+    A version-1 file (plain ``{key: execution_id}``) is converted on load; entries
+    whose execution id breaks ``config.ID_RULE`` are dropped with a warning, so one
+    bad entry never breaks the proxy for everyone.
+    """
 
     def __init__(self, path: str | os.PathLike, static: Mapping[str, str],
                  make_key: Callable[[], str] = lambda: "gyre-" + secrets.token_urlsafe(24)) -> None:
         self.path = Path(path)
         self.make_key = make_key
-        self._dynamic: dict[str, str] = json.loads(self.path.read_text()) if self.path.exists() else {}
-        self._keys = {**self._dynamic, **dict(static)}
+        self._dynamic, self._revoked = self._load()
+        self._static = {key_digest(k): e for k, e in static.items()}
+        self._rebuild()
+
+    def _load(self) -> tuple[dict[str, str], set[str]]:
+        if not self.path.exists():
+            return {}, set()
+        data = json.loads(self.path.read_text())
+        legacy = data.get("version") != 2
+        entries = data if legacy else data.get("keys", {})
+        keys = {}
+        for key, execution_id in entries.items():
+            if not valid_id(execution_id):
+                log.warning("keys.json: dropping a key of the invalid execution id %r", str(execution_id)[:140])
+                continue
+            keys[key_digest(key) if legacy else key] = execution_id
+        revoked = set() if legacy else set(data.get("revoked", ()))
+        if legacy or len(keys) != len(entries):
+            self._save(keys, revoked)  # never leave plain keys (or bad ids) on disk
+        return keys, revoked
+
+    def _save(self, keys: dict[str, str], revoked: set[str]) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            os.fchmod(handle.fileno(), 0o600)
+            json.dump({"version": 2, "keys": keys, "revoked": sorted(revoked)}, handle, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+    def _rebuild(self) -> None:
+        merged = {**self._dynamic, **self._static}
+        self._keys = {d: e for d, e in merged.items() if d not in self._revoked}
 
     def execution_for(self, key: str | None) -> str | None:
-        return self._keys.get(key) if key else None
+        return self._keys.get(key_digest(key)) if key else None
 
     def register(self, execution_id: str) -> str:
         """A new key for ``execution_id`` (an execution may hold several keys)."""
+        check_id("execution_id", execution_id)
         key = self.make_key()
-        self._dynamic[key] = execution_id
-        self._keys[key] = execution_id
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._dynamic, indent=1, sort_keys=True))
-        os.replace(tmp, self.path)
+        self._dynamic[key_digest(key)] = execution_id
+        self._save(self._dynamic, self._revoked)
+        self._rebuild()
         return key
+
+    def revoke(self, execution_id: str, key: str | None = None) -> int:
+        """Revoke one key of ``execution_id`` (or all of them); returns how many were revoked."""
+        digests = [d for d, e in self._keys.items() if e == execution_id]
+        if key is not None:
+            digests = [d for d in digests if d == key_digest(key)]
+        for digest in digests:
+            self._dynamic.pop(digest, None)
+            if digest in self._static:
+                self._revoked.add(digest)
+        self._save(self._dynamic, self._revoked)
+        self._rebuild()
+        return len(digests)
 
     def executions(self) -> set[str]:
         return set(self._keys.values())

@@ -101,6 +101,8 @@ class ChatTokenizer:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"tokenizer at {model_path} has no chat template")
+        self._backend = getattr(self.tokenizer, "backend_tokenizer", None) if getattr(
+            self.tokenizer, "is_fast", False) else None
         vocab = self.tokenizer.get_vocab()
         self.stop_token_ids = tuple(vocab[t] for t in stop_tokens if t in vocab)
         if not self.stop_token_ids and self.tokenizer.eos_token_id is not None:
@@ -124,6 +126,8 @@ class ChatTokenizer:
         return ids + self.encode(text[covered:]), len(ids)
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        if self._backend is not None:  # the Rust tokenizer directly: what the wrapper does, minus its overhead
+            return self._backend.decode([int(i) for i in ids], skip_special_tokens=skip_special)
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special,
                                      clean_up_tokenization_spaces=False)
 

@@ -20,8 +20,10 @@ Invariants:
   and trailing whitespace is held back until more visible text follows it
   (dropped when a tool call or the end follows);
 - a ``<tool_call>`` block whose body is not a JSON object with a string
-  ``name`` is not a tool call: its raw text is emitted as visible text, so
+  ``name`` (``NaN``/``Infinity`` are not JSON) is not a tool call: its raw text is emitted as visible text, so
   nothing the model wrote is lost;
+- ``trim_stop`` / ``StopHoldback`` cut the output at the stop string the
+  engine matched; streamed and whole results are equal;
 - thinking is recognised only at the very start of the output (after optional
   whitespace), or when the chat template already opened ``<think>`` (then
   ``in_thinking=True``).
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+STOP_MARGIN = 32  # characters past a stop string that its last token may carry
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -66,19 +69,23 @@ class ParsedOutput:
     tool_calls: tuple[ToolCall, ...]
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse_tool_call(body: str) -> ToolCall | None:
     """The tool call in a ``<tool_call>`` body, or None when it is not one."""
     try:
-        data = json.loads(body)
-    except ValueError:
+        data = json.loads(body, parse_constant=_not_json)
+    except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None
     arguments = data.get("arguments", data.get("parameters", {}))
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except ValueError:
+            arguments = json.loads(arguments, parse_constant=_not_json)
+        except (ValueError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None
@@ -202,3 +209,43 @@ def parse_output(text: str, *, in_thinking: bool = False) -> ParsedOutput:
     visible = "".join(e.text for e in events if e.kind == "text")
     calls = tuple(e.call for e in events if e.call is not None)
     return ParsedOutput(thinking.strip(), visible, calls)
+
+
+# -- stop strings: the APIs never return the stop sequence itself --------------------------
+
+
+def trim_stop(text: str, matched: str | None) -> str:
+    """``text`` up to the stop string the engine matched (the APIs never return it)."""
+    if not matched:
+        return text
+    index = text.rfind(matched, max(0, len(text) - len(matched) - STOP_MARGIN))
+    return text[:index] if index >= 0 else text
+
+
+class StopHoldback:
+    """Stream text deltas, holding back a tail that may still be a stop string.
+
+    The concatenation of ``push`` outputs and ``finish(matched)`` equals
+    ``trim_stop(all text, matched)``.
+    """
+
+    def __init__(self, stops: list[str]) -> None:
+        self.keep = max(map(len, stops)) + STOP_MARGIN if stops else 0
+        self.tail = ""
+
+    def push(self, delta: str) -> str:
+        if not self.keep:
+            return delta
+        self.tail += delta
+        ready = len(self.tail) - self.keep
+        if ready <= 0:
+            return ""
+        out, self.tail = self.tail[:ready], self.tail[ready:]
+        return out
+
+    def finish(self, matched: str | None) -> str:
+        if not self.keep:
+            return ""
+        index = self.tail.rfind(matched) if matched else -1
+        out, self.tail = (self.tail[:index] if index >= 0 else self.tail), ""
+        return out

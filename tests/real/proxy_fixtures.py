@@ -98,10 +98,17 @@ class ScriptedEngine:
     ``fail_next`` (HTTP statuses for the next submissions), ``die_after`` (close
     the connection after that many tokens of a submission), ``hold_after`` (stop
     after that many tokens until ``release()``).
+
+    Like SGLang it rejects invalid sampling values and requests longer than
+    ``context_length`` with an error chunk ``{"error": {..., "retryable": false}}``
+    (HTTP 400 when not streaming), and honours ``stop`` strings (finish
+    ``{"type": "stop", "matched": "<string>"}``, the stop text included in the
+    output ids). A script may return token ids (a list) instead of text, to
+    produce outputs no text encodes to (partial UTF-8, special tokens).
     """
 
     def __init__(self, model_dir: str | os.PathLike, script: Any, *, engine_id: str = "scripted",
-                 token_delay: float = 0.0, chunk_tokens: int = 1) -> None:
+                 token_delay: float = 0.0, chunk_tokens: int = 1, context_length: int = 1 << 20) -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -109,6 +116,7 @@ class ScriptedEngine:
         self.engine_id = engine_id
         self.token_delay = token_delay
         self.chunk_tokens = chunk_tokens
+        self.context_length = context_length
         self.im_start = self.tokenizer.convert_tokens_to_ids("<|im_start|>")
         self.eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.marker = self.tokenizer.encode("assistant\n", add_special_tokens=False)
@@ -132,7 +140,8 @@ class ScriptedEngine:
         prompt = self.tokenizer.decode(input_ids[:cut], skip_special_tokens=False)
         if prompt not in self._cache:
             text = self.script(prompt)
-            self._cache[prompt] = self.tokenizer.encode(text, add_special_tokens=False) + [self.eos]
+            ids = list(text) if isinstance(text, list) else self.tokenizer.encode(text, add_special_tokens=False)
+            self._cache[prompt] = ids + [self.eos]
         target = self._cache[prompt]
         done = input_ids[cut:]
         if target[: len(done)] != done:
@@ -170,6 +179,28 @@ class ScriptedEngine:
                 "output_token_logprobs": [[token_logprob(t, start + k), t, None] for k, t in enumerate(ids)]}
         return b"data: " + json.dumps({"text": "", "output_ids": ids, "meta_info": meta}).encode() + b"\n\n"
 
+    def invalid(self, body: dict) -> str | None:
+        """SGLang's checks of a request (``SamplingParams.verify`` and the context length)."""
+        params = body.get("sampling_params", {})
+        if params.get("temperature", 1.0) < 0:
+            return "temperature must be non-negative"
+        if not 0 < params.get("top_p", 1.0) <= 1:
+            return "top_p must be in (0, 1]"
+        if params.get("top_k", -1) < 1 and params.get("top_k", -1) != -1:
+            return "top_k must be -1 (disable), or at least 1"
+        if len(body["input_ids"]) + params.get("max_new_tokens", 0) > self.context_length:
+            return f"Requested token count exceeds the model's maximum context length of {self.context_length}"
+        return None
+
+    def _stop_at(self, out: list[int], stops: list[str], start: int) -> tuple[list[int], str | None]:
+        """Cut ``out`` after the first token that completes a stop string (SGLang keeps its ids)."""
+        for end in range(1, len(out) + 1):
+            text = self.tokenizer.decode(out[:end], skip_special_tokens=True)
+            for stop in stops:
+                if stop in text:
+                    return out[:end], stop
+        return out, None
+
     async def generate(self, request: Any) -> Any:
         from aiohttp import web
 
@@ -177,12 +208,26 @@ class ScriptedEngine:
         self.requests.append(body)
         if self.fail_next:
             return web.json_response({"error": {"message": "scripted failure"}}, status=self.fail_next.pop(0))
+        problem = self.invalid(body)
+        if problem is not None:
+            error = {"error": {"message": problem, "type": "invalid_request_error", "code": 400, "retryable": False}}
+            if not body.get("stream"):
+                return web.json_response(error, status=400)
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n")
+            return response
         input_ids = list(body["input_ids"])
         target, start = self.plan(input_ids)
         budget = int(body.get("sampling_params", {}).get("max_new_tokens", 1 << 30))
         out = target[start : start + budget]
         finish = {"type": "stop", "matched": self.eos} if start + len(out) == len(target) \
             else {"type": "length", "length": len(out)}
+        stops = body.get("sampling_params", {}).get("stop") or []
+        if stops:
+            out, matched = self._stop_at(out, stops, start)
+            if matched is not None:
+                finish = {"type": "stop", "matched": matched}
         rid = str(body.get("rid", ""))
         if not body.get("stream"):
             return web.Response(body=self._chunk(rid, out, start, len(input_ids), finish)[6:-2],

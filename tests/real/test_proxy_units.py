@@ -256,3 +256,13 @@ def test_prefix_cache_reuses_the_longest_exact_text_prefix():
     assert cache.best_prefix("xbcd") == (0, [])
     cache.add("abcdef", "g", 6, 1)
     assert cache.best_prefix("abcdefgh") == (7, [1, 2, 3, 4, 5, 6, 7])
+
+
+def test_chunks_of_one_read_merge_in_order():
+    from gyre.real.proxy.engine_client import merge_chunks
+
+    parts = [TokenChunk((1, 2), (-0.1, -0.2), None, "3"), TokenChunk((), (), None, None),
+             TokenChunk((5,), (-0.5,), {"type": "stop"}, None)]
+    merged = merge_chunks(parts)
+    assert merged == TokenChunk((1, 2, 5), (-0.1, -0.2, -0.5), {"type": "stop"}, "3")
+    assert merge_chunks(parts[:1]) is parts[0]

@@ -9,23 +9,28 @@ dropped: the proxy cannot run them), ``thinking`` (``enabled``, ``adaptive``,
 ``disabled``), and ``output_config``, ``context_management``, ``metadata``,
 ``tool_choice``, ``service_tier`` accepted and ignored. Anything else that
 cannot be served (images, documents, unknown block types, a missing or
-malformed field) is a 400 ``invalid_request_error`` naming the field.
+malformed field, a value of the wrong type or out of range, a tool result
+that answers no earlier ``tool_use``, a final assistant message: prefill is
+not supported) is a 400 ``invalid_request_error`` naming the field. The whole
+body is parsed before any response starts.
 
 Streaming follows the official event order: ``message_start``, then per
 content block ``content_block_start``, (one ``ping`` after the first start),
 ``content_block_delta``..., ``content_block_stop``; then ``message_delta``
 (stop reason, usage) and ``message_stop``. An engine outage after the stream
 started ends it with an ``error`` event of type ``overloaded_error`` (what the
-API itself sends), so the harness retries the call.
+API itself sends), so the harness retries the call; any other failure after
+the first byte also ends the stream with an ``error`` event (never a second
+status line). Stop sequences are not part of the returned text.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, AsyncIterator
 
-from gyre.real.proxy.model_call import ApiError, ChatRequest, Finished, Prepared, bad_request
-from gyre.real.proxy.generation import Overloaded
+from gyre.real.proxy import fields
+from gyre.real.proxy.request import (ApiError, ChatRequest, Finished, Prepared, bad_request, check_tool_results,
+                                     error_for)
 from gyre.real.proxy.toolcalls import OutputEvent
 
 ID_PREFIX = "toolu_"
@@ -38,8 +43,8 @@ SIGNATURE = "gyre-proxy"
 
 def error_body(error: ApiError) -> tuple[int, dict[str, Any]]:
     status = 529 if error.kind == "overloaded" else error.status
-    return status, {"type": "error", "error": {"type": ERROR_TYPES.get(error.kind, "api_error"),
-                                               "message": error.message}}
+    kind = ERROR_TYPES.get(error.kind) or ("invalid_request_error" if status < 500 else "api_error")
+    return status, {"type": "error", "error": {"type": kind, "message": error.message}}
 
 
 def _text_of(value: Any, where: str) -> str:
@@ -50,35 +55,43 @@ def _text_of(value: Any, where: str) -> str:
         raise bad_request(f"{where}: expected a string or a list of text blocks")
     parts = []
     for i, block in enumerate(value):
-        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+        if not isinstance(block, dict) or block.get("type") != "text":
             kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise bad_request(f"{where}.{i}: unsupported block type {kind!r} (only text is supported)")
-        parts.append(block["text"])
+            raise bad_request(f"{where}.{i}: unsupported block type {kind!r:.40} (only text is supported)")
+        parts.append(fields.string(block, "text", where=f"{where}.{i}", required=True))
     return "\n".join(parts)
+
+
+def _block_kind(block: Any, where: str) -> str:
+    if not isinstance(block, dict):
+        raise bad_request(f"{where}: must be a content block object, got {type(block).__name__}")
+    kind = block.get("type")
+    if not isinstance(kind, str):
+        raise bad_request(f"{where}.type: required string")
+    return kind
 
 
 def _assistant(content: Any, where: str) -> dict[str, Any]:
     if isinstance(content, str):
-        return {"role": "assistant", "content": content}
+        return {"role": "assistant", "content": content, "tool_calls": [], "thinking": ""}
     if not isinstance(content, list):
         raise bad_request(f"{where}.content: expected a string or a list of blocks")
     text, thinking, calls = [], [], []
     for i, block in enumerate(content):
-        kind = block.get("type") if isinstance(block, dict) else None
+        at = f"{where}.content.{i}"
+        kind = _block_kind(block, at)
         if kind == "text":
-            text.append(str(block.get("text", "")))
+            text.append(fields.string(block, "text", where=at, required=True))
         elif kind == "thinking":
-            thinking.append(str(block.get("thinking", "")))
+            thinking.append(fields.string(block, "thinking", where=at, default=""))
         elif kind == "redacted_thinking":
             continue
         elif kind == "tool_use":
-            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                raise bad_request(f"{where}.content.{i}: tool_use needs string id and name")
-            if not isinstance(block.get("input", {}), dict):
-                raise bad_request(f"{where}.content.{i}.input: must be an object")
-            calls.append({"id": block["id"], "name": block["name"], "arguments": block.get("input", {})})
+            call_id = fields.string(block, "id", where=at, required=True)
+            name = fields.string(block, "name", where=at, required=True)
+            calls.append({"id": call_id, "name": name, "arguments": fields.mapping(block, "input", where=at)})
         else:
-            raise bad_request(f"{where}.content.{i}: unsupported assistant block type {kind!r}")
+            raise bad_request(f"{at}.type: unsupported assistant block type {kind!r:.40}")
     return {"role": "assistant", "content": "".join(text), "tool_calls": calls, "thinking": "\n".join(thinking)}
 
 
@@ -89,36 +102,41 @@ def _user(content: Any, where: str, role: str) -> list[dict[str, Any]]:
         raise bad_request(f"{where}.content: expected a string or a list of blocks")
     results, text = [], []
     for i, block in enumerate(content):
-        kind = block.get("type") if isinstance(block, dict) else None
+        at = f"{where}.content.{i}"
+        kind = _block_kind(block, at)
         if kind == "text":
-            text.append(str(block.get("text", "")))
+            text.append(fields.string(block, "text", where=at, required=True))
         elif kind == "tool_result" and role == "user":
-            if not isinstance(block.get("tool_use_id"), str):
-                raise bad_request(f"{where}.content.{i}.tool_use_id: required string")
-            body = _text_of(block.get("content", ""), f"{where}.content.{i}.content")
-            if block.get("is_error"):
+            call_id = fields.string(block, "tool_use_id", where=at, required=True)
+            body = _text_of(block["content"], f"{at}.content") if block.get("content") is not None else ""
+            if fields.boolean(block, "is_error", where=at):
                 body = f"Error: {body}"
-            results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": body})
+            results.append({"role": "tool", "tool_call_id": call_id, "content": body, "where": f"{at}.tool_use_id"})
         else:
-            raise bad_request(f"{where}.content.{i}: unsupported {role} block type {kind!r}")
+            raise bad_request(f"{at}.type: unsupported {role} block type {kind!r:.40}")
     return results + ([{"role": role, "content": "\n".join(text)}] if text or not results else [])
 
 
-def canonical_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("messages: required non-empty list")
+def canonical_messages(body: dict[str, Any], *, prefill_allowed: bool = False) -> list[dict[str, Any]]:
+    messages = fields.objects(fields.array(body, "messages", required=True, non_empty=True), "messages")
     out = []
-    if body.get("system"):
-        out.append({"role": "system", "content": _text_of(body["system"], "system")})
+    if body.get("system") is not None:
+        system = _text_of(body["system"], "system")
+        if system:
+            out.append({"role": "system", "content": system})
     for i, message in enumerate(messages):
-        role = message.get("role") if isinstance(message, dict) else None
+        role = message.get("role")
+        content = message.get("content", "")
         if role == "assistant":
-            out.append(_assistant(message.get("content", ""), f"messages.{i}"))
+            out.append(_assistant(content, f"messages.{i}"))
         elif role in ("user", "system"):
-            out.extend(_user(message.get("content", ""), f"messages.{i}", role))
+            out.extend(_user(content, f"messages.{i}", role))
         else:
-            raise bad_request(f"messages.{i}.role: must be 'user' or 'assistant', got {role!r}")
+            raise bad_request(f"messages.{i}.role: must be 'user' or 'assistant', got {role!r:.40}")
+    if messages[-1].get("role") == "assistant" and not prefill_allowed:
+        raise bad_request(f"messages.{len(messages) - 1}: a final assistant message (prefill) is not supported "
+                          "by this proxy; end the conversation with a user message")
+    check_tool_results(out, "messages")
     return out
 
 
@@ -129,14 +147,16 @@ def canonical_tools(tools: Any) -> list[dict[str, Any]]:
         raise bad_request("tools: must be a list")
     out = []
     for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-            raise bad_request(f"tools.{i}.name: required string")
-        if "input_schema" not in tool:
+        at = f"tools.{i}"
+        if not isinstance(tool, dict):
+            raise bad_request(f"{at}: must be an object")
+        name = fields.string(tool, "name", where=at, required=True)
+        if tool.get("input_schema") is None:
             if tool.get("type") in (None, "custom"):
-                raise bad_request(f"tools.{i}.input_schema: required for custom tools")
+                raise bad_request(f"{at}.input_schema: required for custom tools")
             continue  # a server tool (web search, ...): the proxy cannot run it
-        out.append({"name": tool["name"], "description": tool.get("description", ""),
-                    "parameters": tool["input_schema"]})
+        out.append({"name": name, "description": fields.string(tool, "description", where=at, default=""),
+                    "parameters": fields.mapping(tool, "input_schema", where=at)})
     return out
 
 
@@ -146,25 +166,27 @@ def _thinking(body: dict[str, Any]) -> bool | None:
         return None
     kind = config.get("type") if isinstance(config, dict) else None
     if kind not in ("enabled", "adaptive", "disabled"):
-        raise bad_request(f"thinking.type: must be 'enabled', 'adaptive' or 'disabled', got {kind!r}")
+        raise bad_request(f"thinking.type: must be 'enabled', 'adaptive' or 'disabled', got {kind!r:.40}")
+    fields.integer(config, "budget_tokens", where="thinking", minimum=0)
     return kind != "disabled"
 
 
 def parse(body: dict[str, Any], hints: dict[str, str], *, count_only: bool = False) -> ChatRequest:
     """A ``ChatRequest`` from a Messages (or count_tokens) body; raises 400 ``ApiError``."""
-    if not isinstance(body.get("model"), str):
-        raise bad_request("model: required string")
-    max_tokens = body.get("max_tokens", 1 if count_only else None)
-    if not count_only and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        raise bad_request("max_tokens: required integer >= 1")
-    stop = body.get("stop_sequences") or []
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise bad_request("stop_sequences: must be a list of strings")
-    return ChatRequest(api="anthropic", model=body["model"], messages=canonical_messages(body),
-                       tools=canonical_tools(body.get("tools")), max_tokens=max_tokens,
-                       stream=bool(body.get("stream", False)), temperature=body.get("temperature"),
-                       top_p=body.get("top_p"), top_k=body.get("top_k"), stop=stop, thinking=_thinking(body),
-                       hints=hints)
+    try:
+        model = fields.string(body, "model", required=True)
+        max_tokens = 1 if count_only else fields.integer(body, "max_tokens", required=True, minimum=1)
+        for name in ("metadata", "tool_choice", "output_config", "context_management"):
+            fields.mapping(body, name)
+        return ChatRequest(api="anthropic", model=model, messages=canonical_messages(body, prefill_allowed=count_only),
+                           tools=canonical_tools(body.get("tools")), max_tokens=max_tokens,
+                           stream=fields.boolean(body, "stream"),
+                           temperature=fields.number(body, "temperature", low=0.0, high=1.0),
+                           top_p=fields.number(body, "top_p", low=0.0, high=1.0, low_open=True),
+                           top_k=fields.integer(body, "top_k", minimum=1),
+                           stop=fields.stop_list(body, "stop_sequences"), thinking=_thinking(body), hints=hints)
+    except RecursionError:
+        raise fields.too_deep() from None
 
 
 def _usage(finished: Finished | None, prepared: Prepared) -> dict[str, Any]:
@@ -186,7 +208,7 @@ def response(prepared: Prepared, finished: Finished) -> dict[str, Any]:
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+    return b"event: " + event.encode() + b"\ndata: " + fields.json_bytes(data) + b"\n\n"
 
 
 class _Blocks:
@@ -260,6 +282,10 @@ async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepar
             pending += blocks.event(item)
             yield b"".join(pending)
             pending = []
-    except Overloaded as exc:
-        _, body = error_body(ApiError(529, "overloaded", f"Overloaded: {exc}"))
-        yield b"".join([*pending, sse("error", body)])
+    except Exception as exc:  # noqa: BLE001 - once the stream began, every failure is an in-stream error event
+        yield b"".join([*pending, stream_error(error_for(exc))])
+
+
+def stream_error(error: ApiError) -> bytes:
+    """The ``error`` event that ends a stream (``overloaded_error`` for an outage: the harness retries)."""
+    return sse("error", error_body(error)[1])

@@ -19,17 +19,19 @@ item ``response.output_item.added`` ... ``response.output_item.done`` (with the
 content-part, text-delta, reasoning-summary and function-call-arguments events
 in between) and ``response.completed`` (``response.incomplete`` when the token
 budget ran out). Every event has a ``sequence_number``. An engine outage after
-the stream started sends ``response.failed`` with code ``server_is_overloaded``.
+the stream started sends ``response.failed`` with code ``server_is_overloaded``;
+any other failure after the first byte also ends the stream with
+``response.failed`` (never a second status line). Every field is type-checked
+and every ``function_call_output`` must answer an earlier ``function_call``
+before any response starts.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from typing import Any, AsyncIterator
 
-from gyre.real.proxy.model_call import ApiError, ChatRequest, Finished, Prepared, bad_request
-from gyre.real.proxy.generation import Overloaded
+from gyre.real.proxy import fields
+from gyre.real.proxy.request import ChatRequest, Finished, Prepared, bad_request, check_tool_results, error_for
 from gyre.real.proxy.api.openai_chat import error_body, parse_arguments, text_content
 from gyre.real.proxy.toolcalls import OutputEvent
 
@@ -44,7 +46,7 @@ __all__ = ["ID_PREFIX", "error_body", "parse", "response", "stream"]
 def _message_item(item: dict[str, Any], where: str) -> dict[str, Any]:
     role = item.get("role")
     if role not in ("system", "developer", "user", "assistant"):
-        raise bad_request(f"{where}.role: unsupported role {role!r}")
+        raise bad_request(f"{where}.role: unsupported role {role!r:.40}")
     text = text_content(item.get("content"), f"{where}.content", TEXT_PARTS)
     if role == "assistant":
         return {"role": "assistant", "content": text, "tool_calls": [], "thinking": ""}
@@ -52,13 +54,13 @@ def _message_item(item: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _call_item(item: dict[str, Any], where: str) -> dict[str, Any]:
-    if not isinstance(item.get("call_id"), str) or not isinstance(item.get("name"), str):
-        raise bad_request(f"{where}: {item.get('type')} needs string call_id and name")
+    call_id = fields.string(item, "call_id", where=where, required=True)
+    name = fields.string(item, "name", where=where, required=True)
     if item["type"] == "custom_tool_call":
-        arguments: Any = {"input": str(item.get("input", ""))}
+        arguments: Any = {"input": fields.string(item, "input", where=where, default="")}
     else:
         arguments = parse_arguments(item.get("arguments", "{}"), f"{where}.arguments")
-    return {"id": item["call_id"], "name": item["name"], "arguments": arguments}
+    return {"id": call_id, "name": name, "arguments": arguments}
 
 
 def _append_call(out: list[dict[str, Any]], call: dict[str, Any], thinking: str) -> None:
@@ -69,6 +71,18 @@ def _append_call(out: list[dict[str, Any]], call: dict[str, Any], thinking: str)
     last["tool_calls"].append(call)
 
 
+def _summary(item: dict[str, Any], where: str) -> str:
+    parts = fields.objects(fields.array(item, "summary", where=where), f"{where}.summary")
+    return "\n".join(fields.string(s, "text", where=f"{where}.summary.{k}", default="") for k, s in enumerate(parts))
+
+
+def _output_item(item: dict[str, Any], where: str) -> dict[str, Any]:
+    call_id = fields.string(item, "call_id", where=where, required=True)
+    output = item.get("output", "")
+    text = output if isinstance(output, str) else text_content(output, f"{where}.output", TEXT_PARTS)
+    return {"role": "tool", "tool_call_id": call_id, "content": text, "where": f"{where}.call_id"}
+
+
 def canonical_input(body: dict[str, Any]) -> list[dict[str, Any]]:
     items = body.get("input")
     if isinstance(items, str):
@@ -76,12 +90,13 @@ def canonical_input(body: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(items, list) or not items:
         raise bad_request("input: required string or non-empty list of items")
     out: list[dict[str, Any]] = []
-    if body.get("instructions"):
-        out.append({"role": "system", "content": str(body["instructions"])})
+    instructions = fields.string(body, "instructions")
+    if instructions:
+        out.append({"role": "system", "content": instructions})
     thinking = ""
-    for i, item in enumerate(items):
+    for i, item in enumerate(fields.objects(items, "input")):
         where = f"input.{i}"
-        kind = item.get("type", "message") if isinstance(item, dict) else None
+        kind = item.get("type", "message")
         if kind == "message":
             message = _message_item(item, where)
             if message["role"] == "assistant":
@@ -91,54 +106,61 @@ def canonical_input(body: dict[str, Any]) -> list[dict[str, Any]]:
             _append_call(out, _call_item(item, where), thinking)
             thinking = ""
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            if not isinstance(item.get("call_id"), str):
-                raise bad_request(f"{where}.call_id: required string")
-            output = item.get("output", "")
-            text = output if isinstance(output, str) else text_content(output, f"{where}.output", TEXT_PARTS)
-            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+            out.append(_output_item(item, where))
         elif kind == "reasoning":
-            thinking = "\n".join(str(s.get("text", "")) for s in item.get("summary") or [] if isinstance(s, dict))
+            thinking = _summary(item, where)
         else:
-            raise bad_request(f"{where}.type: unsupported input item type {kind!r}")
+            raise bad_request(f"{where}.type: unsupported input item type {kind!r:.40}")
+    check_tool_results(out, "input")
     return out
 
 
-def canonical_tools(tools: Any) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
+def canonical_tools(tools: Any, where: str = "tools") -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
     """Function-like tools for the template, and name -> {"kind", "namespace"} for answering calls."""
     out, kinds = [], {}
-    for i, tool in enumerate(tools or []):
-        kind = tool.get("type") if isinstance(tool, dict) else None
+    for i, tool in enumerate(fields.objects(fields.array({"tools": tools}, "tools", where=where.rpartition(".")[0]),
+                                            where)):
+        at = f"{where}.{i}"
+        kind = fields.string(tool, "type", where=at, required=True)
         if kind in SERVER_TOOLS:
             continue
         if kind == "namespace":
-            nested, nested_kinds = canonical_tools(tool.get("tools") or [])
+            namespace = fields.string(tool, "name", where=at, default="")
+            nested, nested_kinds = canonical_tools(tool.get("tools"), f"{at}.tools")
             out += nested
-            kinds.update({n: dict(k, namespace=str(tool.get("name", ""))) for n, k in nested_kinds.items()})
+            kinds.update({n: dict(k, namespace=namespace) for n, k in nested_kinds.items()})
             continue
-        if kind not in ("function", "custom") or not isinstance(tool.get("name"), str):
-            raise bad_request(f"tools.{i}: unsupported tool type {kind!r} (or missing name)")
-        parameters = tool.get("parameters") or {"type": "object", "properties": {}}
+        if kind not in ("function", "custom"):
+            raise bad_request(f"{at}.type: unsupported tool type {kind!r:.40}")
+        name = fields.string(tool, "name", where=at, required=True)
+        parameters = fields.mapping(tool, "parameters", where=at) or {"type": "object", "properties": {}}
         if kind == "custom":
             parameters = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
-        out.append({"name": tool["name"], "description": tool.get("description", ""), "parameters": parameters})
-        kinds[tool["name"]] = {"kind": kind}
+        out.append({"name": name, "description": fields.string(tool, "description", where=at, default=""),
+                    "parameters": parameters})
+        kinds[name] = {"kind": kind}
     return out, kinds
 
 
 def parse(body: dict[str, Any], hints: dict[str, str], default_max_tokens: int) -> ChatRequest:
-    if not isinstance(body.get("model"), str):
-        raise bad_request("model: required string")
-    if body.get("previous_response_id"):
-        raise bad_request("previous_response_id: not supported; send the full history with store: false")
-    max_tokens = body.get("max_output_tokens") or default_max_tokens
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise bad_request("max_output_tokens: must be an integer >= 1")
-    tools, kinds = canonical_tools(body.get("tools"))
-    request = ChatRequest(api="responses", model=body["model"], messages=canonical_input(body), tools=tools,
-                          max_tokens=max_tokens, stream=bool(body.get("stream", False)),
-                          temperature=body.get("temperature"), top_p=body.get("top_p"), hints=hints)
-    request.tool_kinds = kinds  # type: ignore[attr-defined]
-    return request
+    """A ``ChatRequest`` from a Responses body; raises 400 ``ApiError`` naming the field."""
+    try:
+        model = fields.string(body, "model", required=True)
+        if body.get("previous_response_id") is not None:
+            raise bad_request("previous_response_id: not supported; send the full history with store: false")
+        for name in ("reasoning", "text", "metadata"):
+            fields.mapping(body, name)
+        fields.boolean(body, "store")
+        fields.array(body, "include")
+        tools, kinds = canonical_tools(body.get("tools"))
+        return ChatRequest(api="responses", model=model, messages=canonical_input(body), tools=tools,
+                           max_tokens=fields.integer(body, "max_output_tokens", minimum=1, default=default_max_tokens),
+                           stream=fields.boolean(body, "stream"),
+                           temperature=fields.number(body, "temperature", low=0.0, high=2.0),
+                           top_p=fields.number(body, "top_p", low=0.0, high=1.0, low_open=True), hints=hints,
+                           tool_kinds=kinds)
+    except RecursionError:
+        raise fields.too_deep() from None
 
 
 def _call_item_out(call: dict[str, Any], kinds: dict[str, dict[str, str]], status: str) -> dict[str, Any]:
@@ -147,7 +169,7 @@ def _call_item_out(call: dict[str, Any], kinds: dict[str, dict[str, str]], statu
         return {"type": "custom_tool_call", "id": f"ctc_{call['id']}", "call_id": call["id"], "name": call["name"],
                 "input": str(call["arguments"].get("input", "")), "status": status}
     item = {"type": "function_call", "id": f"fc_{call['id']}", "call_id": call["id"], "name": call["name"],
-            "arguments": json.dumps(call["arguments"], ensure_ascii=False), "status": status}
+            "arguments": fields.json_bytes(call["arguments"]).decode(), "status": status}
     if kind.get("namespace"):
         item["namespace"] = kind["namespace"]
     return item
@@ -167,7 +189,7 @@ def response(prepared: Prepared, finished: Finished | None, *, status: str = "co
     output: list[dict[str, Any]] = []
     usage = None
     if finished is not None:
-        kinds = getattr(prepared.request, "tool_kinds", {})
+        kinds = prepared.request.tool_kinds
         if finished.thinking:
             output.append(_reasoning_out(prepared, finished.thinking))
         if finished.text or not finished.tool_calls:
@@ -195,7 +217,7 @@ class _Events:
     def __call__(self, kind: str, **data: Any) -> bytes:
         body = {"type": kind, "sequence_number": self.number, **data}
         self.number += 1
-        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
+        return b"event: " + kind.encode() + b"\ndata: " + fields.json_bytes(body) + b"\n\n"
 
 
 async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepared) -> AsyncIterator[bytes]:
@@ -212,9 +234,12 @@ async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepar
                 return
             yield b"".join([*pending, *writer.event(item)])
             pending = []
-    except Overloaded as exc:
+    except Exception as exc:  # noqa: BLE001 - once the stream began, every failure is a response.failed event
+        error = error_for(exc)
         failed = response(prepared, None, status="failed")
-        failed["error"] = {"code": "server_is_overloaded", "message": f"The server is overloaded: {exc}"}
+        code = "server_is_overloaded" if error.kind == "overloaded" else \
+            "invalid_request" if error.status < 500 else "server_error"
+        failed["error"] = {"code": code, "message": error.message}
         yield b"".join([*pending, emit("response.failed", response=failed)])
 
 
@@ -223,7 +248,7 @@ class _ItemWriter:
 
     def __init__(self, emit: _Events, prepared: Prepared) -> None:
         self.emit, self.prepared = emit, prepared
-        self.kinds = getattr(prepared.request, "tool_kinds", {})
+        self.kinds = prepared.request.tool_kinds
         self.open_kind: str | None = None
         self.text = ""
 
