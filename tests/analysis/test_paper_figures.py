@@ -355,6 +355,7 @@ def check_fig5_drawn(fig, data: fig5.StalenessData) -> None:
                           for s in stats.itertuples()]
 
 
+@pytest.mark.slow
 def test_fig5_shares_sum_to_one_and_their_means_are_the_theorem_means(monkeypatch, tmp_path):
     runs = fig5.simulate(quick=True)
     monkeypatch.setattr(fig5, "simulate", lambda quick=False: runs)
@@ -504,6 +505,7 @@ def test_figs_command_runs_a_subset_and_writes_the_data(tmp_path, capsys):
     assert bad.func(bad) == 2
 
 
+@pytest.mark.slow
 def test_a_figure_script_runs_on_its_own(tmp_path):
     script = REPO / "paper_figs" / "fig2_durations.py"
     done = subprocess.run([sys.executable, str(script), str(tmp_path), "--quick"], capture_output=True, text=True,

@@ -51,7 +51,7 @@ def steady_mean(sim: Simulation) -> float:
     return float(groups[(groups.v_t >= first) & (groups.v_t < stop)].staleness.mean())
 
 
-@pytest.mark.parametrize("preset", ["E0", "A0"])
+@pytest.mark.parametrize("preset", ["E0", pytest.param("A0", marks=pytest.mark.slow)])
 def test_excluded_executions_never_block_their_groups(preset, base_trace):
     trace = with_exclusions(base_trace, 0.15, seed=1)
     sim = run(preset, trace)
@@ -62,7 +62,7 @@ def test_excluded_executions_never_block_their_groups(preset, base_trace):
     assert steady_mean(sim) == pytest.approx(sim.cfg.predicted_staleness, abs=0.1)
 
 
-@pytest.mark.parametrize("preset", ["E0", "C2"])
+@pytest.mark.parametrize("preset", ["E0", pytest.param("C2", marks=pytest.mark.slow)])
 def test_dropped_groups_are_replaced_and_staleness_still_holds(preset, base_trace):
     cfg = build_preset(preset)
     dropped = frozenset(range(5, 40 * cfg.B, 9))
@@ -78,11 +78,13 @@ def test_dropped_groups_are_replaced_and_staleness_still_holds(preset, base_trac
     assert steady_mean(sim) == pytest.approx(cfg.predicted_staleness, abs=0.1)
 
 
+@pytest.mark.slow
 def test_without_drops_no_group_is_marked_dropped(base_trace):
     sim = run("E0", base_trace)
     assert all(row["dropped_at_s"] is None for row in sim.record.groups.values())
 
 
+@pytest.mark.slow
 def test_oversampled_surplus_is_cancelled_and_never_designated(base_trace):
     """Groups of N + 2: the first N to end are designated; the surplus is cancelled once the group is ready."""
     cfg = build_preset("E0").replace_fields(oversample=2)
