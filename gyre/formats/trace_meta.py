@@ -63,6 +63,9 @@ def read_trace_meta(trace_path: str | Path) -> TraceMeta | None:
     shape, schedule = data.get("shape"), data.get("schedule", {})
     if not isinstance(shape, dict) or not isinstance(schedule, dict):
         raise ValueError(f"{path}: fields 'shape' and 'schedule' must be objects")
+    bad = sorted(k for k, v in shape.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1)
+    if bad:
+        raise ValueError(f"{path}: field 'shape': {', '.join(bad)} must be positive integers")
     try:
         return TraceMeta(preset, ClusterShape(**shape), dict(schedule), str(data.get("source", "")))
     except TypeError as exc:

@@ -51,6 +51,8 @@ def test_another_preset_runs_on_the_recorded_cluster(real_like_trace, capsys):
     ('{"preset": "nope", "shape": {}}', "field 'preset'"),
     ('{"preset": "gyre-1", "shape": {"nodez": 2}}', "field 'shape'"),
     ('{"preset": "gyre-1", "shape": 3}', "must be objects"),
+    ('{"preset": "E0", "shape": {"nodes": -1}}', "nodes must be positive integers"),
+    ('{"preset": "E0", "shape": {"N": true}}', "N must be positive integers"),
 ])
 def test_a_broken_sidecar_is_named(real_like_trace, content, message, capsys):
     real_like_trace.with_suffix(".json").write_text(content)
