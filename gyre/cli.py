@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gyre.sim.traces.cli",
     "gyre.real.store.cli",
     "gyre.analysis.theorem_cli",
+    "gyre.analysis.sweep",
     "gyre.paper_figs.cli",
     "gyre.real.proxy.cli",
     "gyre.real.runtime.cli",
