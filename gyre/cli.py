@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gyre.real.store.cli",
     "gyre.analysis.theorem_cli",
     "gyre.analysis.sweep",
+    "gyre.analysis.sensitivity",
     "gyre.paper_figs.cli",
     "gyre.real.proxy.cli",
     "gyre.real.runtime.cli",
