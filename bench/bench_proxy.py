@@ -19,7 +19,11 @@ locally-trained tokenizer), and this client (aiohttp).
   window (``/proc/<pid>/stat``): unlike latencies, it barely moves when other
   work shares the machine.
 
-Goal (issue 6): p50 added latency under 2 ms.
+Goals (issue 17, item 6): added latency p50 under 1 ms for one client with
+durable records; at least 1,500 calls/s with 64 clients on the 2-core
+machine; a follow-up call in a 30k-token execution adding under 2 ms. Each is
+printed as met or NOT met, next to the proxy's CPU time per call (the figure
+that holds when other work shares the machine; wall times do not).
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ def _big_conversation() -> tuple[list, list, str]:
     return [{"role": "user", "content": "run the tests"}], tools, system
 
 
-async def _big_latency(engine_url: str, proxy_url: str, chat, calls: int) -> dict:
+async def _big_latency(engine_url: str, proxy_url: str, chat, calls: int, pid: int) -> dict:
     """Added latency on Claude-Code-sized requests: the first call of an execution (whole
     prompt tokenized) and its follow-up (prefix reused, only the new turn tokenized)."""
     import aiohttp
@@ -102,22 +106,27 @@ async def _big_latency(engine_url: str, proxy_url: str, chat, calls: int) -> dic
     prompt = chat.render([{"role": "system", "content": system}, *messages], template_tools(canonical_tools(tools)))
     input_ids = chat.encode(prompt)
     first_ms, follow_ms, direct_ms = [], [], []
+    body = {"model": "m", "max_tokens": 64, "stream": True, "system": system, "tools": tools, "messages": messages}
+    follow = dict(body, messages=[*messages, {"role": "assistant", "content": "ok, done"},
+                                  {"role": "user", "content": "and now?"}])
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for i in range(calls):  # first calls of ``calls`` executions, then one follow-up in each
+            first_ms.append(await _timed(session, proxy_url + "/v1/messages", body,
+                                         {"x-api-key": f"bench-key-{100 + i}"}) * 1e3)
+        cpu = _cpu_seconds(pid)  # over the whole phase: /proc counts in 10 ms ticks
         for i in range(calls):
-            headers = {"x-api-key": f"bench-key-{100 + i}"}
-            body = {"model": "m", "max_tokens": 64, "stream": True, "system": system, "tools": tools,
-                    "messages": messages}
-            first_ms.append(await _timed(session, proxy_url + "/v1/messages", body, headers) * 1e3)
-            follow = dict(body, messages=[*messages, {"role": "assistant", "content": "ok, done"},
-                                          {"role": "user", "content": "and now?"}])
-            follow_ms.append(await _timed(session, proxy_url + "/v1/messages", follow, headers) * 1e3)
+            follow_ms.append(await _timed(session, proxy_url + "/v1/messages", follow,
+                                          {"x-api-key": f"bench-key-{100 + i}"}) * 1e3)
+        follow_cpu_ms = (_cpu_seconds(pid) - cpu) * 1e3 / calls
+        for i in range(calls):
             direct = {"input_ids": input_ids, "stream": True, "return_logprob": True, "rid": f"big{i}",
                       "sampling_params": {"max_new_tokens": 64}}
             direct_ms.append(await _timed(session, engine_url + "/generate", direct, {}) * 1e3)
     direct_p50 = float(np.percentile(direct_ms, 50))
     return {"big_prompt_tokens": len(input_ids), "big_direct_p50_ms": direct_p50,
             "big_first_added_p50_ms": float(np.percentile(first_ms, 50)) - direct_p50,
-            "big_followup_added_p50_ms": float(np.percentile(follow_ms, 50)) - direct_p50}
+            "big_followup_added_p50_ms": float(np.percentile(follow_ms, 50)) - direct_p50,
+            "big_followup_cpu_ms": follow_cpu_ms}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -131,21 +140,75 @@ async def _throughput(proxy_url: str, clients: int, window_s: float) -> tuple[fl
     import aiohttp
 
     body = {"model": "m", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    done = 0
+    done = failed = 0
     stop_at = time.perf_counter() + window_s
 
     async def client(index: int, session) -> None:
-        nonlocal done
+        nonlocal done, failed
         headers = {"x-api-key": f"bench-key-{index}"}
         while time.perf_counter() < stop_at:
-            await _timed(session, proxy_url + "/v1/messages", body, headers)
+            try:
+                await _timed(session, proxy_url + "/v1/messages", body, headers)
+            except RuntimeError:  # e.g. 529 when a starved engine misses its connect timeout
+                failed += 1
+                continue
             done += 1
 
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
         start = time.perf_counter()
         await asyncio.gather(*(client(i, session) for i in range(clients)))
-        return done / (time.perf_counter() - start), done
+        if failed:
+            print(f"   {clients} clients: {failed} calls failed (answered non-200)")
+        return done / (time.perf_counter() - start), done + failed
+
+
+async def _commits(store, calls, committer) -> None:
+    """Commit ``calls`` concurrently: through ``committer`` (a GroupCommit), or, when it is None,
+    one fsynced append per call in the default executor (the proxy's commit before group commit)."""
+    loop = asyncio.get_running_loop()
+    if committer is None:
+        await asyncio.gather(*(loop.run_in_executor(None, store.append, call) for call in calls))
+        return
+
+    def submit(call) -> asyncio.Future:
+        future = loop.create_future()
+        committer.submit(call, lambda error: loop.call_soon_threadsafe(future.set_result, error))
+        return future
+
+    errors = await asyncio.gather(*(submit(call) for call in calls))
+    assert not any(errors), errors[:3]
+
+
+def commit_cost(rounds: int = 20, clients: int = 64) -> dict:
+    """CPU and wall time per durable commit, ``clients`` executions committing at once, per-call
+    fsync versus group commit (records of a 2,000-token conversation; fresh store each way)."""
+    from gyre.real.store.tito_log import ExecutionStore, GroupCommit
+    from gyre.trajectory.records import ModelCall
+
+    rng = np.random.default_rng(0)
+    figures = {}
+    for group in (False, True):
+        with tempfile.TemporaryDirectory() as scratch:
+            store = ExecutionStore(scratch, fsync=True)
+            committer = GroupCommit(store) if group else None
+            batches = [[ModelCall(execution_id=f"c{i}", request_id=f"r{r}", input_ids=rng.integers(0, 1000, 2000),
+                                  output_ids=rng.integers(0, 1000, 20), output_logprobs=-rng.random(20),
+                                  policy_version=0) for i in range(clients)] for r in range(rounds)]
+
+            async def run_all() -> None:
+                for batch in batches:
+                    await _commits(store, batch, committer)
+
+            cpu, wall = time.process_time(), time.perf_counter()
+            asyncio.run(run_all())
+            name = "group" if group else "per_call"
+            figures[f"commit_{name}_cpu_ms"] = (time.process_time() - cpu) * 1e3 / (rounds * clients)
+            figures[f"commit_{name}_wall_ms_per_round"] = (time.perf_counter() - wall) * 1e3 / rounds
+            if committer is not None:
+                committer.close()
+            store.close()
+    return figures
 
 
 def main(calls: int = 300, window_s: float = 4.0) -> dict:
@@ -168,7 +231,7 @@ def main(calls: int = 300, window_s: float = 4.0) -> dict:
                                    "--port", "0"])
         try:
             figures = asyncio.run(_latency(engine_url, proxy_url, input_ids, calls))
-            figures.update(asyncio.run(_big_latency(engine_url, proxy_url, chat, 15)))
+            figures.update(asyncio.run(_big_latency(engine_url, proxy_url, chat, 30, proxy.pid)))
             for clients in (1, 64, 384):
                 cpu = _cpu_seconds(proxy.pid)
                 figures[f"rps_{clients}"], done = asyncio.run(_throughput(proxy_url, clients, window_s))
@@ -177,9 +240,14 @@ def main(calls: int = 300, window_s: float = 4.0) -> dict:
             for process in (proxy, engine):
                 process.send_signal(signal.SIGTERM)
                 process.wait(20)
+    figures.update(commit_cost())
     for name, value in figures.items():
-        print(f"   {name:26s} {value:9.2f}")
-    print(f"   goal p50 added < 2 ms: {'met' if figures['added_p50_ms'] < 2 else 'NOT met'}")
+        print(f"   {name:32s} {value:9.2f}")
+    goals = [("p50 added < 1 ms, one client, durable", figures["added_p50_ms"] < 1),
+             ("64 clients >= 1500 calls/s", figures["rps_64"] >= 1500),
+             ("30k-token follow-up adds < 2 ms", figures["big_followup_added_p50_ms"] < 2)]
+    for goal, met in goals:
+        print(f"   goal {goal}: {'met' if met else 'NOT met'}")
     return figures
 
 

@@ -18,10 +18,23 @@ Invariants:
   runner's killpg ends both; TERM and INT are passed on, and the sandbox ends
   the way the harness did (its exit status, or death by the same signal);
 - ``netns_problem()`` probes once per process; where no namespace can be made
-  the reason is a sentence, and demanded isolation raises with it.
+  the reason is a sentence, and demanded isolation raises with it;
+- with a mount namespace, every existing path in ``hide`` is covered before
+  the harness starts, or the sandbox exits with ``SANDBOX_FAILED`` naming it.
 
-Not isolated: the filesystem, hence Unix sockets at paths (the bridge's own
-leads only to the proxy).
+Private mount namespace: paths named in ``hide`` (``sandbox_argv``; by
+default the ``GYRE_SANDBOX_HIDE`` environment variable, ``os.pathsep``-separated:
+the proxy's record store, which holds ``keys.json``) are covered inside the
+namespace (``unshare -m``, private propagation) before the harness starts: a
+directory by an empty read-only tmpfs, a file by ``/dev/null``. The harness
+still sees its workspace, its home and the bridge's socket; a hidden path that
+contains any of them (or the working directory) is refused. The host's mounts
+are untouched. Fallback: where no mount namespace can be made
+(``mountns_problem()`` says why), the harness runs with the network namespace
+only and the paths stay visible; a warning names the reason once per process.
+
+Not isolated: the rest of the filesystem, hence Unix sockets at paths (the
+bridge's own leads only to the proxy).
 """
 
 from __future__ import annotations
@@ -52,6 +65,11 @@ CHUNK = 1 << 16
 SANDBOX_FAILED = 125  # exit status when the sandbox could not set itself up
 COULD_NOT_START = 127  # exit status when the harness binary could not be started
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+HIDE_ENV = "GYRE_SANDBOX_HIDE"
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 0x1, 0x2, 0x4, 0x8, 0x20, 0x1000
+_PROBE_MOUNT = ("import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); "
+                "sys.exit(0 if libc.mount(b'tmpfs', sys.argv[1].encode(), b'tmpfs', 0, b'size=4k') == 0 "
+                "else ctypes.get_errno() or 1)")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -75,6 +93,42 @@ def _netns_probe() -> tuple[tuple[str, ...], str | None]:
         why = probe.stderr.decode(errors="replace").strip() or f"exit status {probe.returncode}"
         return (), f"`{' '.join(prefix)} true` failed for {who}: {why}"
     return prefix, None
+
+
+@functools.cache
+def _mountns_probe() -> tuple[tuple[str, ...], str | None]:
+    """(``unshare`` prefix with ``-m``, None) when a private mount namespace can cover a path, else ((), reason)."""
+    prefix, problem = _netns_probe()
+    if problem is not None:
+        return (), problem
+    prefix = (*prefix, "-m")
+    with tempfile.TemporaryDirectory(prefix="gyre-mntprobe-") as target:
+        try:
+            probe = subprocess.run([*prefix, sys.executable, "-c", _PROBE_MOUNT, target], capture_output=True,
+                                   timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return (), f"`{' '.join(prefix)}` could not run: {exc}"
+    if probe.returncode != 0:
+        why = probe.stderr.decode(errors="replace").strip() or f"mount(2) failed with errno {probe.returncode}"
+        return (), f"no private mount namespace with a tmpfs mount (`{' '.join(prefix)}`): {why}"
+    return prefix, None
+
+
+def mountns_problem() -> str | None:
+    """None when harnesses can get a private mount namespace here, else the reason in words (cached)."""
+    return _mountns_probe()[1]
+
+
+def hidden_paths(hide: list[str | os.PathLike] | None = None) -> list[Path]:
+    """The absolute paths to hide: ``hide``, or those in ``$GYRE_SANDBOX_HIDE``."""
+    if hide is None:
+        hide = [p for p in os.environ.get(HIDE_ENV, "").split(os.pathsep) if p]
+    return [Path(os.path.abspath(p)) for p in hide]
+
+
+@functools.cache
+def _warn_unhidden(problem: str) -> None:
+    log.warning("harness sandbox: paths that should be hidden stay visible to harnesses: %s", problem)
 
 
 def netns_problem() -> str | None:
@@ -117,13 +171,25 @@ def proxy_address(base_url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def sandbox_argv(argv: list[str], unix_path: Path, port: int) -> list[str]:
-    """``argv`` wrapped to run in a fresh loopback-only namespace bridged to ``unix_path``."""
+def sandbox_argv(argv: list[str], unix_path: Path, port: int,
+                 hide: list[str | os.PathLike] | None = None) -> list[str]:
+    """``argv`` wrapped to run in a fresh loopback-only namespace bridged to ``unix_path``, with
+    ``hide`` (default: ``$GYRE_SANDBOX_HIDE``) covered in a private mount namespace where one can be made."""
     prefix, problem = _netns_probe()
     if problem is not None:
         raise SandboxUnavailable(f"cannot isolate the harness: {problem}")
+    paths = hidden_paths(hide)
+    hiding: list[str] = []
+    if paths:
+        mount_prefix, mount_problem = _mountns_probe()
+        if mount_problem is None:
+            prefix = mount_prefix
+            for path in paths:
+                hiding += ["--hide", str(path)]
+        else:
+            _warn_unhidden(mount_problem)
     return [*prefix, sys.executable, "-m", "gyre.real.harness.sandbox", "--unix", str(unix_path),
-            "--port", str(port), "--", *argv]
+            "--port", str(port), *hiding, "--", *argv]
 
 
 # --- host side: Unix socket -> proxy TCP address, on the runner's event loop ---------------------
@@ -202,6 +268,36 @@ def bring_loopback_up() -> None:
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
 
 
+def _libc_mount(source: str, target: Path, fstype: str | None, flags: int, data: str | None) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(source.encode(), str(target).encode(), fstype.encode() if fstype else None, flags,
+                  data.encode() if data else None) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"mount over {target}: {os.strerror(error)}")
+
+
+def hide_paths(paths: list[Path], keep: list[Path]) -> list[Path]:
+    """Cover each existing path of ``paths`` (in this mount namespace): a directory by an empty
+    read-only tmpfs, anything else by ``/dev/null``. Returns the covered paths; raises ValueError
+    when a path contains one of ``keep`` (it would hide what the harness needs)."""
+    covered = []
+    for path in paths:
+        for kept in keep:
+            if kept == path or path in kept.parents:
+                raise ValueError(f"cannot hide {path}: it holds {kept}, which the harness needs")
+        if not os.path.lexists(path):
+            continue
+        if path.is_dir():
+            _libc_mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
+            _libc_mount("tmpfs", path, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        else:
+            _libc_mount("/dev/null", path, None, MS_BIND, None)
+        covered.append(path)
+    return covered
+
+
 def _accept_forever(listener: socket.socket, unix_path: str) -> None:
     while True:
         conn, _ = listener.accept()
@@ -275,11 +371,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="run ARGV in this loopback-only namespace, bridged to the proxy")
     parser.add_argument("--unix", required=True, help="host bridge's Unix socket")
     parser.add_argument("--port", type=int, required=True, help="proxy port to serve on 127.0.0.1 here")
+    parser.add_argument("--hide", action="append", default=[], help="path to cover (needs a mount namespace)")
     parser.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
         parser.error("no harness command after --")
+    if args.hide:
+        keep = [Path(args.unix).resolve(), Path.cwd().resolve(), Path.home().resolve()]
+        try:
+            hide_paths([Path(p).resolve() for p in args.hide], keep)
+        except (OSError, ValueError) as exc:
+            print(f"harness.sandbox: could not hide a path from the harness: {exc}", file=sys.stderr, flush=True)
+            sys.exit(SANDBOX_FAILED)
     try:
         bring_loopback_up()
     except OSError as exc:

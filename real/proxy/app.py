@@ -24,7 +24,10 @@ Invariants:
 - every body and event is valid JSON in UTF-8 (``fields.json_bytes``);
 - every error, aiohttp's own 404/405 included, has the API's error shape;
 - a client that disconnects (streaming or not) stops its generation and the
-  engine request is aborted; nothing is recorded for it.
+  engine request is aborted; nothing is recorded for it;
+- a streaming client that stops reading for ``limits.client_write_timeout_s``
+  is cut off the same way (its connection aborted); a record committed before
+  the cut stays (it is durable, just not acknowledged), nothing else is recorded.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 from types import ModuleType
 from typing import Any, AsyncIterator
 
@@ -55,6 +59,9 @@ SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Contro
                "Connection": "keep-alive"}
 OFFLOAD_BODY_BYTES = 1 << 20  # bodies at least this large are decoded on a worker thread
 HTTP_KINDS = {404: "not_found", 405: "method_not_allowed", 408: "timeout", 413: "too_large"}
+# kernel send buffer of an event stream: bounds what a client that stops reading can hold (the kernel
+# would autotune it to megabytes), so the write timeout bites after ~200 KB, not after ~3 MB
+STREAM_SEND_BUFFER = 64 * 1024
 
 
 class ClientGone(Exception):
@@ -243,15 +250,24 @@ class ProxyServer:
                       events: AsyncIterator[Any]) -> web.StreamResponse:
         """Write the API's event stream; never raises once the 200 is sent (see ``_call``)."""
         response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
         await response.prepare(request)
         chunks = api.stream(events, prepared)
+        timeout = self.config.limits.client_write_timeout_s
         try:
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
-                    await response.write(chunk)
-            await response.write_eof()
+                    await asyncio.wait_for(response.write(chunk), timeout)
+            await asyncio.wait_for(response.write_eof(), timeout)
         except ConnectionError:
             log.info("client of %s went away mid-stream", prepared.execution_id)
+        except asyncio.TimeoutError:  # generation closed (engine request aborted) by aclosing above
+            log.warning("client of %s stopped reading for %s s; stream cut off", prepared.execution_id, timeout)
+            if request.transport is not None:
+                request.transport.abort()
         except Exception:  # noqa: BLE001 - the status line is out: end the stream, never start a second one
             log.exception("stream of %s failed", prepared.execution_id)
             with contextlib.suppress(Exception):

@@ -9,7 +9,8 @@ which also defines ``Prepared`` and ``Finished``) of *canonical messages*::
     {"role": "tool", "tool_call_id": str, "content": str}
 
 and canonical tools ``{"name", "description", "parameters"}``. ``ChatService``
-renders them with the model's chat template, encodes them (reusing recorded
+renders them with the model's chat template (only the new messages of a
+follow-up call, ``proxy.rendering``), encodes them (reusing recorded
 token ids, see ``proxy.tokenize``), streams the generation and yields
 ``proxy.toolcalls.OutputEvent``s (tool calls carry their new id), then commits the
 TITO record and yields one ``Finished`` last.
@@ -50,6 +51,7 @@ from gyre.real.proxy.request import ApiError, ChatRequest, Finished, Prepared, b
 from gyre.real.proxy.engine_client import EngineClient
 from gyre.real.proxy.generation import Generation
 from gyre.real.proxy.recording import ExecutionState, Recorder
+from gyre.real.proxy.rendering import IncrementalRenderer
 from gyre.real.proxy.routing import Router
 from gyre.real.proxy.tokenize import ChatTokenizer, PrefixCache
 from gyre.real.proxy.toolcalls import THINK_OPEN, OutputEvent, OutputSplitter, StopHoldback, parse_output, trim_stop
@@ -108,17 +110,24 @@ class ChatService:
         self.clock = clock
         self.policy_version = config.policy_version
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gyre-tokenize")
+        self.renderer = IncrementalRenderer(self._template)
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
-    def render(self, execution_id: str, request: ChatRequest) -> str:
-        return self._render(template_messages(request.messages, self.recorder.state(execution_id)),
-                            template_tools(request.tools), request.thinking)
+    def _template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, thinking: bool | None,
+                  generation_prompt: bool) -> str:
+        return self.chat.render(messages, tools, thinking=thinking, generation_prompt=generation_prompt)
 
-    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], thinking: bool | None) -> str:
+    def render(self, execution_id: str, request: ChatRequest) -> str:
+        """The prompt text of ``request``: only its new messages rendered when it extends an earlier
+        call of the execution (``proxy.rendering``), else the whole conversation."""
+        return self._render(self.recorder.state(execution_id), request)
+
+    def _render(self, state: ExecutionState, request: ChatRequest) -> str:
+        messages = template_messages(request.messages, state)
         try:
-            return self.chat.render(messages, tools, thinking=thinking)
+            return self.renderer.render(state.rendered, messages, template_tools(request.tools), request.thinking)
         except RecursionError:
             raise bad_request("body: JSON nested too deeply", "body") from None
         except Exception as exc:  # the template rejected the conversation (e.g. role order)
@@ -127,12 +136,10 @@ class ChatService:
     async def render_async(self, execution_id: str, request: ChatRequest, size: int) -> str:
         """``render``; a conversation of ``size`` >= ``OFFLOAD_MESSAGES_CHARS`` bytes is rendered on a
         worker thread, so a huge request does not stall every other stream on the event loop."""
-        messages = template_messages(request.messages, self.recorder.state(execution_id))
-        tools = template_tools(request.tools)
+        state = self.recorder.state(execution_id)
         if size < OFFLOAD_MESSAGES_CHARS:
-            return self._render(messages, tools, request.thinking)
-        return await asyncio.get_running_loop().run_in_executor(self.pool, self._render, messages, tools,
-                                                                request.thinking)
+            return self._render(state, request)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self._render, state, request)
 
     async def encode(self, text: str, cache: PrefixCache | None = None) -> tuple[list[int], int]:
         """``ChatTokenizer.encode_prompt``; long suffixes are encoded on a worker thread

@@ -21,6 +21,9 @@ Invariants:
 - a record reaches the log before the harness receives the end of its
   response (the API layers commit first), so a call the harness saw complete
   is on disk, and a call cut short is never recorded;
+- with ``fsync`` the records of concurrent calls are committed in groups
+  (``tito_log.GroupCommit``): a commit returns only after the fsync of the
+  batch holding its record, so nothing acknowledged is lost to a kill -9;
 - one execution's state is only reachable through that execution's key; the
   admin API reads all of them;
 - commits of one execution are serialized (one lock per execution), so the
@@ -39,11 +42,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from gyre.trajectory.records import ModelCall
-from gyre.real.store.tito_log import ExecutionStore
+from gyre.real.store.tito_log import ExecutionStore, GroupCommit
 from gyre.trajectory.tool_calls import ToolCallCache
 from gyre.trajectory.tree import TrajectoryTree
 from gyre.trajectory.tree_stats import tree_stats
 from gyre.real.proxy.config import check_id, valid_id
+from gyre.real.proxy.rendering import RenderCache
 from gyre.real.proxy.tokenize import ChatTokenizer, PrefixCache
 from gyre.real.proxy.toolcalls import parse_output, trim_stop
 
@@ -78,6 +82,7 @@ class ExecutionState:
         self.tree = TrajectoryTree(execution_id)
         self.tool_cache = ToolCallCache()
         self.prefix = PrefixCache(self.tree.request_sequence)
+        self.rendered = RenderCache()
         self.echo: dict[Any, str] = {}
         self.lock = asyncio.Lock()
         self.requests = 0
@@ -118,6 +123,7 @@ class Recorder:
         self.chat = chat
         self.store = ExecutionStore(self.root, fsync=fsync)
         self.fsync = fsync
+        self.group = GroupCommit(self.store) if fsync else None
         self._states: dict[str, ExecutionState] = {}
 
     def state(self, execution_id: str) -> ExecutionState:
@@ -135,11 +141,38 @@ class Recorder:
         """Append ``call`` durably, then add it to the tree and caches."""
         state = self.state(call.execution_id)
         async with state.lock:
-            if self.fsync:
-                await asyncio.get_running_loop().run_in_executor(None, self.store.append, call)
-            else:
+            if self.group is None:
                 self.store.append(call)
+                state.learn(call, self.chat, prompt_text)
+                return
+            durable = self._submit(call)
+            try:
+                await asyncio.shield(durable)
+            except asyncio.CancelledError:  # the caller left; a record that lands still joins the tree
+                durable.add_done_callback(
+                    lambda f: None if f.cancelled() or f.exception() else state.learn(call, self.chat, prompt_text))
+                raise
             state.learn(call, self.chat, prompt_text)
+
+    def _submit(self, call: ModelCall) -> asyncio.Future:
+        """A future resolved (on this loop) once ``call``'s batch is fsynced."""
+        loop = asyncio.get_running_loop()
+        durable = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if durable.done():
+                return
+            if error is None:
+                durable.set_result(None)
+            else:
+                durable.set_exception(error)
+
+        def wake(error: BaseException | None) -> None:  # on the writer thread
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(settle, error)
+
+        self.group.submit(call, wake)
+        return durable
 
     def executions(self) -> list[str]:
         return sorted(set(self.store.executions()) | set(self._states))
@@ -149,6 +182,8 @@ class Recorder:
         return tree_stats(state.tree).as_dict() if state.requests else {"execution_id": execution_id, "requests": 0}
 
     def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
         self.store.close()
 
 

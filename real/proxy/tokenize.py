@@ -109,13 +109,13 @@ class ChatTokenizer:
             self.stop_token_ids = (int(self.tokenizer.eos_token_id),)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               *, thinking: bool | None = None) -> str:
-        """The prompt text: messages through the chat template, generation prompt added."""
+               *, thinking: bool | None = None, generation_prompt: bool = True) -> str:
+        """The prompt text: messages through the chat template, generation prompt added (unless told)."""
         kwargs: dict[str, Any] = {}
         if thinking is not None:
             kwargs["enable_thinking"] = thinking
         return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                  add_generation_prompt=True, **kwargs)
+                                                  add_generation_prompt=generation_prompt, **kwargs)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []

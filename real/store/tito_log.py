@@ -20,7 +20,12 @@ Invariants:
   the file name and byte offset; nothing before that offset is lost;
 - reopening a log for appending truncates a torn tail first (with the same
   warning), so new frames never land behind garbage;
-- a log holds records of exactly one execution (``append`` checks it).
+- a log holds records of exactly one execution (``append`` checks it);
+- ``GroupCommit``: a record's ``done`` callback runs only after the batch
+  holding it is written *and* fsynced (one fsync per log the batch touched,
+  the logs of a batch synced in parallel), so every record a caller was told
+  is durable survives a kill -9; a failed write or fsync is reported to the
+  callers of exactly the records it concerns.
 
 A corrupt frame in the middle of a log can only come from outside damage (the
 writer only appends); the reader treats it like a torn tail and stops there.
@@ -30,11 +35,13 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 import warnings
 import zlib
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -147,6 +154,18 @@ class RecordLog:
         return self
 
     def append(self, call: ModelCall) -> None:
+        """Write ``call``'s frame (forced to disk first when the log was opened with ``fsync``)."""
+        self.write(call)
+        if self.fsync:
+            self.sync()
+
+    def sync(self) -> None:
+        """Force every frame written so far to disk."""
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    def write(self, call: ModelCall) -> None:
+        """Hand ``call``'s frame to the kernel in one ``write`` (durable only after ``sync``)."""
         if call.execution_id != self.execution_id:
             raise RecordError(f"record of execution {call.execution_id!r} sent to the log of {self.execution_id!r}")
         if call.request_id in self._request_ids:
@@ -157,8 +176,6 @@ class RecordLog:
         written = os.write(self._fd, frame)
         if written != len(frame):  # pragma: no cover - regular files write fully
             raise OSError(f"short write to {self.path}: {written} of {len(frame)} bytes")
-        if self.fsync:
-            os.fsync(self._fd)
         self.count += 1
         self._request_ids.add(call.request_id)
         if self._recent.maxlen:
@@ -197,13 +214,23 @@ class ExecutionStore:
             raise RecordError(f"execution_id {execution_id!r} cannot name a log file")
         return self.root / f"{execution_id}{LOG_SUFFIX}"
 
-    def append(self, call: ModelCall) -> None:
-        log = self._logs.get(call.execution_id)
+    def log_for(self, execution_id: str) -> RecordLog:
+        """The open log of ``execution_id`` (opened, its torn tail truncated, on first use)."""
+        log = self._logs.get(execution_id)
         if log is None:
             self.root.mkdir(parents=True, exist_ok=True)
-            log = RecordLog(self.path_for(call.execution_id), call.execution_id, fsync=self.fsync).open()
-            self._logs[call.execution_id] = log
-        log.append(call)
+            log = RecordLog(self.path_for(execution_id), execution_id, fsync=self.fsync).open()
+            self._logs[execution_id] = log
+        return log
+
+    def append(self, call: ModelCall) -> None:
+        self.log_for(call.execution_id).append(call)
+
+    def forget(self, execution_id: str) -> None:
+        """Close the log of ``execution_id``; the next append reopens it (and rechecks its tail)."""
+        log = self._logs.pop(execution_id, None)
+        if log is not None:
+            log.close()
 
     def read(self, execution_id: str) -> list[ModelCall]:
         path = self.path_for(execution_id)
@@ -218,3 +245,85 @@ class ExecutionStore:
         for log in self._logs.values():
             log.close()
         self._logs.clear()
+
+
+class GroupCommit:
+    """Durable appends for many logs from one writer thread, one fsync per log per batch.
+
+    ``submit(call, done)`` queues a record; the writer takes everything queued
+    (up to ``max_batch``), writes each frame, fsyncs every log the batch touched
+    (in parallel: the file system merges concurrent journal commits), and only
+    then calls ``done(None)`` for each record, or ``done(error)`` for a record
+    whose write or fsync failed. ``done`` runs on the writer thread. A log whose
+    fsync failed is closed, so its next use reopens it and checks its tail.
+    """
+
+    def __init__(self, store: ExecutionStore, *, max_batch: int = 512, sync_threads: int = 16) -> None:
+        self.store = store
+        self.max_batch = max_batch
+        self.batches = 0
+        self.records = 0
+        self._pending: list[tuple[ModelCall, Callable[[BaseException | None], None]]] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._syncers = ThreadPoolExecutor(max_workers=sync_threads, thread_name_prefix="gyre-fsync")
+        self._thread = threading.Thread(target=self._run, name="gyre-group-commit", daemon=True)
+        self._thread.start()
+
+    def submit(self, call: ModelCall, done: Callable[[BaseException | None], None]) -> None:
+        with self._cond:
+            if self._closed:
+                raise RecordError("the group commit is closed")
+            self._pending.append((call, done))
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            self._commit(batch)
+
+    def _commit(self, batch: list[tuple[ModelCall, Callable[[BaseException | None], None]]]) -> None:
+        errors: dict[int, BaseException] = {}
+        touched: dict[str, tuple[RecordLog, list[int]]] = {}
+        for index, (call, _) in enumerate(batch):
+            try:
+                log = self.store.log_for(call.execution_id)
+                log.write(call)
+            except Exception as exc:  # noqa: BLE001 - reported to this record's caller only
+                errors[index] = exc
+                continue
+            touched.setdefault(call.execution_id, (log, []))[1].append(index)
+        logs = list(touched.values())
+        if len(logs) == 1:
+            outcomes = [self._sync(logs[0][0])]
+        else:
+            outcomes = list(self._syncers.map(self._sync, [log for log, _ in logs]))
+        for (log, indices), problem in zip(logs, outcomes):
+            if problem is not None:
+                self.store.forget(log.execution_id)
+                errors.update((i, problem) for i in indices)
+        self.batches += 1
+        self.records += len(batch)
+        for index, (_, done) in enumerate(batch):
+            done(errors.get(index))
+
+    @staticmethod
+    def _sync(log: RecordLog) -> BaseException | None:
+        try:
+            log.sync()
+        except OSError as exc:
+            return exc
+        return None
+
+    def close(self) -> None:
+        """Commit what is queued, then stop the writer."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+        self._syncers.shutdown(wait=True)

@@ -348,4 +348,4 @@ def test_large_requests_are_rendered_and_tokenized_off_the_event_loop(stack):
         assert status == 200, payload[:300]
     finally:
         chat.render = original
-    assert len(threads) == 2 and all(name.startswith("gyre-tokenize") for name in threads), threads
+    assert len(threads) >= 2 and all(name.startswith("gyre-tokenize") for name in threads), threads

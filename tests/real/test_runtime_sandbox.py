@@ -229,3 +229,80 @@ def test_loopback_comes_up_without_ip(tmp_path):
     assert "unreachable" in in_namespace(serve_and_connect).stderr  # control: lo starts down
     up = in_namespace("bring_loopback_up(); " + serve_and_connect)  # no ip on PATH: the ioctl path
     assert up.returncode == 0, up.stderr
+
+
+READER = r"""
+import json, os, sys, urllib.request
+base_url, key, *paths = sys.argv[1:]
+seen = {}
+for path in paths:
+    try:
+        seen[path] = sorted(os.listdir(path)) if os.path.isdir(path) else open(path).read()
+    except OSError as exc:
+        seen[path] = type(exc).__name__
+body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+request = urllib.request.Request(base_url + "/v1/chat/completions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})
+with urllib.request.urlopen(request, timeout=10) as response:
+    seen["reply"] = json.loads(response.read())["choices"][0]["message"]["content"]
+open("workspace-note.txt", "w").write("mine")
+json.dump(seen, open("observed.json", "w"))
+"""
+
+
+def secrets_in(tmp_path: Path) -> tuple[Path, Path]:
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "keys.json").write_text('{"version": 2, "keys": {"digest": "exec-7"}}')
+    (records / "exec-7.tito").write_bytes(b"GYR1 record bytes")
+    keys_file = tmp_path / "operator-keys.txt"
+    keys_file.write_text("gyre-secret-key")
+    return records, keys_file
+
+
+@needs_netns
+@pytest.mark.skipif(runtime_sandbox.mountns_problem() is not None,
+                    reason=f"no mount namespace: {runtime_sandbox.mountns_problem()}")
+@pytest.mark.timeout(60)
+def test_a_sandboxed_harness_cannot_read_the_record_store_or_keys(tmp_path, server, monkeypatch):
+    records, keys_file = secrets_in(tmp_path)
+    monkeypatch.setenv(runtime_sandbox.HIDE_ENV, os.pathsep.join([str(records), str(keys_file)]))
+    harness = PythonHarness(READER, (str(records), str(records / "keys.json"), str(keys_file)))
+    isolated = run_one(HarnessRunner(tmp_path / "in", server.url, harness, isolate="always"))
+    control = run_one(HarnessRunner(tmp_path / "out", server.url, harness, isolate="never"))
+    assert isolated.outcome == control.outcome == "completed"
+    seen = json.loads((isolated.workspace / "observed.json").read_text())
+    assert seen == {str(records): [], str(records / "keys.json"): "FileNotFoundError", str(keys_file): "",
+                    "reply": "gyre gyre other"}
+    assert (isolated.workspace / "workspace-note.txt").read_text() == "mine"  # its workspace stays writable
+    plain = json.loads((control.workspace / "observed.json").read_text())
+    assert plain[str(records)] == ["exec-7.tito", "keys.json"] and plain[str(keys_file)] == "gyre-secret-key"
+    assert (records / "keys.json").exists() and keys_file.read_text() == "gyre-secret-key"  # host untouched
+
+
+@needs_netns
+@pytest.mark.skipif(runtime_sandbox.mountns_problem() is not None, reason="no mount namespace")
+@pytest.mark.timeout(60)
+def test_hiding_a_folder_that_holds_the_workspace_is_refused(tmp_path, server, monkeypatch):
+    monkeypatch.setenv(runtime_sandbox.HIDE_ENV, str(tmp_path))
+    result = run_one(HarnessRunner(tmp_path, server.url, PythonHarness(READER), isolate="always"))
+    assert result.outcome == "failed" and result.returncode == runtime_sandbox.SANDBOX_FAILED
+    assert "cannot hide" in (tmp_path / "exec-7" / "harness.log").read_text()
+    assert not server.requests
+
+
+@needs_netns
+@pytest.mark.timeout(60)
+def test_without_a_mount_namespace_the_harness_runs_unhidden_with_a_warning(tmp_path, server, monkeypatch, caplog):
+    """The documented fallback: network isolation only, the paths stay visible, a warning says why."""
+    records, keys_file = secrets_in(tmp_path)
+    monkeypatch.setattr(runtime_sandbox, "_mountns_probe", lambda: ((), "no mount namespaces in this test"))
+    monkeypatch.setenv(runtime_sandbox.HIDE_ENV, str(records))
+    argv = runtime_sandbox.sandbox_argv(["true"], tmp_path / "s.sock", 1)
+    assert "--hide" not in argv and "-m" not in argv[:argv.index(sys.executable)]  # no mount namespace asked
+    harness = PythonHarness(READER, (str(records),))
+    with caplog.at_level(logging.WARNING, logger="gyre.real.harness.sandbox"):
+        result = run_one(HarnessRunner(tmp_path / "in", server.url, harness, isolate="always"))
+    assert result.outcome == "completed" and result.isolated
+    assert json.loads((result.workspace / "observed.json").read_text())[str(records)] == ["exec-7.tito", "keys.json"]
+    assert "no mount namespaces in this test" in caplog.text

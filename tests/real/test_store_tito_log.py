@@ -186,3 +186,74 @@ def test_writer_killed_mid_stream_loses_at_most_the_record_being_written(tmp_pat
     assert len(records) >= 5
     assert records == conversation(len(records))
     assert all(issubclass(w.category, TornTailWarning) for w in caught)
+
+
+def commit_all(group, calls):
+    """Submit ``calls`` at once; returns {request_id: error or None} once every ``done`` ran."""
+    import threading
+
+    results, finished = {}, threading.Event()
+
+    def done_for(call):
+        def done(error):
+            results[call.request_id] = error
+            if len(results) == len(calls):
+                finished.set()
+        return done
+
+    for call in calls:
+        group.submit(call, done_for(call))
+    assert finished.wait(20)
+    return results
+
+
+def test_group_commit_acknowledges_only_after_the_fsync_of_its_batch(tmp_path, monkeypatch):
+    """Between a record's write and its acknowledgement lies an fsync of its log; one fsync per
+    log per batch."""
+    from gyre.real.store.tito_log import GroupCommit
+
+    events = []
+    real_sync, real_write = RecordLog.sync, RecordLog.write
+    monkeypatch.setattr(RecordLog, "sync", lambda self: (real_sync(self), events.append(("sync", self.execution_id))))
+    monkeypatch.setattr(RecordLog, "write", lambda self, call: (real_write(self, call),
+                                                                events.append(("write", call.request_id))))
+    store = ExecutionStore(tmp_path, fsync=True)
+    group = GroupCommit(store)
+    calls = [record(i, execution=f"e{i % 3}") for i in range(30)]
+    original = group.submit
+    group.submit = lambda call, done: original(call, lambda error: (events.append(("done", call.request_id)),
+                                                                    done(error)))
+    results = commit_all(group, calls)
+    group.close()
+    assert results == {c.request_id: None for c in calls}
+    for call in calls:
+        written, acked = events.index(("write", call.request_id)), events.index(("done", call.request_id))
+        assert ("sync", call.execution_id) in events[written:acked], call.request_id
+    syncs = sum(kind == "sync" for kind, _ in events)
+    assert 3 <= syncs <= 30 and group.records == 30 and syncs <= 3 * group.batches
+    for e in ("e0", "e1", "e2"):
+        assert store.read(e) == [c for c in calls if c.execution_id == e]
+
+
+def test_group_commit_reports_failures_to_exactly_their_records(tmp_path, monkeypatch):
+    from gyre.real.store.tito_log import GroupCommit
+
+    store = ExecutionStore(tmp_path, fsync=True)
+    group = GroupCommit(store)
+    assert commit_all(group, [record(0, "ok"), record(1, "bad")]) == {"r0": None, "r1": None}
+    real_sync = RecordLog.sync
+
+    def failing_sync(self):
+        if self.execution_id == "bad":
+            raise OSError(5, "Input/output error")
+        real_sync(self)
+
+    monkeypatch.setattr(RecordLog, "sync", failing_sync)
+    results = commit_all(group, [record(2, "ok"), record(3, "bad"), record(0, "ok")])  # r0: a duplicate id
+    group.close()
+    assert results["r2"] is None
+    assert isinstance(results["r3"], OSError)
+    assert isinstance(results["r0"], RecordError) and "already" in str(results["r0"])
+    assert [r.request_id for r in store.read("ok")] == ["r0", "r2"]
+    with pytest.raises(RecordError, match="closed"):
+        group.submit(record(9, "ok"), lambda error: None)
