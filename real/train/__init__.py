@@ -3,6 +3,8 @@
 - ``plane``: the driver side: control store, K cell processes, supervision,
   commands; ``cell``: one cell process serving those commands;
 - ``context``: the plane's configuration and each process's context;
+- ``ranks``: the ranks of a cell (tensor parallel): the leader hands every
+  tensor operation to the other ranks, each works on its own shard;
 - ``core`` / ``satellite``: the core cell's step (expose, train with whoever
   joins, reduce, one update) and a satellite's (join, pull, claim, reduce);
 - ``membership``: control store, prefix groups, join seats, done marks;

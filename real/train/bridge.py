@@ -26,8 +26,14 @@ adaptations, all in ``_local_spec_bridge`` and nowhere else:
    process would read and write ``lm_head.weight`` as the embedding;
 3. the bridge's TransformerConfig is ``train.model.transformer_config(cfg)``
    (mbridge's would ask for fusions and TransformerEngine) and its parallel
-   state is TP = PP = 1 (the cells'); mbridge's ``get_model`` is not used (TE
-   spec, CUDA), the model is always ``build_gpt``.
+   state is Megatron's (the cell's TP group; PP = 1); mbridge's ``get_model``
+   is not used (TE spec, CUDA), the model is always ``build_gpt``.
+
+With TP > 1 (a cell of several ranks, ``train.ranks``) loading is mbridge's:
+the cell's rank 0 reads the folder and scatters each tensor's TP split (QKV
+by query groups, gate and up halves separately) over the TP group; export is
+mbridge's too (``export_hf_model``: all-gather over the TP group, merge, then
+convert), collective over the cell's ranks.
 
 Invariants: HF -> Megatron -> HF returns every tensor bit for bit in the
 checkpoint's dtype (float32 or bfloat16; the model's dtype is ``cfg.dtype``,
@@ -129,7 +135,9 @@ def _transformers_config(cfg: ModelConfig):
 # -- the bridge -----------------------------------------------------------------------------------------
 
 def _parallel_states():
-    """Megatron's groups when initialised (loading scatters over the TP group), else TP = PP = 1 without groups."""
+    """Megatron's groups when initialised (loading scatters over the TP group), else TP = PP = 1 without groups.
+
+    PP > 1 is refused (the cells run PP = 1)."""
     from mbridge.core.parallel_states import ParallelStates
     from megatron.core import parallel_state
 
@@ -137,8 +145,8 @@ def _parallel_states():
         states = ParallelStates.get_default_parallel_states()
     else:
         states = ParallelStates()
-    if states.tp_size != 1 or states.pp_size != 1:
-        raise BridgeError(f"the bridge runs at TP = PP = 1, got TP {states.tp_size}, PP {states.pp_size}")
+    if states.pp_size != 1:
+        raise BridgeError(f"the bridge runs at PP = 1, got PP {states.pp_size}")
     return states
 
 
@@ -163,7 +171,7 @@ def _local_spec_bridge(cfg: ModelConfig):
             super().__init__(_transformers_config(cfg), dtype=cfg.torch_dtype, parallel_states=_parallel_states())
 
         def _build_config(self):  # (3)
-            return transformer_config(cfg, torch.device("cpu"))
+            return transformer_config(cfg, torch.device("cpu"), self.mpu.tp_size)
 
     return LocalSpecBridge()
 
@@ -171,7 +179,7 @@ def _local_spec_bridge(cfg: ModelConfig):
 def load_hf_weights(model: torch.nn.Module, folder: str | os.PathLike, cfg: ModelConfig) -> None:
     """Copy the checkpoint in ``folder`` into ``model`` (built by ``build_gpt(cfg)``) in place.
 
-    Needs Megatron's parallel state (TP = PP = 1). Raises ``BridgeError`` when the checkpoint holds
+    Needs Megatron's parallel state (any TP, PP = 1; collective over the TP group). Raises ``BridgeError`` when the checkpoint holds
     tensors the model does not consume (a tied checkpoint's redundant ``lm_head.weight`` excepted)."""
     from mbridge.core.safetensor_io import SafeTensorIO
 

@@ -12,6 +12,7 @@ are answered as ``reply/{cell}/{n}``, in order. A handler that fails answers
 | step            | core       | ``CoreCell.step(version, batch, final)``; answers its report  |
 | publish         | core       | HF checkpoint + ``/update_weights_from_disk`` on each engine  |
 | dump / load     | all / core | write weights (and the last reduced gradient) / load weights  |
+|                 |            | (per rank: rank r > 0 of a TP cell uses ``{path}.rank{r}``)   |
 | info, stop      | all        | pid, role, resident bytes / answer and exit                   |
 
 Mapping to the policy core's actions (gyre/): BeginTransition(cell, role) ->
@@ -19,6 +20,10 @@ enter/leave_training, answered = TransitionDone; StartBatch + FeedGroups ->
 ``step`` on the core while the driver packs groups into the batch's queue;
 the step's answer = StepDone; Broadcast is carried out by the core at the end
 of a non-final step; Publish -> ``publish``.
+
+A cell of ``tp`` ranks is one process per rank: rank 0 (the leader) runs this
+loop, the other ranks run ``train.ranks.CellRanks.follow`` and execute every
+tensor operation the leader hands them; ``stop`` ends them too.
 """
 
 from __future__ import annotations
@@ -32,18 +37,22 @@ import torch
 
 from gyre.real.train.context import CellConfig, CellContext, build_context
 from gyre.real.train.core import CoreCell
-from gyre.real.train.publish import publish_from_disk, save_hf_checkpoint
+from gyre.real.train.publish import publish_from_disk, save_hf_tensors
 from gyre.real.train.satellite import Interrupted, SatelliteCell
 from gyre.real.train import keys
 
 IDLE_POLL_S = 0.01  # command polling while not training (a satellite in training polls at poll_s)
 
 
-def cell_main(cfg: CellConfig, cell: int) -> None:
-    """Process entry point (picklable target for multiprocessing)."""
-    ctx = build_context(cfg, cell)
+def cell_main(cfg: CellConfig, cell: int, rank: int = 0) -> None:
+    """Process entry point of rank ``rank`` of ``cell`` (picklable target for multiprocessing): the
+    leader (rank 0) serves the driver's commands, the other ranks follow it (``train.ranks``)."""
+    ctx = build_context(cfg, cell, rank)
     try:
-        CellProcess(ctx).serve()
+        if rank == 0:
+            CellProcess(ctx).serve()
+        else:
+            ctx.ranks.follow()
     finally:
         logging.shutdown()
         os._exit(0)  # no atexit teardown: peers may be gone, and the driver owns the store
@@ -74,6 +83,8 @@ class CellProcess:
             except Exception as exc:
                 self.ctx.log.exception("cell %d: command %s failed", self.ctx.cell, op)
                 result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            if op == "stop":
+                self.ctx.ranks.run("stop")  # the followers exit with the leader
             self.reply(result)
             if op == "stop":
                 return
@@ -96,7 +107,7 @@ class CellProcess:
     # -- role changes -----------------------------------------------------------------------------
     def enter_training(self) -> dict:
         """Restore the training state; the answer is TransitionDone (a satellite then joins the next window)."""
-        self.ctx.state.restore()
+        self.ctx.ranks.run("restore")
         self.role = "training"
         self.ctx.log.info("cell %d entered training (%d bytes of training state)", self.ctx.cell,
                           self.ctx.state.resident_bytes())
@@ -121,7 +132,7 @@ class CellProcess:
         return self.info()
 
     def _to_rollout(self) -> None:
-        self.ctx.state.offload()
+        self.ctx.ranks.run("offload")
         self.role = "rollout"
 
     # -- core-only and utility commands -----------------------------------------------------------
@@ -131,26 +142,30 @@ class CellProcess:
 
     def publish(self, version: int, endpoints: list[str], directory: str, timeout: float = 120.0) -> dict:
         self._require_core("publish")
-        path = save_hf_checkpoint(directory, self.ctx.state.flat.named_tensors(), self.ctx.cfg.model, version)
+        tensors = self.ctx.ranks.run("export")  # full HF tensors, TP shards gathered
+        path = save_hf_tensors(directory, tensors, self.ctx.cfg.model, version)
         answers = publish_from_disk(endpoints, path, version, timeout=timeout)
         self.ctx.log.info("published version %d from %s to %d engines", version, path, len(endpoints))
         return {"path": str(path), "answers": answers}
 
-    def dump(self, path: str) -> dict:
-        data = {"weights": self.ctx.state.flat.data.detach().cpu().clone(), "names": self.ctx.state.flat.names}
-        if self.core is not None and self.core.last_gradient is not None:
-            data["gradient"] = self.core.last_gradient.cpu()
-        torch.save(data, path)
-        return {"path": path}
+    def dump(self, path: str, hf: bool = False) -> dict:
+        """Each rank writes its shard (rank r > 0 to ``{path}.rank{r}``); with ``hf`` the leader also writes
+        the gathered Hugging Face tensors to ``{path}.hf``."""
+        self.ctx.ranks.run("dump", path=path, gradient=self.core is not None)
+        answer = {"path": path, "tp": self.ctx.cfg.tp}
+        if hf:
+            torch.save(self.ctx.ranks.run("export"), f"{path}.hf")
+            answer["hf"] = f"{path}.hf"
+        return answer
 
     def load(self, path: str) -> dict:
         self._require_core("load")
-        self.ctx.state.load_weights(torch.load(path)["weights"])
+        self.ctx.ranks.run("load", path=path)
         self.core.members = set()  # satellites must pull the loaded weights
         return self.info()
 
     def info(self) -> dict:
-        return {"cell": self.ctx.cell, "pid": os.getpid(), "role": self.role,
+        return {"cell": self.ctx.cell, "pid": os.getpid(), "role": self.role, "tp": self.ctx.cfg.tp,
                 "resident_bytes": self.ctx.state.resident_bytes()}
 
     def _require_core(self, op: str) -> None:

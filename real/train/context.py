@@ -5,11 +5,14 @@ driver builds it; constructors do no I/O). ``build_context`` runs inside a cell
 process and does, in this order (the same order in every rank, because group
 creation is collective): select the device (``train.cpu_compat``), connect to
 the driver's TCPStore, join the process group, initialise Megatron's parallel
-state (TP = PP = 1), build the model from the shared seed (then, when the
+state (TP = ``tp``: the cell's ranks; PP = 1), build the model from the shared seed (then, when the
 model config names a Hugging Face ``checkpoint``, load its weights through
 ``train.bridge``: every cell loads the same folder, so every cell holds the
 same weights), flatten its weights, build the prefix groups, start the
 weight transport, and create the training state offloaded (every cell starts in the rollout role).
+
+A cell spans ``tp`` processes (``train.ranks``): rank r of cell c is global
+rank c * tp + r in a world of cells * tp ranks.
 
 Processes, the process group and the communication groups live as long as the
 cell: role changes only offload and restore the training state.
@@ -27,6 +30,7 @@ import torch.distributed as dist
 from gyre.real.train.cpu_compat import DeviceSetup, prepare_device, seed_model_rng
 from gyre.real.train.membership import BatchQueues, CommGroups, ControlStore
 from gyre.real.train.model import FlatParameters, LossConfig, ModelConfig, build_gpt
+from gyre.real.train.ranks import CellRanks
 from gyre.real.train.state import OptimConfig, TrainingState
 from gyre.real.train.transport import make_transport
 
@@ -52,10 +56,23 @@ class CellConfig:
     # Fault injection for tests: (cell, n) = cell exits with FAULT_EXIT_CODE after claiming its
     # n-th micro-step of a step, before computing it.
     crash_after: tuple[tuple[int, int], ...] = ()
+    tp: int = 1  # tensor-parallel ranks per cell (one process each)
+    pp: int = 1  # pipeline-parallel stages per cell: only 1 (see ``train.ranks``)
 
     def __post_init__(self) -> None:
         if self.cells < 1:
             raise ValueError(f"cells must be >= 1, got {self.cells!r}")
+        if not isinstance(self.tp, int) or self.tp < 1:
+            raise ValueError(f"tp must be a positive int, got {self.tp!r}")
+        if self.pp != 1:
+            raise ValueError(f"pp must be 1, got {self.pp!r}: pipeline-parallel cells are not supported (a step "
+                             "runs forward/backward per micro-step, not Megatron's pipeline schedule, and "
+                             "megatron-core 0.16.1's schedule allocates with device='cuda' even on CPU)")
+        for name, size in (("num_attention_heads", self.model.num_attention_heads),
+                           ("num_query_groups", self.model.num_query_groups),
+                           ("ffn_hidden_size", self.model.ffn_hidden_size), ("vocab_size", self.model.vocab_size)):
+            if size % self.tp:
+                raise ValueError(f"model {name} = {size} is not divisible by tp = {self.tp}")
         if self.transport not in ("mooncake", "torch"):
             raise ValueError(f"transport must be 'mooncake' or 'torch', got {self.transport!r}")
         if self.timeout_s <= 0 or self.poll_s <= 0:
@@ -77,30 +94,41 @@ class CellContext:
     queues: BatchQueues
     log: logging.Logger
 
+    rank: int = 0  # rank within the cell (0 = leader)
+    ranks: object = None  # ``train.ranks.CellRanks``
+
     @property
     def worker(self) -> str:
         return f"cell{self.cell}"
 
+    @property
+    def global_rank(self) -> int:
+        return self.cell * self.cfg.tp + self.rank
 
-def _logger(workdir: Path, cell: int) -> logging.Logger:
-    log = logging.getLogger(f"gyre.train.cell{cell}")
+
+def _logger(workdir: Path, cell: int, rank: int = 0) -> logging.Logger:
+    suffix = f"cell{cell}" if rank == 0 else f"cell{cell}.rank{rank}"
+    log = logging.getLogger(f"gyre.train.{suffix}")
     log.setLevel(logging.INFO)
-    handler = logging.FileHandler(workdir / f"cell{cell}.log")
+    handler = logging.FileHandler(workdir / f"{suffix}.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     log.addHandler(handler)
     return log
 
 
-def build_context(cfg: CellConfig, cell: int) -> CellContext:
-    """Everything a cell needs, built once at process start (see module docstring for the order)."""
-    setup = prepare_device(cfg.device, local_rank=cell, threads=cfg.threads)
+def build_context(cfg: CellConfig, cell: int, rank: int = 0) -> CellContext:
+    """Everything rank ``rank`` of a cell needs, built once at process start (module docstring: order)."""
+    global_rank = cell * cfg.tp + rank
+    setup = prepare_device(cfg.device, local_rank=global_rank, threads=cfg.threads)
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     store = dist.TCPStore(cfg.store_host, cfg.store_port, None, False, timeout=timeout)
-    dist.init_process_group(setup.backend, store=dist.PrefixStore("gyre-pg", store), rank=cell,
-                            world_size=cfg.cells, timeout=timeout)
+    dist.init_process_group(setup.backend, store=dist.PrefixStore("gyre-pg", store), rank=global_rank,
+                            world_size=cfg.cells * cfg.tp, timeout=timeout)
     from megatron.core import parallel_state
 
-    parallel_state.initialize_model_parallel(1, 1)
+    # Megatron's default order puts TP innermost: its TP groups are the blocks {c*tp .. c*tp+tp-1},
+    # i.e. exactly the cells. Its data-parallel groups are not used (the prefix groups are ours).
+    parallel_state.initialize_model_parallel(cfg.tp, 1)
     seed_model_rng(cfg.model.init_seed, setup)
     model = build_gpt(cfg.model, setup.device)
     if cfg.model.checkpoint is not None:
@@ -108,12 +136,15 @@ def build_context(cfg: CellConfig, cell: int) -> CellContext:
 
         load_hf_weights(model, cfg.model.checkpoint, cfg.model)
     flat = FlatParameters(model)
-    groups = CommGroups(cfg.cells, pair_groups=cfg.transport == "torch")
+    groups = CommGroups(cfg.cells, pair_groups=cfg.transport == "torch", tp=cfg.tp)
     transport = make_transport(cfg.transport, cfg.store_host, setup.mooncake_protocol)
-    state = TrainingState(model, flat, cfg.optim, cfg.loss, owns_optimizer=cell == 0)
+    state = TrainingState(model, flat, cfg.optim, cfg.loss, owns_optimizer=cell == 0,
+                          tp_group=parallel_state.get_tensor_model_parallel_group() if cfg.tp > 1 else None)
     state.offload()
-    log = _logger(Path(cfg.workdir), cell)
-    log.info("cell %d up: %d parameters (%d bytes), transport %s, backend %s", cell, flat.numel,
-             flat.nbytes, cfg.transport, setup.backend)
-    return CellContext(cfg, cell, setup, ControlStore(store, cfg.poll_s), groups, transport, state,
-                       BatchQueues(cfg.queue_root), log)
+    log = _logger(Path(cfg.workdir), cell, rank)
+    log.info("cell %d rank %d up: %d parameters (%d bytes) in this shard, tp %d, transport %s, backend %s",
+             cell, rank, flat.numel, flat.nbytes, cfg.tp, cfg.transport, setup.backend)
+    ctx = CellContext(cfg, cell, setup, ControlStore(store, cfg.poll_s), groups, transport, state,
+                      BatchQueues(cfg.queue_root), log, rank)
+    ctx.ranks = CellRanks(ctx)
+    return ctx

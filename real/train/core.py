@@ -16,6 +16,10 @@ One ``CoreCell.step(version, batch, final)``:
    step broadcast the new weights to the participating satellites (SPEC.md
    3.6), after a final one release them (they go back to rollout).
 
+In a cell of several TP ranks, this runs on the leader and every tensor
+operation (expose, accumulate, reduce, update, broadcast) runs on all its ranks
+through ``train.ranks``, each on its own shard and shard group.
+
 Nothing recorded is lost: a micro-step's gradient reaches the update only
 through a participant's reduced accumulator, and every micro-step not covered
 that way is requeued and redone before the update.
@@ -24,8 +28,6 @@ that way is requeued and redone before the update.
 from __future__ import annotations
 
 import time
-
-import torch.distributed as dist
 
 from gyre.real.train.context import CellContext
 from gyre.real.train.membership import close_window, open_window, participating_prefix
@@ -53,8 +55,8 @@ class CoreCell:
             raise StepError(f"step {version}: the core is not in training")
         crashed = self._crashed()
         barred = {c for c in range(1, self.cells) if crashed and c >= min(crashed)}
-        snapshot = ctx.transport.expose(ctx.state.flat, version)
-        open_window(ctx.control, version, batch, snapshot.as_dict(), self.cells, self.members - barred, barred)
+        snapshot = ctx.ranks.run("expose", version=version)  # every rank writes snapshot/{version}/{rank}
+        open_window(ctx.control, version, batch, snapshot, self.cells, self.members - barred, barred)
         served: set[int] = set()
         results = self._claim_all(version, batch, served)
         seated = close_window(ctx.control, version, self.cells)
@@ -65,10 +67,11 @@ class CoreCell:
         by_cell = {0: [r.name for r in results], **{c: reports[c]["names"] for c in range(1, last + 1)}}
         executions = self._check_coverage(batch, by_cell, results, reports, last)
         ctx.control.set(keys.decision(version), {"prefix": last, "discard": discard})
-        ctx.state.reduce_to_core(ctx.groups.for_prefix(last))
-        if ctx.cfg.record_gradients:
-            self.last_gradient = ctx.state.acc.to(ctx.state.flat.dtype).clone()
-        update = ctx.state.apply_update()
+        ctx.ranks.run("reduce", prefix=last)
+        update_started = time.time()
+        update = ctx.ranks.run("update", record=ctx.cfg.record_gradients)
+        update_s = time.time() - update_started
+        self.last_gradient = ctx.ranks.last_gradient
         self._after(version, final, last)
         participants = {0: _summary(results), **{c: reports[c] for c in range(1, last + 1)}}
         return {
@@ -81,7 +84,8 @@ class CoreCell:
             "participants": list(range(last + 1)), "seated": seated, "discarded": discard,
             "barred": sorted(barred), "failed": failed, "redone": redone,
             "joins": {c: reports[c].get("join") for c in reports if reports[c].get("join")},
-            "duration_s": time.time() - start,
+            "duration_s": time.time() - start, "update_s": update_s,
+            "compute_s": {c: p.get("compute_s", 0.0) for c, p in participants.items()},
         }
 
     # -- phases -----------------------------------------------------------------------------------
@@ -99,7 +103,7 @@ class CoreCell:
                                     f"{ctx.cfg.timeout_s:.0f} s and the batch is not closed")
                 time.sleep(ctx.cfg.poll_s)
                 continue
-            results.append(ctx.state.accumulate(step))
+            results.append(ctx.ranks.run("accumulate", step=step))
             deadline = time.monotonic() + ctx.cfg.timeout_s
         return results
 
@@ -108,7 +112,7 @@ class CoreCell:
             return
         for c in range(1, self.cells):
             if c not in served and self.ctx.control.has(keys.pulled(version, c)):
-                self.ctx.transport.serve(self.ctx.state.flat, self.ctx.groups.pair[c])
+                self.ctx.ranks.run("serve", cell=c)
                 served.add(c)
 
     def _collect(self, version: int, seated: list[int], served: set[int]) -> tuple[dict, dict]:
@@ -164,7 +168,7 @@ class CoreCell:
             return
         self.ctx.control.set(keys.after(version), "broadcast")
         if last:
-            dist.broadcast(self.ctx.state.flat.data, src=0, group=self.ctx.groups.for_prefix(last))
+            self.ctx.ranks.run("broadcast", prefix=last)
         self.members = set(range(1, last + 1))
 
     def _crashed(self) -> dict[int, dict]:
@@ -176,7 +180,8 @@ def _summary(results: list[MicroStepResult]) -> dict:
     """The same fields a satellite puts in its done mark."""
     return {"names": [r.name for r in results], "loss": sum(r.loss for r in results),
             "nll_sum": sum(r.nll * r.targets for r in results), "targets": sum(r.targets for r in results),
-            "batch_executions": sorted({r.batch_executions for r in results})}
+            "batch_executions": sorted({r.batch_executions for r in results}),
+            "compute_s": sum(r.seconds for r in results)}
 
 
 def _weighted_nll(parts) -> float:

@@ -13,6 +13,7 @@ disagree on a spelling.
 | crash/{cell}             | plane (supervisor)  | the cell process died (exit code, pid)         |
 | seat/{version}/{cell}    | membership          | a cell's seat in step ``version``'s join window |
 | window/{version}/info    | core                | batch id and snapshot of step ``version``      |
+| snapshot/{version}/{rank}| core (each rank)    | Snapshot of the core's shard ``rank``          |
 | pull/{version}/{cell}    | satellite           | a satellite pulled the snapshot                |
 | done/{version}/{cell}    | satellite           | a satellite's report for step ``version``      |
 | fail/{version}/{cell}    | satellite           | a satellite failed in step ``version``         |
@@ -45,6 +46,10 @@ def seat(version: int, cell: int) -> str:
 
 def window_info(version: int) -> str:
     return f"window/{version}/info"
+
+
+def snapshot(version: int, rank: int) -> str:
+    return f"snapshot/{version}/{rank}"
 
 
 def pulled(version: int, cell: int) -> str:

@@ -28,10 +28,13 @@ never asks for a seat in a step older than the last one it saw.
 Prefix groups: for K cells, K-1 groups {0..j}, j = 1..K-1, built up front by
 every rank in the same order (plus pair groups {0, c} for the torch
 transport); collectives of a step use the group of its participating prefix.
+A cell of ``tp`` ranks has one such set per shard: rank r of cell c reduces
+with rank r of cells 0..j (``CommGroups``).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import time
@@ -88,20 +91,36 @@ class ControlStore:
 
 
 class CommGroups:
-    """Prefix groups {0..j} and (torch transport) pair groups {0, c}, built once by every rank."""
+    """Per-shard prefix groups, pair groups (torch transport) and cell groups, built once by every rank.
 
-    def __init__(self, world: int, *, pair_groups: bool) -> None:
-        self.world = world
-        self.prefix = {j: dist.new_group(list(range(j + 1))) for j in range(1, world)}
-        self.pair = {c: dist.new_group([0, c]) for c in range(1, world)} if pair_groups else {}
+    A cell spans ``tp`` ranks; rank ``r`` of cell ``c`` is global rank ``c * tp + r``. The prefix
+    group {0..j} of shard ``r`` holds rank ``r`` of cells 0..j (gradients of shard ``r`` are reduced
+    there, into the core's rank ``r`` = global rank ``r``); the pair group of (cell c, shard r) is
+    {r, c * tp + r}; the cell group of cell ``c`` holds its ``tp`` ranks (the leader hands its
+    operations to the other ranks over it; no timeout that matters: a follower waits there while
+    the cell is idle).
+    """
 
-    def for_prefix(self, last: int):
-        """Group of cells {0..last}; None for the core alone (no collective needed)."""
+    IDLE_TIMEOUT = datetime.timedelta(days=7)
+
+    def __init__(self, world: int, *, pair_groups: bool, tp: int = 1) -> None:
+        if world < 1 or tp < 1:
+            raise ValueError(f"need at least one cell of at least one rank, got {world} cells, tp {tp}")
+        self.world, self.tp = world, tp
+        self.prefix = {(r, j): dist.new_group([c * tp + r for c in range(j + 1)])
+                       for r in range(tp) for j in range(1, world)}
+        self.pair = {(c, r): dist.new_group([r, c * tp + r])
+                     for c in range(1, world) for r in range(tp)} if pair_groups else {}
+        self.cell = {c: dist.new_group(list(range(c * tp, (c + 1) * tp)), timeout=self.IDLE_TIMEOUT)
+                     for c in range(world)} if tp > 1 else {}
+
+    def for_prefix(self, last: int, rank: int = 0):
+        """Group of shard ``rank`` of cells {0..last}; None for the core alone (no collective needed)."""
         if not 0 <= last < self.world:
             raise ValueError(f"prefix {{0..{last}}} is outside the {self.world} cells")
-        return self.prefix.get(last)
-
-
+        if not 0 <= rank < self.tp:
+            raise ValueError(f"shard {rank} is outside the {self.tp} ranks of a cell")
+        return self.prefix.get((rank, last))
 
 
 def open_window(control: ControlStore, version: int, batch: int, snapshot: dict, cells: int,

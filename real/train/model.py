@@ -8,7 +8,8 @@ embedding. ``ModelConfig``'s defaults are the toy Qwen2 (untied, float32);
 ``train.bridge.model_config_from_hf`` derives one from a Hugging Face
 checkpoint folder and names it in ``checkpoint``, whose weights then replace
 the seeded initialisation (``train.context``). ``build_gpt`` needs Megatron's
-parallel state initialised (TP = PP = 1) and the RNG seeded
+parallel state initialised (TP = the cell's ranks, PP = 1; with TP > 1 each rank
+holds its shard and the logits are gathered over the TP group) and the RNG seeded
 (``train.cpu_compat.seed_model_rng``); the same seed gives the same weights in
 every cell. Every parameter has the config's ``dtype`` (float32 on CPU unless
 asked otherwise).
@@ -80,11 +81,13 @@ class LossConfig:
     clip_high: float = CLIP_HIGH
 
 
-def transformer_config(cfg: ModelConfig, device: torch.device):
-    """Megatron's TransformerConfig of ``cfg``: local spec, no fusions, no dropout, ``cfg.dtype`` parameters."""
+def transformer_config(cfg: ModelConfig, device: torch.device, tp: int = 1):
+    """Megatron's TransformerConfig of ``cfg``: local spec, no fusions, no dropout, ``cfg.dtype`` parameters,
+    ``tp`` tensor-parallel ranks (no sequence parallelism)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return TransformerConfig(
+        tensor_model_parallel_size=tp,
         num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
         num_query_groups=cfg.num_query_groups, ffn_hidden_size=cfg.ffn_hidden_size, kv_channels=cfg.head_dim,
         normalization="RMSNorm", layernorm_epsilon=cfg.norm_epsilon, gated_linear_unit=True,
@@ -104,11 +107,23 @@ def build_gpt(cfg: ModelConfig, device: torch.device):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec(qk_layernorm=cfg.qk_layernorm, normalization="RMSNorm")
-    model = GPTModel(transformer_config(cfg, device), spec, vocab_size=cfg.vocab_size,
+    # parallel_output=False: the logits are gathered over the TP group, so the loss sees the whole
+    # vocabulary on every rank (the backward of the gather hands each rank its shard's gradient).
+    model = GPTModel(transformer_config(cfg, device, tensor_parallel_size()), spec, vocab_size=cfg.vocab_size,
                      max_sequence_length=cfg.max_sequence_length, position_embedding_type="rope",
-                     rotary_base=cfg.rotary_base, share_embeddings_and_output_weights=cfg.tie_embeddings)
+                     rotary_base=cfg.rotary_base, share_embeddings_and_output_weights=cfg.tie_embeddings,
+                     parallel_output=False)
     # The local spec's norms (torch RMSNorm) ignore params_dtype; cast like Megatron's Float16Module does.
     return model.to(device=device, dtype=cfg.torch_dtype)
+
+
+def tensor_parallel_size() -> int:
+    """Megatron's TP world size when its parallel state is initialised, else 1."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1
+    return parallel_state.get_tensor_model_parallel_world_size()
 
 
 class FlatParameters:

@@ -6,6 +6,9 @@ being told to stop, the supervisor records ``crash/{cell}`` with its exit code
 (the core then finishes the current step without it) and every pending or
 later command to that cell fails with ``CellError`` naming the exit code.
 
+A cell of ``tp`` tensor-parallel ranks is ``tp`` processes (rank r of cell c
+is global rank c * tp + r); its rank 0 answers the commands (``train.ranks``).
+
 Cells start from a ``forkserver`` whose preload imports the cell module
 (Megatron-core, Mooncake): the ~5 s import is paid once per driver process,
 not once per cell. Each cell is a fresh fork of that server, with no state
@@ -55,6 +58,8 @@ class PlaneConfig:
     start_timeout_s: float = 180.0
     record_gradients: bool = False
     crash_after: tuple[tuple[int, int], ...] = ()
+    tp: int = 1  # tensor-parallel ranks per cell: one process each (``train.ranks``)
+    pp: int = 1  # pipeline stages per cell: only 1 is supported (``CellConfig``)
 
 
 class Ticket:
@@ -69,6 +74,8 @@ class Ticket:
     def result(self, timeout: float | None = None) -> dict:
         deadline = time.monotonic() + (timeout if timeout is not None else self.plane.cfg.timeout_s * 2)
         while not self.done():
+            if self.plane.abandoned:
+                raise CellError(f"cell {self.cell}: {self.op!r} abandoned (the run is over)")
             exitcode = self.plane.crashes.get(self.cell)
             if exitcode is not None:
                 raise CellError(f"cell {self.cell} exited with code {exitcode} before answering {self.op!r}")
@@ -90,6 +97,7 @@ class TrainingPlane:
         self._procs: list = []
         self._next = [0] * cfg.cells
         self._stopping = False
+        self.abandoned = False  # set by abandon(): waiting for an answer raises at once
         self._store = None
         self.control: ControlStore | None = None
         self.queues = BatchQueues(self.workdir / "queue")
@@ -111,9 +119,11 @@ class TrainingPlane:
 
         cell_cfg = self._cell_config(self._store.port)
         for cell in range(self.cfg.cells):
-            proc = ctx.Process(target=cell_main, args=(cell_cfg, cell), name=f"gyre-cell{cell}", daemon=True)
-            proc.start()
-            self._procs.append(proc)
+            for rank in range(self.cfg.tp):
+                name = f"gyre-cell{cell}" + (f"-rank{rank}" if rank else "")
+                proc = ctx.Process(target=cell_main, args=(cell_cfg, cell, rank), name=name, daemon=True)
+                proc.start()
+                self._procs.append(proc)
         threading.Thread(target=self._supervise, name="gyre-cell-supervisor", daemon=True).start()
         self._wait_ready()
         return self
@@ -123,7 +133,7 @@ class TrainingPlane:
         return CellConfig(cells=c.cells, store_port=port, queue_root=str(self.queues.root),
                           workdir=str(self.workdir), store_host=HOST, device=c.device, transport=c.transport,
                           model=c.model, optim=c.optim, loss=c.loss, threads=c.threads, timeout_s=c.timeout_s,
-                          record_gradients=c.record_gradients, crash_after=c.crash_after)
+                          record_gradients=c.record_gradients, crash_after=c.crash_after, tp=c.tp, pp=c.pp)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.cfg.start_timeout_s
@@ -137,12 +147,17 @@ class TrainingPlane:
             self.pids[cell] = self.control.get(keys.ready(cell))["pid"]
 
     def _supervise(self) -> None:
-        """Record every cell that exits while not being stopped (exit code in ``crash/{cell}``)."""
+        """Record every cell one of whose ranks exits while not being stopped (exit code in
+        ``crash/{cell}``); the cell's other ranks are killed (they cannot go on without it)."""
         while not self._stopping:
-            for cell, proc in enumerate(self._procs):
+            for index, proc in enumerate(self._procs):
+                cell = index // self.cfg.tp
                 if cell not in self.crashes and proc.exitcode is not None and not self._stopping:
                     self.crashes[cell] = proc.exitcode
                     self._store.set(keys.crash(cell), json.dumps({"exitcode": proc.exitcode, "pid": proc.pid}))
+                    for sibling in self._procs[cell * self.cfg.tp:(cell + 1) * self.cfg.tp]:
+                        if sibling.exitcode is None:
+                            sibling.kill()
             time.sleep(0.01)
 
     def send(self, cell: int, op: str, **args) -> Ticket:
@@ -165,9 +180,18 @@ class TrainingPlane:
         path = self.workdir / f"cell{cell}.log"
         return path.read_text() if path.exists() else ""
 
+    def abandon(self) -> None:
+        """The run is over: every wait for a command's answer (``Ticket.result``) raises ``CellError`` at once.
+
+        A run can end with commands nobody will answer (a step opened for a batch that
+        will never be fed); their waiting threads must not hold the process up. ``close``
+        still stops the cells afterwards."""
+        self.abandoned = True
+
     def close(self) -> None:
         if self._store is None:
             return
+        self.abandoned = False  # the stop commands below are waited for
         tickets = [self.send(c, "stop") for c in range(self.cfg.cells) if c not in self.crashes]
         self._stopping = True
         for ticket in tickets:

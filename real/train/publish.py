@@ -18,7 +18,9 @@ from sglang ``srt/entrypoints/http_server.py`` and ``srt/managers/io_struct.py``
   broadcasts each tensor, in that order, from rank 0 of the update group. The
   caller supplies the broadcast (it owns the trainer-engine process group).
 
-The checkpoint is exported through ``train.bridge`` (mbridge's Qwen2/Qwen3
+A cell of several TP ranks gathers its shards into full tensors first
+(``train.ranks``: mbridge's export all-gathers over the TP group) and writes
+them with ``save_hf_tensors``. The checkpoint is exported through ``train.bridge`` (mbridge's Qwen2/Qwen3
 converter with the local-spec name rules): no Megatron -> Hugging Face mapping
 lives here. ``hf_state_dict`` and ``qwen2_config`` keep their names for
 callers; ``qwen2_config`` is the ``config.json`` of whichever family ``cfg``
@@ -60,7 +62,14 @@ def hf_state_dict(named: list[tuple[str, torch.Tensor]], cfg: ModelConfig) -> di
 
 def save_hf_checkpoint(directory: str | os.PathLike, named: list[tuple[str, torch.Tensor]], cfg: ModelConfig,
                        version: int) -> Path:
-    """Write ``directory/v{version:06d}`` atomically; returns its path."""
+    """Write ``directory/v{version:06d}`` atomically from a TP = 1 model's tensors; returns its path."""
+    return save_hf_tensors(directory, hf_state_dict(named, cfg), cfg, version)
+
+
+def save_hf_tensors(directory: str | os.PathLike, tensors: dict[str, torch.Tensor], cfg: ModelConfig,
+                    version: int) -> Path:
+    """Write Hugging Face ``tensors`` (already converted, e.g. gathered from TP shards by
+    ``train.bridge.export_hf_model``) as ``directory/v{version:06d}`` atomically; returns its path."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"v{version:06d}"
@@ -68,7 +77,7 @@ def save_hf_checkpoint(directory: str | os.PathLike, named: list[tuple[str, torc
         raise FileExistsError(f"checkpoint of version {version} already exists at {final}")
     tmp = Path(tempfile.mkdtemp(prefix=f".v{version:06d}-", dir=root))
     try:
-        save_hf_folder(tmp, hf_state_dict(named, cfg), cfg, metadata={"gyre_version": str(version)})
+        save_hf_folder(tmp, tensors, cfg, metadata={"gyre_version": str(version)})
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

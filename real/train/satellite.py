@@ -17,6 +17,10 @@ training state until it is released, barred or interrupted:
    behind a gap); then receive the broadcast after a non-final step, or return
    "released" after the burst's final step.
 
+A cell of several TP ranks runs this on its leader; each rank pulls its own
+shard (``snapshot/{v}/{rank}``), accumulates, reduces over its shard's prefix
+group and receives its shard's broadcast (``train.ranks``).
+
 A failure inside a step is posted as ``fail/{v}/{c}`` before it propagates, so
 the core finishes the step without this cell instead of waiting for it.
 """
@@ -26,11 +30,8 @@ from __future__ import annotations
 import os
 import time
 
-import torch.distributed as dist
-
 from gyre.real.train.context import FAULT_EXIT_CODE, CellContext
 from gyre.real.train.membership import BARRED, CLOSED, JOINED, MEMBER, take_seat
-from gyre.real.train.transport import Snapshot
 from gyre.real.train import keys
 
 
@@ -65,8 +66,7 @@ class SatelliteCell:
                 continue
             info = ctx.control.get(keys.window_info(v))
             try:
-                join = self._pull(v, Snapshot.from_dict(info["snapshot"]), seat_at) \
-                    if seat == JOINED or not fresh else None
+                join = self._pull(v, seat_at) if seat == JOINED or not fresh else None
                 report = self._accumulate(v, info["batch"], join)
             except Exception as exc:
                 ctx.control.set(keys.failed(v, ctx.cell), {"error": f"{type(exc).__name__}: {exc}"})
@@ -90,15 +90,15 @@ class SatelliteCell:
                 seated = True  # the core seated us first: finish that step, then serve the command
             time.sleep(self.ctx.cfg.poll_s)
 
-    def _pull(self, version: int, snapshot: Snapshot, seat_at: float) -> dict:
+    def _pull(self, version: int, seat_at: float) -> dict:
+        """Every rank pulls its own shard (``snapshot/{version}/{rank}``); the report holds the leader's."""
         ctx = self.ctx
         if ctx.groups.pair:
             ctx.control.set(keys.pulled(version, ctx.cell), 1)
-        pull_s = ctx.transport.pull(snapshot, ctx.state.flat, group=ctx.groups.pair.get(ctx.cell))
-        join = {"transport": snapshot.transport, "bytes": snapshot.nbytes, "pull_s": pull_s,
-                "join_s": time.time() - seat_at, "ready_at": time.time()}
-        ctx.log.info("cell %d joined step %d: pulled %d bytes via %s in %.4f s", ctx.cell, version,
-                     snapshot.nbytes, snapshot.transport, pull_s)
+        pulled = ctx.ranks.run("pull", version=version)
+        join = {**pulled, "ranks": ctx.cfg.tp, "join_s": time.time() - seat_at, "ready_at": time.time()}
+        ctx.log.info("cell %d joined step %d: pulled %d bytes per shard via %s in %.4f s", ctx.cell, version,
+                     pulled["bytes"], pulled["transport"], pulled["pull_s"])
         return join
 
     def _accumulate(self, version: int, batch: int, join: dict | None) -> dict:
@@ -116,11 +116,12 @@ class SatelliteCell:
             if crash_point is not None and len(results) + 1 == crash_point:
                 ctx.log.error("cell %d: injected fault after claiming %s; exiting", ctx.cell, step.name)
                 os._exit(FAULT_EXIT_CODE)
-            results.append(ctx.state.accumulate(step))
+            results.append(ctx.ranks.run("accumulate", step=step))
             deadline = time.monotonic() + ctx.cfg.timeout_s
         return {"names": [r.name for r in results], "loss": sum(r.loss for r in results),
                 "nll_sum": sum(r.nll * r.targets for r in results), "targets": sum(r.targets for r in results),
-                "batch_executions": sorted({r.batch_executions for r in results}), "join": join}
+                "batch_executions": sorted({r.batch_executions for r in results}), "join": join,
+                "compute_s": sum(r.seconds for r in results)}
 
     def _finish(self, version: int) -> tuple[str, bool]:
         """Reduce or discard per the core's decision, then follow ``after``; returns (after, fresh)."""
@@ -129,10 +130,10 @@ class SatelliteCell:
         prefix = decision["prefix"]
         took_part = ctx.cell <= prefix and ctx.cell not in decision["discard"]
         if took_part:
-            ctx.state.reduce_to_core(ctx.groups.for_prefix(prefix))
-        ctx.state.discard()
+            ctx.ranks.run("reduce", prefix=prefix)
+        ctx.ranks.run("discard")
         after = ctx.control.wait(keys.after(version), timeout, f"the end of step {version}")
         if after == "broadcast" and took_part:
-            dist.broadcast(ctx.state.flat.data, src=0, group=ctx.groups.for_prefix(prefix))
+            ctx.ranks.run("broadcast", prefix=prefix)
             return after, True
         return after, False

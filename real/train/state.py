@@ -15,9 +15,11 @@ update, for every split (except in the vanishingly rare case that a sum lands
 on a float32 rounding boundary). Float32 accumulation would differ in the last
 float32 bits and the weights would drift apart after the first update.
 
-Only the core (cell 0) has an optimizer. ``apply_update`` rounds the reduced
-sum to the parameter dtype, clips its global norm, and takes one torch
-optimizer step. The loss already divides by the batch's B*N raw executions
+Only the core (cell 0) has an optimizer (one per rank: each TP rank updates its
+shard; Adam is elementwise). ``apply_update`` rounds the reduced sum to the
+parameter dtype, clips its global norm (over the whole model: with TP > 1 the
+shards' squared norms are summed over the TP group, replicated parameters
+counted once), and takes one torch optimizer step. The loss already divides by the batch's B*N raw executions
 (SPEC.md 4.5, ``gyre.real.train.loss``), so the reduced sum is the batch gradient;
 the core checks that every micro-step of the batch carried the same B*N.
 
@@ -28,6 +30,7 @@ entering brings them back. Processes and communication groups are untouched.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +58,7 @@ class MicroStepResult:
     targets: int
     batch_executions: int
     clip_fraction: float
+    seconds: float = 0.0  # forward + backward + accumulation, measured by the cell (gyre calibrate)
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,13 @@ class UpdateStats:
 
 
 class TrainingState:
-    def __init__(self, model, flat: FlatParameters, optim: OptimConfig, loss: LossConfig, *, owns_optimizer: bool):
+    def __init__(self, model, flat: FlatParameters, optim: OptimConfig, loss: LossConfig, *, owns_optimizer: bool,
+                 tp_group=None):
         self.model = model
+        self.tp_group = tp_group if tp_group is not None and dist.get_world_size(tp_group) > 1 else None
+        # Elements this rank counts in the global gradient norm: its shards, and replicated
+        # parameters on TP rank 0 only (every TP rank holds the same replicated gradient).
+        self._norm_spans = _norm_spans(flat, self.tp_group) if self.tp_group is not None else None
         self.flat = flat
         self.optim_cfg = optim
         self.loss_cfg = loss
@@ -84,22 +93,24 @@ class TrainingState:
     def accumulate(self, step: MicroStep) -> MicroStepResult:
         """Add one micro-step's gradient to ``acc``; the weights are not touched."""
         self._require_resident()
+        started = time.perf_counter()
         batch = microstep_tensors(step, self.flat.data.device)
         self.flat.grad.zero_()
         loss, stats, nll = microstep_loss(self.model, batch, self.loss_cfg)
         loss.backward()
         self.acc.add_(self.flat.grad)
         return MicroStepResult(step.name, float(loss.detach()), nll, int(batch.target_mask.sum()),
-                               step.batch_executions, stats.clip_fraction)
+                               step.batch_executions, stats.clip_fraction, time.perf_counter() - started)
 
     def discard(self) -> None:
         if self.acc is not None:
             self.acc.zero_()
 
-    def reduce_to_core(self, group) -> None:
-        """Sum ``acc`` over ``group`` into the core's ``acc`` (no-op for the core alone)."""
+    def reduce_to_core(self, group, dst: int = 0) -> None:
+        """Sum ``acc`` over ``group`` into global rank ``dst``'s ``acc`` (the core's rank of this shard;
+        no-op for the core alone)."""
         if group is not None:
-            dist.reduce(self.acc, dst=0, op=dist.ReduceOp.SUM, group=group)
+            dist.reduce(self.acc, dst=dst, op=dist.ReduceOp.SUM, group=group)
 
     # -- the core's update ------------------------------------------------------------------------
     def apply_update(self) -> UpdateStats:
@@ -107,10 +118,26 @@ class TrainingState:
             raise RuntimeError("only the core cell owns an optimizer")
         self._require_resident()
         self.flat.grad.copy_(self.acc)  # round the float64 sum to the parameter dtype
-        norm = torch.nn.utils.clip_grad_norm_(self.flat.params, self.optim_cfg.max_grad_norm)
+        if self.tp_group is None:
+            norm = torch.nn.utils.clip_grad_norm_(self.flat.params, self.optim_cfg.max_grad_norm)
+        else:
+            norm = self._clip_sharded()
         self.optimizer.step()
         self.acc.zero_()
         return UpdateStats(float(norm), bool(norm > self.optim_cfg.max_grad_norm))
+
+    def _clip_sharded(self) -> torch.Tensor:
+        """``clip_grad_norm_`` over the whole model when this rank holds one TP shard of it: the squared
+        norms of the shards (replicated parameters once) are summed over the TP group, in float64."""
+        grad = self.flat.grad
+        local = sum((grad[a:b].double().square().sum() for a, b in self._norm_spans),
+                    torch.zeros((), dtype=torch.float64, device=grad.device))
+        dist.all_reduce(local, group=self.tp_group)
+        norm = local.sqrt()
+        coef = self.optim_cfg.max_grad_norm / (float(norm) + 1e-6)
+        if coef < 1.0:
+            grad.mul_(coef)
+        return norm
 
     def load_weights(self, weights: torch.Tensor, *, reset_optimizer: bool = True) -> None:
         self.flat.data.copy_(weights.to(self.flat.data.device, self.flat.dtype))
@@ -160,6 +187,13 @@ class TrainingState:
     def _require_resident(self) -> None:
         if not self.resident:
             raise RuntimeError("training state is offloaded: restore() it before training")
+
+
+def _norm_spans(flat: FlatParameters, tp_group) -> list[tuple[int, int]]:
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    return [(a, b) for p, a, b in zip(flat.params, flat.offsets, flat.offsets[1:])
+            if param_is_not_tensor_parallel_duplicate(p, tp_group)]
 
 
 def _to_device(obj, device: torch.device):

@@ -12,7 +12,8 @@ pull of version v reads the same bytes.
   (``transfer_sync_read``). The core does nothing per join and keeps training.
   Protocol ``tcp`` on CPU, ``rdma`` where an RDMA device exists.
 - ``TorchTransport`` (fallback, chosen by config): ``torch.distributed.broadcast``
-  from the core over the pair group {0, c} built up front. The core must take
+  from the core over the pair group {0, c} built up front (per shard r of a
+  TP cell: {r, c * tp + r}, the core's rank first). The core must take
   part, so it serves pending pulls between micro-steps (``train.cell``).
 
 A pull checks the descriptor's layout digest and byte count against its own
@@ -120,11 +121,12 @@ class TorchTransport:
         if group is None:
             raise TransportError("torch transport needs the pair group {0, c} to pull")
         start = time.perf_counter()
-        dist.broadcast(flat.data, src=0, group=group)
+        dist.broadcast(flat.data, src=dist.get_global_rank(group, 0), group=group)
         return time.perf_counter() - start
 
     def serve(self, flat: FlatParameters, group) -> None:
-        dist.broadcast(flat.data, src=0, group=group)
+        """Send ``flat`` over the pair group; its rank 0 is the core's rank of this shard."""
+        dist.broadcast(flat.data, src=dist.get_global_rank(group, 0), group=group)
 
 
 def make_transport(name: str, host: str, protocol: str):
