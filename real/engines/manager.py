@@ -24,10 +24,21 @@ and ``srt/managers/io_struct.py``:
 * the weight version is ``weight_version`` of ``GET /model_info`` (0.5.23 has
   no ``/get_weight_version`` route).
 
+An engine that dies on its own (crash, OOM kill, signal) is found by
+``exited()`` and brought back by ``restart``: what is left of its process
+group is killed, the same spec is launched again (same port, so the proxy's
+engine entry stays valid), and once healthy it loads the weights it should
+serve (the newest published checkpoint). While it is down the proxy moves
+its calls to a live engine (``proxy.generation``: an engine failure reroutes
+the execution).
+
 Invariants: every error names the engine; a call to an engine whose process
 has exited raises ``EngineError`` with its exit code and log tail instead of a
 bare connection error; ``shutdown`` kills the whole process group (SIGTERM,
-then SIGKILL) and is idempotent; no address other than 127.0.0.1 is used.
+then SIGKILL) and is idempotent; ``exited`` lists exactly the engines whose
+process ended without ``shutdown``; ``restart`` refuses an engine that is
+still running or was shut down, and keeps the dead process's log beside the
+new one (``ID.log.N``); no address other than 127.0.0.1 is used.
 """
 
 from __future__ import annotations
@@ -93,6 +104,7 @@ class Engine:
     process: subprocess.Popen
     log_path: Path
     stopped: bool = field(default=False)
+    restarts: int = 0
 
     @property
     def engine_id(self) -> str:
@@ -187,6 +199,36 @@ class EngineManager:
                 break
             except subprocess.TimeoutExpired:
                 continue
+
+    def exited(self) -> dict[str, int]:
+        """Engines whose process ended without ``shutdown``: id -> exit code (negative: the signal)."""
+        return {name: code for name, engine in self.engines.items()
+                if not engine.stopped and (code := engine.process.poll()) is not None}
+
+    def restart(self, engine: Engine | str, *, timeout: float = 180.0,
+                weights: tuple[str | os.PathLike, str] | None = None) -> Engine:
+        """Relaunch a dead engine with its spec, wait until healthy, then load ``weights`` = (path, version)."""
+        old = self._get(engine)
+        if old.stopped:
+            raise EngineError(f"engine {old.engine_id!r} was shut down; launch it instead of restarting it")
+        code = old.process.poll()
+        if code is None:
+            raise EngineError(f"engine {old.engine_id!r} is still running (pid {old.process.pid}); "
+                              "only a dead engine is restarted")
+        _reap_group(old.process.pid, signal.SIGKILL)  # its scheduler/detokenizer may outlive the leader
+        kept = old.log_path.with_name(f"{old.log_path.name}.{old.restarts + 1}")
+        old.log_path.replace(kept)
+        old.stopped = True
+        new = self.launch(old.spec)
+        new.restarts = old.restarts + 1
+        try:
+            self.wait_healthy(new, timeout)
+        except EngineError as exc:
+            raise EngineError(f"engine {old.engine_id!r} (exit code {code}, log {kept}) did not come back: "
+                              f"{exc}") from None
+        if weights is not None:
+            self.update_weights_from_disk(new, weights[0], weight_version=weights[1])
+        return new
 
     def shutdown_all(self) -> None:
         for engine in list(self.engines.values()):

@@ -50,6 +50,8 @@ async def close_and_evaluate(buffer: TrajectoryBuffer, evaluator: Evaluator, exe
             binding = result.binding if result is not None else preserved_binding(execution_id, workspace)
             buffer.close_execution(execution_id, clock(), binding)
             closed = True
+            if buffer.evaluation(execution_id).state is not EvalState.PENDING:
+                return buffer.evaluation(execution_id).state  # closed past its deadline: already INVALID
         if result is not None:
             state = buffer.record_evaluation(result, clock())
         else:

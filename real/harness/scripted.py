@@ -12,7 +12,14 @@ shapes that matter to Gyre's trajectory trees:
 - request-level retries with backoff on 429/5xx/connection errors (the
   harness never sees a transient error; retries touch no counter);
 - after every main call it rewrites ``answer.txt`` with the text so far, so
-  an execution killed by its timeout still leaves evaluable work.
+  an execution killed by its timeout still leaves evaluable work;
+- one tool, an exact string replacement: every block
+  ``<<<EDIT path`` / old text / ``===`` / new text / ``>>>`` in a main call's
+  reply replaces the one occurrence of the old text in that workspace file
+  (the tool output, the next user turn, says ``applied`` or why not: a path
+  outside the workspace, a missing file, old text absent or not unique).
+  The model's reply is the only source of edits: this is how the scripted
+  harness repairs code (the repair tasks' CPU tests script the engine's reply).
 
 Exit status: 0 when all calls were made, 3 when the retry budget of one call
 ran out (the runner reports the execution as failed).
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import urllib.error
@@ -34,8 +42,32 @@ SUB_SYSTEM = "You are a sub-agent. Answer the delegated question briefly."
 SUMMARY_REQUEST = "Summarize the conversation so far for a fresh context."
 
 
+EDIT_BLOCK = re.compile(r"<<<EDIT ([^\n]+)\n(.*?)\n===\n(.*?)\n?>>>", re.DOTALL)
+
+
 class RetryBudgetExhausted(RuntimeError):
     pass
+
+
+def apply_edits(text: str, root: Path) -> list[str]:
+    """Apply every edit block of ``text`` under ``root``; one report line per block."""
+    reports = []
+    base = root.resolve()
+    for path, old, new in EDIT_BLOCK.findall(text):
+        target = (root / path.strip()).resolve()
+        if base not in target.parents:
+            reports.append(f"edit {path.strip()}: refused, outside the workspace")
+        elif not target.is_file():
+            reports.append(f"edit {path.strip()}: no such file")
+        else:
+            content = target.read_text()
+            count = content.count(old + "\n") if old else 0
+            if count != 1:
+                reports.append(f"edit {path.strip()}: old text found {count} times, need exactly 1")
+            else:
+                target.write_text(content.replace(old + "\n", new + "\n" if new else "", 1))
+                reports.append(f"edit {path.strip()}: applied")
+    return reports
 
 
 def chat(base_url: str, key: str, messages: list[dict], retries: int, model: str) -> str:
@@ -76,7 +108,10 @@ def run(args: argparse.Namespace, key: str) -> int:
         text = ask(history)
         answer.append(text)
         Path("answer.txt").write_text(" ".join(answer))
-        history += [{"role": "assistant", "content": text}, {"role": "user", "content": f"Tool output {call}: ok"}]
+        reports = apply_edits(text, Path.cwd())
+        output = "; ".join(reports) if reports else "ok"
+        history += [{"role": "assistant", "content": text},
+                    {"role": "user", "content": f"Tool output {call}: {output}"}]
         if args.compact_every and call % args.compact_every == 0 and call < args.calls:
             summary = ask(history + [{"role": "user", "content": SUMMARY_REQUEST}])
             history = fresh + [{"role": "assistant", "content": summary}]

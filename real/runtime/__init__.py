@@ -6,6 +6,8 @@
   module docstring holds the table action -> real effect -> event reported);
 - ``job``: a whole run from one TOML file (``JobConfig``, ``run_job``);
 - ``cli``: ``gyre run --config FILE``;
+- ``metrics``: one record per step, written live to ``metrics.jsonl`` and
+  TensorBoard; ``progress``: the progress bar (or plain lines) ``gyre run`` shows;
 - ``trace``: a real run's executions written as a rollout trace
   (``gyre.formats.trace``) the simulator replays.
 

@@ -10,7 +10,9 @@ an asyncio task whose completion is reported back with
 
 | action                         | real effect                                               | report            |
 |--------------------------------|-----------------------------------------------------------|-------------------|
-| DispatchGroups                 | open the groups in the trajectory buffer (v_d recorded)   |                   |
+| DispatchGroups                 | set up each group's task and open the group in the        | GroupDropped      |
+|                                | trajectory buffer (v_d recorded); a task that cannot be   |                   |
+|                                | set up (``TaskUnavailable``) drops its group              |                   |
 | StartExecutions                | proxy key + route (admin API), HarnessRunner task; at     | ExecutionFinished,|
 |                                | exit: records -> tree, close + evaluate with retries       | GroupReady        |
 |                                | (``harness.evaluation``) within the execution's budget     |                   |
@@ -32,13 +34,25 @@ pool ``engine_names[SEPARATE]``; every plane command is *sent* on the loop
 thread in action order (per-cell command order = action order); an engine
 leaves training only after the newest published checkpoint is loaded into it;
 each group's v_d (DispatchGroups) and v_t (FeedGroups) are kept for the
-staleness measurement; every group is fed to the packer exactly once.
+staleness measurement; every group is fed to the packer exactly once; a
+dropped group's executions start no harness and finish "cancelled" when the
+core cancels them; ``on_step(version)`` (live metrics: ``runtime.metrics``)
+runs once per step, after its report is in ``metrics`` and before ``StepDone``
+is reported. Every time the backend reads comes from its ``clock``
+(default ``time.monotonic``; the differential tests pass a virtual one).
 
-Streaming (SPEC 3.6): the stream packing buffer holds at most one requested,
-unfed group: it reports ``GroupWanted`` when a batch opens and again after
-packing each fed group, until the batch's B groups are packed; the core
-answers with the oldest ready group. With streaming off the core feeds a
-burst's groups itself (SPEC 3.7) and the packer never asks.
+Streaming (SPEC 3.6): the stream packing buffer pulls one group at a time
+when it runs short, by the simulator's rule (``sim.training``): with no ask
+outstanding, while the open batch has fewer than B groups fed and its queued
+(emitted, unclaimed) micro-steps are fewer than the cells in the training
+role, it reports one ``GroupWanted``. The rule is evaluated when a
+batch opens, after each fed group is packed, when a cell enters or leaves
+training and whenever the cells claim from the queue (``_queue_changes``, the
+one polling point, which test doubles answer at the claim's own time). So
+ready groups can wait unclaimed while the cells are busy, as the supply rule
+(SPEC 3.3) expects, and satellites join as the simulator predicts. With
+streaming off the core feeds a burst's groups itself (SPEC 3.7) and the packer
+never asks.
 """
 
 from __future__ import annotations
@@ -64,6 +78,10 @@ from gyre.trajectory.groups import ReadyGroup, TrajectoryBuffer
 from gyre.trajectory.packing import StreamPacker
 from gyre.trajectory.harness_roles import GenericRoles
 from gyre.real.store.tito_log import ExecutionStore
+
+
+class TaskUnavailable(RuntimeError):
+    """A task source cannot set up a group's task (raised by ``task(query_id)``): the group is dropped."""
 
 
 class PickingBuffer(TrajectoryBuffer):
@@ -121,8 +139,9 @@ class Metrics:
 
 class RealBackend(ActionHandler):
     def __init__(self, cfg, parts: Parts, *, seed: int, token_budget: int,
-                 progress: Callable[[str], None] | None = None, steps: int | None = None) -> None:
-        self.cfg, self.parts = cfg, parts
+                 progress: Callable[[str], None] | None = None, steps: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg, self.parts, self.clock = cfg, parts, clock
         self.progress, self._of = progress or (lambda line: None), "" if steps is None else f"/{steps}"
         self.buffer = PickingBuffer(cfg.N)
         self.packer = StreamPacker(self.buffer, GenericRoles(), groups_per_batch=cfg.B,
@@ -138,7 +157,17 @@ class RealBackend(ActionHandler):
         self._ready_reported: set[int] = set()
         self._step_sent: dict[int, float] = {}
         self._packed = 0  # groups packed into the open batch
+        # the stream packing buffer's asking rule (SPEC 3.6, the simulator's sim.training rule):
+        self._open: int | None = None                                 # version of the open batch
+        self._wanted = 0                                              # asked for, not fed yet
+        self._members: set[int] = set(range(cfg.static_train_cells))  # cells in the training role
+        self._tasks: dict[int, Any] = {}  # group -> its task, set up once at dispatch
+        self.dropped: set[int] = set()    # groups whose task could not be set up (GroupDropped)
+        self._unstarted_futures: dict[int, asyncio.Future] = {}
         self.errors: list[str] = []
+        self.errors_after_stop: list[str] = []  # waits abandoned when the run ended (not failures of the run)
+        self._stopped = False
+        self.on_step: Callable[[int], None] = lambda version: None  # live metrics (runtime.metrics)
 
     def bind(self, controller) -> "RealBackend":
         self.controller = controller
@@ -153,7 +182,7 @@ class RealBackend(ActionHandler):
     def _done(self, task: asyncio.Task) -> None:
         self.tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            self.errors.append(repr(task.exception()))
+            (self.errors_after_stop if self._stopped else self.errors).append(repr(task.exception()))
 
     def _report(self, kind, **fields) -> None:
         self.controller.report(kind, **fields)
@@ -169,10 +198,17 @@ class RealBackend(ActionHandler):
     # ---- executions -----------------------------------------------------------------
     def on_dispatch_groups(self, a: act.DispatchGroups) -> None:
         for g in a.groups:
-            ids = [execution_id(x) for x in range(g * self.cfg.group_size, (g + 1) * self.cfg.group_size)]
-            deadline = time.monotonic() + self.parts.runner.budgets.overall_timeout_s  # each execution's budget
-            self.buffer.open_group(group_id(g), a.version, ids, deadline=deadline)
             self.metrics.v_d[g] = a.version
+            try:
+                self._tasks[g] = self.parts.task.task(query_id(g))
+            except TaskUnavailable as exc:  # the group can never complete: the core replaces it
+                self.dropped.add(g)
+                self.progress(f"group {group_id(g)} dropped: {exc}")
+                self._report(ev.GroupDropped, group=g)
+                continue
+            ids = [execution_id(x) for x in range(g * self.cfg.group_size, (g + 1) * self.cfg.group_size)]
+            deadline = self.clock() + self.parts.runner.budgets.overall_timeout_s  # each execution's budget
+            self.buffer.open_group(group_id(g), a.version, ids, deadline=deadline)
 
     def on_start_executions(self, a: act.StartExecutions) -> None:
         for x, engine in a.placements:
@@ -182,7 +218,13 @@ class RealBackend(ActionHandler):
 
     async def _execute(self, x: int, key: str) -> None:
         g = x // self.cfg.group_size
-        result = await self.parts.runner.run(x, self.parts.task.task(query_id(g)), key)
+        if g in self.dropped:  # nothing to run: wait for the core's CancelExecutions
+            await self._unstarted(x)
+            self.running.pop(x, None)
+            self.metrics.outcomes[x] = "cancelled"
+            self._report(ev.ExecutionFinished, execution=x, outcome="cancelled")
+            return
+        result = await self.parts.runner.run(x, self._tasks[g], key)
         self.running.pop(x, None)
         eid, outcome = execution_id(x), result.outcome
         calls = await asyncio.to_thread(self.store.read, eid) if self.store.path_for(eid).exists() else []
@@ -191,7 +233,7 @@ class RealBackend(ActionHandler):
         if group_id(g) in self.buffer._groups and g not in self._ready_reported:
             for call in calls:
                 self.buffer.add(call)
-            state = await close_and_evaluate(self.buffer, self.parts.task, eid, result.workspace, time.monotonic)
+            state = await close_and_evaluate(self.buffer, self.parts.task, eid, result.workspace, self.clock)
             if state is EvalState.INVALID:  # SPEC 4.3: excluded, and its group still becomes ready
                 outcome = "overall_timeout"
                 self.metrics.excluded.append(x)
@@ -207,17 +249,25 @@ class RealBackend(ActionHandler):
 
     def on_cancel_executions(self, a: act.CancelExecutions) -> None:
         for x in a.executions:
-            self._spawn(self.parts.runner.cancel(x))
+            if x // self.cfg.group_size in self.dropped:
+                self._unstarted(x).set_result(None)
+            else:
+                self._spawn(self.parts.runner.cancel(x))
+
+    def _unstarted(self, x: int) -> asyncio.Future:
+        """The cancellation of an execution of a dropped group, which never started a harness."""
+        return self._unstarted_futures.setdefault(x, asyncio.get_running_loop().create_future())
 
     def on_reroute(self, a: act.Reroute) -> None:
-        t0 = time.monotonic()
+        t0 = self.clock()
         self.admin("POST", "/admin/routes", {"execution_id": execution_id(a.execution),
                                              "engine": self.parts.engine_names[a.dest]})
         self.metrics.reroutes.append({"execution": a.execution, "source": a.source, "dest": a.dest,
-                                      "admin_s": time.monotonic() - t0})
+                                      "admin_s": self.clock() - t0})
 
     # ---- role transitions -----------------------------------------------------------
     def on_begin_transition(self, a: act.BeginTransition) -> None:
+        self._members.discard(a.cell)
         if a.role == "training":
             self.rollout_ready.discard(a.cell)
             self.metrics.in_flight_at_transition.append(len(self.running))
@@ -227,55 +277,102 @@ class RealBackend(ActionHandler):
             self._spawn(self._to_rollout(a.cell, ticket))
 
     async def _to_training(self, cell: int) -> None:
-        t0, name = time.monotonic(), self.parts.engine_names[cell]
+        t0, name = self.clock(), self.parts.engine_names[cell]
         self.admin("POST", f"/admin/engines/{name}/drain", {"evacuate": False})
         while any(e["id"] == name and e["in_flight"] for e in self.admin("GET", "/admin/engines")["engines"]):
             await asyncio.sleep(0.05)
-        t_idle = time.monotonic()
+        t_idle = self.clock()
         await asyncio.to_thread(self.parts.engines.quiesce, name)  # idle by construction: release cannot race
         await asyncio.to_thread(self.parts.engines.release_memory, name)
         ticket = self.parts.plane.send(cell, "enter_training")
         await asyncio.to_thread(ticket.result)
         self.metrics.transitions.append({"cell": cell, "role": "training", "wait_idle_s": t_idle - t0,
-                                         "total_s": time.monotonic() - t0})
+                                         "total_s": self.clock() - t0})
+        self._members.add(cell)
         self._report(ev.TransitionDone, cell=cell, role="training")
+        self._ask_for_groups()
 
     async def _to_rollout(self, cell: int, ticket) -> None:
-        t0, name = time.monotonic(), self.parts.engine_names[cell]
+        t0, name = self.clock(), self.parts.engine_names[cell]
         await asyncio.to_thread(ticket.result)
         await asyncio.to_thread(self.parts.engines.resume_memory, name)
+        t_wait = self.clock()
         if self._publishing is not None:
             await asyncio.shield(self._publishing)
+        publish_wait_s = self.clock() - t_wait  # the simulator models this wait itself, not as transition cost
         if self.latest is not None:
             version, path = self.latest
             await asyncio.to_thread(self.parts.engines.update_weights_from_disk, name, path,
                                     weight_version=str(version))
         self.admin("POST", f"/admin/engines/{name}/undrain")
         self.rollout_ready.add(cell)
-        self.metrics.transitions.append({"cell": cell, "role": "rollout", "total_s": time.monotonic() - t0})
+        self.metrics.transitions.append({"cell": cell, "role": "rollout", "total_s": self.clock() - t0,
+                                         "publish_wait_s": publish_wait_s})
         self._report(ev.TransitionDone, cell=cell, role="rollout")
 
     # ---- training ---------------------------------------------------------------------
     def on_start_batch(self, a: act.StartBatch) -> None:
         ticket = self.parts.plane.send(0, "step", version=a.version, final=a.final)
-        self._step_sent[a.version] = time.monotonic()
+        self._step_sent[a.version] = self.clock()
         self._spawn(self._await_step(a.version, ticket))
-        self._packed = 0
-        self._want_next_group()
+        self._packed, self._wanted, self._open = 0, 0, a.version
+        if self.cfg.streaming:
+            self._ask_for_groups()
+            self._spawn(self._watch_queue(a.version))
 
-    def _want_next_group(self) -> None:
-        if self.cfg.streaming and self._packed < self.cfg.B:
+    # ---- streaming: ask for the next group when the micro-step queue runs short -------
+    def _queued(self, version: int) -> int:
+        """Micro-steps of batch ``version`` emitted and not claimed yet."""
+        return self.parts.plane.queues.queue(version).ready_count()
+
+    def _ask_for_groups(self) -> None:
+        """SPEC 3.6, exactly the simulator's rule: one group at a time, when the queue runs short.
+
+        Ask when no ask is outstanding, the batch still needs groups, and fewer micro-steps
+        are queued than cells are training."""
+        version = self._open
+        if not self.cfg.streaming or version is None:
+            return
+        if (self._wanted == 0 and self._packed < self.cfg.B
+                and self._queued(version) < max(1, len(self._members))):
+            self._wanted = 1
             self._report(ev.GroupWanted)
+
+    async def _queue_changes(self, version: int, depth: int) -> int:
+        """Wait until batch ``version``'s queue depth differs from ``depth`` (cells claim); the new depth.
+
+        The real cells claim from a shared directory, so this polls it; a test double at the
+        outer edge answers at the claim's own time instead."""
+        while self._open == version:
+            now = self._queued(version)
+            if now != depth:
+                return now
+            await asyncio.sleep(self.QUEUE_POLL_S)
+        return depth
+
+    QUEUE_POLL_S = 0.02
+
+    async def _watch_queue(self, version: int) -> None:
+        depth = self._queued(version)
+        while self._open == version and self._packed < self.cfg.B:
+            depth = await self._queue_changes(version, depth)
+            self._ask_for_groups()
 
     async def _await_step(self, version: int, ticket) -> None:
         report = await asyncio.to_thread(ticket.result, 3600.0)
         self.metrics.steps[version] = {"loss": report["loss"], "participants": report["participants"],
                                        "microsteps": report["microsteps"],
-                                       "wall_s": time.monotonic() - self._step_sent[version]}
+                                       "microsteps_by_cell": report.get("by_cell", {}),
+                                       "compute_s_by_cell": report.get("compute_s", {}),
+                                       "update_s": report.get("update_s"), "joins": report.get("joins", {}),
+                                       "wall_s": self.clock() - self._step_sent[version]}
         rewards = self.metrics.rewards.get(version, [])
         reward = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
         self.progress(f"step {version + 1}{self._of}: loss {report['loss']:.4f}, mean reward {reward}, "
                       f"cells {report['participants']}, {self.metrics.steps[version]['wall_s']:.2f} s")
+        if self._open == version:
+            self._open = None
+        self.on_step(version)  # the step's metrics are on disk before the core hears of it
         self._report(ev.StepDone, version=version)
 
     def on_feed_groups(self, a: act.FeedGroups) -> None:
@@ -290,7 +387,8 @@ class RealBackend(ActionHandler):
             self.metrics.rewards.setdefault(a.version, []).extend(e.reward for e in popped.executions
                                                                   if e.reward is not None)
         self._packed += len(a.groups)
-        self._want_next_group()
+        self._wanted = max(0, self._wanted - len(a.groups))
+        self._ask_for_groups()
 
     def on_broadcast(self, a: act.Broadcast) -> None:
         """The core cell broadcasts to its seated satellites at the end of every non-final step."""
@@ -302,18 +400,22 @@ class RealBackend(ActionHandler):
         self._publishing = self._spawn(self._await_publish(a.version, ticket, len(endpoints)))
 
     async def _await_publish(self, version: int, ticket, n: int) -> None:
-        t0 = time.monotonic()
+        t0 = self.clock()
         answer = await asyncio.to_thread(ticket.result, 600.0)
         self.latest = (version, answer["path"])
-        self.metrics.publishes.append({"version": version, "engines": n, "wall_s": time.monotonic() - t0})
+        self.metrics.publishes.append({"version": version, "engines": n, "wall_s": self.clock() - t0})
         self.admin("POST", "/admin/policy_version", {"version": version})
         self._report(ev.PublishDone, version=version)
 
     # ---- shutdown -----------------------------------------------------------------------
     async def stop(self) -> None:
         """Cancel harnesses still running (the run is over) and wait for every task."""
+        self._stopped = True
         for x in list(self.running):
             await self.parts.runner.cancel(x)
+        # Commands the finished run will never see answered (e.g. a step opened for the next
+        # burst's batch) must not hold the process up: their waits end now (errors_after_stop).
+        self.parts.plane.abandon()
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=120)
         await self.parts.runner.close()

@@ -2,7 +2,10 @@
 
 The TOML file holds a ``[job]`` table of ``runtime.job.JobConfig`` fields;
 ``--set name=value`` overrides one field (parsed as TOML, e.g. ``steps=20``).
-Progress (start-up phases, one line per trained step) goes to stderr; the
+Progress (start-up phases, one line per trained step, and a bar with the
+current step, burst and cell roles on a terminal, else one ``progress:`` line
+per step: ``runtime.progress``) goes to stderr; each step's metrics are
+written live to ``WORKDIR/metrics.jsonl`` and ``WORKDIR/tb/``; the
 run's summary (staleness, reward curve, replay check) is printed to stdout as
 JSON; the whole summary is in ``WORKDIR/summary.json``. Exits 0 only when the
 run finished and the replay differential check held; 2, with the reason and
@@ -38,7 +41,13 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         print(f"gyre run: error: {exc}", file=sys.stderr)
         return 2
-    summary = run_job(job, progress=lambda line: print(f"[gyre run] {line}", file=sys.stderr, flush=True))
+    from gyre.real.runtime.progress import RunDisplay
+
+    display = RunDisplay(job.steps, sys.stderr)  # a bar on a terminal, plain lines otherwise
+    try:
+        summary = run_job(job, progress=display.line, watch=display.record)
+    finally:
+        display.close()
     keys = ("steps", "published", "replay_identical", "staleness_mean", "staleness_predicted", "reward_curve",
             "step_wall_s", "outcomes", "trace", "log", "timings")
     print(json.dumps({k: summary[k] for k in keys}, indent=2, default=str))

@@ -4,7 +4,11 @@
 of ``gyre.presets`` (Gyre, Async, Colocate or any ablation) scaled to the
 job's cluster (``nodes`` single-node cells of ``C_e`` concurrent executions,
 groups of ``N``, batches of ``B``), per-field overrides of that schedule (the
-``[job.schedule]`` table), the toy task, the harness shape and the run length.
+``[job.schedule]`` table), the task source (the toy task, or a JSONL task set
+with its ``"module:Class"`` evaluator: ``harness.taskset``), the harness (a
+built-in name or ``"module:Class"``: ``harness.plugins``), the device (a CUDA
+job places cells and engines by its ``[job.layout]``: ``runtime.layout``) and
+the run length; all of it is checked when the configuration loads.
 A preset that keeps a separate rollout pool (``C_s > 0``) gets one extra
 SGLang engine for it; cells that train for the whole run (a static split)
 get no engine and enter training before the first event. ``run_job`` builds, in order: the tiny tokenizer (trained
@@ -13,7 +17,8 @@ initial Qwen2 checkpoint *exported from the plane's version-0 weights* (so the
 engines' behaviour policy and the trainer start identical), one SGLang CPU
 engine per cell, the proxy (in-process thread, 127.0.0.1), the harness runner
 and the ``RealBackend``; then runs the ``Controller`` for ``steps`` steps and
-writes, under ``workdir``: ``log/`` (events.csv + summary.json, replayable by
+writes, under ``workdir``: ``metrics.jsonl`` and ``tb/`` (one record per step, during the
+run: ``runtime.metrics``), ``log/`` (events.csv + summary.json, replayable by
 ``gyre.formats.eventlog.replay_run``), ``trace.csv`` (complete groups, simulator
 format, with ``trace.json`` naming the preset, cluster and schedule it ran
 under), ``summary.json`` and ``run.png``/``run.svg`` (reward and staleness per
@@ -45,9 +50,13 @@ from gyre.formats.trace_meta import TraceMeta, write_trace_meta
 from gyre.presets import ClusterShape, build_preset
 from gyre.real.runtime.backend import Parts, RealBackend
 from gyre.real.runtime.controller import Controller
+from gyre.real.runtime.metrics import LiveMetrics
 from gyre.real.engines.manager import EngineManager, EngineSpec, free_port
-from gyre.real.harness.runner import Budgets, HarnessRunner, ScriptedHarness
+from gyre.real.harness.plugins import resolve_harness
+from gyre.real.harness.runner import Budgets, HarnessRunner
 from gyre.real.harness.sandbox import ISOLATE_MODES
+from gyre.real.harness.taskset import TaskSet, load_taskset
+from gyre.real.runtime.layout import layout_from_table
 from gyre.real.toy.tasks import EmitCharTask
 from gyre.real.toy.tiny_model import build_tiny_tokenizer
 
@@ -77,6 +86,12 @@ class JobConfig:
     overall_timeout_s: float = 900.0   # harness + evaluation retries; past it the execution is excluded
     isolate: str = "auto"  # each harness in its own loopback-only network namespace: auto | always | never
     model: dict[str, Any] = dataclasses.field(default_factory=dict)  # the [model] table: checkpoint, dtype
+    harness: str = "scripted"  # scripted | mini-swe-agent | claude-code | codex | "module:Class"
+    harness_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # the adapter's keyword arguments
+    tasks: str = ""            # a task set (JSONL, harness.taskset); empty: the toy task on `target`
+    evaluator: str = ""        # "module:Class" scoring the task set (with `tasks`)
+    device: str = "cpu"        # cpu | cuda (cuda needs the [job.layout] table)
+    layout: dict[str, Any] = dataclasses.field(default_factory=dict)  # runtime.layout.GpuLayout fields
 
     def __post_init__(self) -> None:
         if self.isolate not in ISOLATE_MODES:
@@ -93,6 +108,39 @@ class JobConfig:
         Budgets(harness_timeout_s=self.harness_timeout_s, overall_timeout_s=self.overall_timeout_s)
         if self.model:
             self.model_config()  # a checkpoint the bridge cannot load fails here, before anything starts
+        self.harness_adapter()  # an unknown harness or unimportable class fails here
+        if bool(self.tasks) != bool(self.evaluator):
+            raise ValueError("job fields tasks and evaluator go together: a task set needs its evaluator "
+                             f"(\"module:Class\"), got tasks={self.tasks!r}, evaluator={self.evaluator!r}")
+        self.task_source()  # every line of the task set and every evaluator's arguments are checked here
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"job field device must be cpu or cuda, not {self.device!r}")
+        if self.device == "cuda":
+            self.gpu_layout()
+        elif self.layout:
+            raise ValueError("job field layout applies to device = \"cuda\" only")
+
+    def harness_adapter(self):
+        """The harness adapter the job names (the scripted one makes ``calls`` calls unless its options say)."""
+        options = dict(self.harness_options) if isinstance(self.harness_options, dict) else self.harness_options
+        if self.harness == "scripted" and isinstance(options, dict):
+            options = {"calls": self.calls, "compact_every": 0, "subagent_at": (), **options}
+        return resolve_harness(self.harness, options)
+
+    def task_source(self):
+        """The backend's task source: a ``TaskSet`` (``tasks`` + ``evaluator``) or the toy ``EmitCharTask``."""
+        if not self.tasks:
+            return EmitCharTask(self.target)
+        return load_taskset(self.tasks, self.evaluator, seed=self.seed)
+
+    def gpu_layout(self):
+        """The checked ``GpuLayout`` of a CUDA job (``runtime.layout``)."""
+        if self.model.get("checkpoint") is None:
+            raise ValueError("device = \"cuda\" needs a [model] checkpoint (a Hugging Face Qwen folder)")
+        if self.scheduler().C_s > 0:
+            raise ValueError(f"preset {self.preset!r} keeps a separate rollout pool, which [job.layout] "
+                             f"gives no GPUs; choose a preset without one on device = \"cuda\"")
+        return layout_from_table(self.layout, self.nodes)
 
     def model_config(self):
         """The cells' ``ModelConfig`` from the [model] checkpoint (None: the tiny toy model)."""
@@ -102,6 +150,9 @@ class JobConfig:
         if unknown or not isinstance(self.model.get("checkpoint"), str):
             raise ValueError(f"[model] needs checkpoint = \"FOLDER\" (and optionally dtype); unknown: {unknown}")
         folder = Path(self.model["checkpoint"])
+        if not folder.exists():
+            raise ValueError(f"[model] checkpoint {folder}: no config.json, the folder does not exist: set it to "
+                             f"a Hugging Face checkpoint folder on this machine (nothing is downloaded)")
         if not (folder / "config.json").is_file():
             raise ValueError(f"[model] checkpoint {folder}: no config.json (a Hugging Face checkpoint folder)")
         if self.model.get("dtype", "float32") not in ("float32", "bfloat16"):
@@ -184,8 +235,10 @@ def _initial_model(plane, tokenizer_dir: Path, work: Path) -> Path:
     return model
 
 
-def run_job(job: JobConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run ``job`` to its last step; ``progress`` gets one line per phase and per trained step."""
+def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
+            watch: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Run ``job`` to its last step; ``progress`` gets one line per phase and per trained step,
+    ``watch`` each step's metrics record (``runtime.metrics``) as it is written."""
     from transformers import AutoTokenizer
 
     from gyre.real.proxy.config import EngineSpec as ProxyEngine
@@ -196,6 +249,9 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None) -> di
     from gyre.real.train.state import OptimConfig
     from gyre.formats.eventlog import replay_run
 
+    layout = job.gpu_layout() if job.device == "cuda" else None
+    if layout is not None and layout.runnable_problem():  # refuse what this build cannot place, touching nothing
+        raise ValueError(f"job layout: {layout.runnable_problem()}")
     work = Path(job.workdir)
     if work.exists():
         shutil.rmtree(work)
@@ -213,8 +269,14 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None) -> di
         vocab = len(AutoTokenizer.from_pretrained(str(tok_dir)))
         model_cfg = ModelConfig(vocab_size=vocab, max_sequence_length=4096, init_seed=1234 + job.seed)
     cfg = job.scheduler()
-    plane = TrainingPlane(PlaneConfig(cells=cfg.K, model=model_cfg, optim=OptimConfig(lr=job.lr), timeout_s=300.0),
-                          work / "plane")
+    for line in layout.describe(cfg.K) if layout is not None else ():
+        say(line)
+    tasks, adapter = job.task_source(), job.harness_adapter()
+    if isinstance(tasks, TaskSet):  # each execution's process builds its task's workspace first
+        adapter = tasks.harness(adapter)
+        say(f"task set {job.tasks}: {len(tasks.specs)} tasks, evaluator {job.evaluator}, harness {adapter.name}")
+    plane = TrainingPlane(PlaneConfig(cells=cfg.K, model=model_cfg, optim=OptimConfig(lr=job.lr), timeout_s=300.0,
+                                      device=job.device), work / "plane")
     engines = EngineManager(work / "engine-logs")
     proxy = runner = None
     try:
@@ -228,9 +290,9 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None) -> di
             names[SEPARATE] = "sep"
         for cell in range(cfg.static_train_cells):
             plane.send(cell, "enter_training").result()
-        for name in names.values():
-            engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=free_port(),
-                                      extra_args=SMALL_ENGINE))
+        for cell, name in names.items():
+            engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=free_port(), cpu=layout is None,
+                                      extra_args=SMALL_ENGINE if layout is None else layout.engine_args(cell)))
         say(f"starting {len(names)} SGLang CPU engines ({', '.join(names.values())})")
         for name in names.values():
             engines.wait_healthy(name, timeout=300)
@@ -241,17 +303,18 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None) -> di
                                 port=free_port(), fsync=False, limits=Limits(default_max_tokens=job.max_tokens))
         proxy = ProxyThread(proxy_cfg).start()
         proxy_url = f"http://127.0.0.1:{proxy_cfg.port}"
-        runner = HarnessRunner(work / "executions", proxy_url,
-                               ScriptedHarness(calls=job.calls, compact_every=0, subagent_at=()),
+        runner = HarnessRunner(work / "executions", proxy_url, adapter,
                                Budgets(harness_timeout_s=job.harness_timeout_s,
                                        overall_timeout_s=job.overall_timeout_s), isolate=job.isolate)
         parts = Parts(proxy_url=proxy_url, admin_token=ADMIN_TOKEN, engines=engines, engine_names=names,
                       plane=plane, runner=runner, records_dir=work / "records",
-                      checkpoint_dir=work / "checkpoints", task=EmitCharTask(job.target))
+                      checkpoint_dir=work / "checkpoints", task=tasks)
         backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget,
                               progress=say, steps=job.steps)
         controller = Controller(cfg, backend)
         backend.bind(controller)
+        live = LiveMetrics(cfg, work, names, log=say, watch=watch).bind(controller, backend)
+        backend.on_step = live.on_step  # metrics.jsonl + tb/, one record per step, during the run
 
         async def main() -> None:
             try:
@@ -270,6 +333,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None) -> di
         try:
             asyncio.run(main())
         finally:
+            live.close()
             log_dir = controller.write_log(work / "log")
         timings["run_s"] = time.monotonic() - t_run
         return _summarise(job, cfg, controller, backend, log_dir, replay_run(log_dir), write_trace, work, timings)
@@ -301,6 +365,8 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
         "reward_curve": curve, "losses": [m.steps[v]["loss"] for v in sorted(m.steps)],
         "step_wall_s": [m.steps[v]["wall_s"] for v in sorted(m.steps)],
         "participants": [m.steps[v]["participants"] for v in sorted(m.steps)],
+        "step_reports": [dict(m.steps[v], version=v) for v in sorted(m.steps)],  # gyre calibrate reads these
+        "groups_fed": {v: sorted(g for g, t in m.v_t.items() if t == v) for v in sorted(set(m.v_t.values()))},
         "publishes": m.publishes, "transitions": m.transitions, "reroutes": len(m.reroutes),
         "move_stalls_ms": m.move_stalls_ms, "excluded_executions": m.excluded, "harnesses_isolated": backend.parts.runner.isolated,
         "executions_in_flight_at_transitions": m.in_flight_at_transition,
@@ -313,4 +379,18 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
 
         summary["figures"] = [str(p) for p in plot_real_run(summary, work)]
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    summary["prediction"] = _predict(work)
+    (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
+
+
+def _predict(work: Path) -> dict[str, Any]:
+    """Calibrate the simulator on this run and simulate it (``gyre calibrate``); never fails the run."""
+    from gyre.analysis.sim_vs_real import write_comparison
+
+    try:
+        result = write_comparison(work)
+    except Exception as exc:  # the run's own records are already written; say why there is no prediction
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    result.pop("table")
+    return result

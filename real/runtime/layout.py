@@ -1,0 +1,93 @@
+"""Where a CUDA job's cells and engines sit on one GPU node: the ``[job.layout]`` table.
+
+A job on ``device = "cuda"`` has ``nodes`` cells (Gyre's cells: each one a
+training cell and, when it serves rollouts, one SGLang engine on the same
+GPUs). ``GpuLayout`` gives each cell ``tensor_parallel x pipeline_parallel``
+consecutive GPUs of the node (cell ``c`` trains on ``cuda:c`` when it
+has one GPU: ``train.cpu_compat.prepare_device``), and its engine the cell's GPUs with
+``--tp-size engine_tensor_parallel`` (one engine per cell: the backend routes
+an execution to its cell's engine). ``publication`` names how new weights
+reach the engines: ``"disk"`` (the bridge's Hugging Face export, then the
+engines' load from disk; the path the CPU build also runs).
+
+Invariants (``check``): every count is a positive integer; the cells fill at
+most ``gpus_per_node`` GPUs, no GPU holds two cells; an engine's tensor-parallel size equals its
+cell's GPU count; ``runnable_problem`` names what this build cannot start
+yet (cells over several ranks need multi-rank cells, issue 15 item 2) so a
+run refuses before anything starts, while the layout itself still loads.
+Pure: no CUDA call here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+PUBLICATIONS = ("disk",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuLayout:
+    gpus_per_node: int = 8
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    engine_tensor_parallel: int = 1
+    publication: str = "disk"
+    engine_mem_fraction: float = 0.3  # SGLang --mem-fraction-static: the rest stays for the training cell
+
+    @property
+    def gpus_per_cell(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
+
+    def check(self, cells: int) -> None:
+        for name in ("gpus_per_node", "tensor_parallel", "pipeline_parallel", "engine_tensor_parallel"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"layout.{name} must be a positive integer, not {value!r}")
+        if self.publication not in PUBLICATIONS:
+            raise ValueError(f"layout.publication must be one of {PUBLICATIONS}, not {self.publication!r}")
+        if not 0 < self.engine_mem_fraction < 1:
+            raise ValueError(f"layout.engine_mem_fraction must be in (0, 1), not {self.engine_mem_fraction!r}")
+        if self.gpus_per_cell > self.gpus_per_node:
+            raise ValueError(f"a cell of tensor_parallel x pipeline_parallel = {self.gpus_per_cell} GPUs does not "
+                             f"fit on a node of {self.gpus_per_node}")
+        if cells * self.gpus_per_cell > self.gpus_per_node:
+            raise ValueError(f"{cells} cells x {self.gpus_per_cell} GPUs = {cells * self.gpus_per_cell} GPUs, more "
+                             f"than layout.gpus_per_node = {self.gpus_per_node}")
+        if self.engine_tensor_parallel != self.gpus_per_cell:
+            raise ValueError(f"layout.engine_tensor_parallel = {self.engine_tensor_parallel} must equal the cell's "
+                             f"{self.gpus_per_cell} GPUs (one engine per cell)")
+
+    def cell_gpus(self, cell: int) -> list[int]:
+        first = cell * self.gpus_per_cell
+        return list(range(first, first + self.gpus_per_cell))
+
+    def engine_args(self, cell: int) -> tuple[str, ...]:
+        """SGLang arguments that put cell ``cell``'s engine on its GPUs."""
+        return ("--tp-size", str(self.engine_tensor_parallel), "--base-gpu-id", str(self.cell_gpus(cell)[0]),
+                "--mem-fraction-static", str(self.engine_mem_fraction), "--skip-server-warmup")
+
+    def runnable_problem(self) -> str | None:
+        if self.gpus_per_cell > 1:
+            return (f"cells of {self.gpus_per_cell} ranks (tensor_parallel={self.tensor_parallel}, "
+                    f"pipeline_parallel={self.pipeline_parallel}) need multi-rank cells (issue 15 item 2), "
+                    f"which this build does not have; run with tensor_parallel = pipeline_parallel = 1")
+        return None
+
+    def describe(self, cells: int) -> list[str]:
+        """One line per cell: its GPUs and its engine."""
+        return [f"cell {c}: GPUs {self.cell_gpus(c)} (TP {self.tensor_parallel} x PP {self.pipeline_parallel}), "
+                f"engine e{c} TP {self.engine_tensor_parallel}" for c in range(cells)]
+
+
+def layout_from_table(table: Mapping[str, Any], cells: int) -> GpuLayout:
+    """The ``[job.layout]`` table as a checked ``GpuLayout``; unknown keys are named."""
+    if not isinstance(table, Mapping):
+        raise ValueError(f"layout must be a table, not {table!r}")
+    known = {f.name for f in fields(GpuLayout)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ValueError(f"layout: unknown key(s) {unknown}; known: {sorted(known)}")
+    layout = GpuLayout(**dict(table))
+    layout.check(cells)
+    return layout

@@ -1,0 +1,249 @@
+"""Live metrics of a real run: one record per trained step, to ``metrics.jsonl`` and TensorBoard.
+
+Every optimizer step the backend reports (``RealBackend.on_step``) becomes one
+record, written while the run goes on:
+
+- ``RUN_DIR/metrics.jsonl``: one JSON object per line, appended and flushed
+  before the step's ``StepDone`` reaches the core (``tail -f`` shows it live);
+- ``RUN_DIR/tb/``: the record's numbers as TensorBoard scalars (tag = field,
+  nested fields as ``breakdown_s/rollout_full``, ``engine_load/e0``), flushed
+  per step. TensorBoard needs the ``tensorboard`` package; without it only
+  the JSON lines are written (said once through ``log``).
+
+A record (``step_record``) holds: ``step`` (1-based) and ``version``, the
+``burst`` in progress (1-based), ``time_s`` (the controller's clock),
+``reward_mean`` / ``rewards`` of the groups fed to the step, ``loss``,
+``step_wall_s``, ``participants``, ``staleness_mean`` / ``staleness_max`` /
+``groups`` (v_t - v_d of exactly the groups fed to this step), the
+transitions done so far (``transitions``, ``transition_mean_s``), the
+publications done so far and the last one's wall time (``publications``,
+``publication_s``), ``breakdown_s`` (seconds per category so far), the
+``roles`` of the cells, ``running`` executions and ``engine_load`` (running
+executions per engine), and ``problems`` (values that were missing or not
+finite; each such value is null).
+
+The time breakdown uses the categories of ``sim/breakdown.py`` (first match
+wins: executions fill the rollout capacity; some run; a step is in progress;
+a publication is; a cell switches roles; waiting). It is rebuilt from the
+controller's event log alone: ``Timeline`` replays the accepted events through
+a shadow core and integrates the category of the core's state between events.
+
+Invariants: ``step_record`` never raises on a malformed or missing value (it
+is null and named in ``problems``) and never emits a non-finite number; the
+breakdown's categories sum to the time from the ``Begin`` event to the
+record's ``time_s``; ``LiveMetrics.on_step`` and ``MetricsWriter.write`` never
+raise: a failure is logged and the run continues; every record is on disk
+(flushed) when ``write`` returns.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+
+from gyre import events as ev
+from gyre import roles as R
+from gyre.actions import SEPARATE
+from gyre.config import SchedulerConfig
+from gyre.scheduler import Scheduler
+
+CATEGORIES = ("rollout_full", "rollout_tail", "training_exposed", "publication", "transitions", "waiting")
+
+
+def category(core: Scheduler) -> str:
+    """The breakdown category of the core's state now (``sim/breakdown.py``'s order)."""
+    if core.running > 0:
+        return "rollout_full" if core.running >= core.capacity else "rollout_tail"
+    if core.batch_open:
+        return "training_exposed"
+    if core.awaiting_publish:
+        return "publication"
+    if any(role in (R.TO_TRAINING, R.TO_ROLLOUT) for role in core.roles):
+        return "transitions"
+    return "waiting"
+
+
+class Timeline:
+    """The run as the core saw it, rebuilt from the event log rows accepted so far."""
+
+    def __init__(self, cfg: SchedulerConfig) -> None:
+        self.core = Scheduler(cfg)
+        self.seen = 0                     # log rows replayed
+        self.t: float | None = None       # time integrated up to
+        self.seconds = dict.fromkeys(CATEGORIES, 0.0)
+
+    def advance(self, rows: list[dict[str, Any]], now: float | None = None) -> dict[str, float]:
+        """Replay the rows not seen yet, then extend to ``now``; seconds per category so far."""
+        for row in rows[self.seen:]:
+            event = ev.event_from_dict({k: v for k, v in row.items() if k != "seq"})
+            self._until(event.now)
+            self.core.handle(event)
+            self.seen += 1
+        if now is not None and self.t is not None:
+            self._until(now)
+        return dict(self.seconds)
+
+    def _until(self, t: float) -> None:
+        if self.t is not None and t > self.t:
+            self.seconds[category(self.core)] += t - self.t
+        self.t = t if self.t is None else max(self.t, t)
+
+
+def _number(value: Any, name: str, problems: list[str]) -> float | None:
+    """``value`` as a finite float, else None with ``name`` added to ``problems``."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number):
+        problems.append(name)
+        return None
+    return number
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def step_record(timeline: Timeline, metrics: Any, version: int, *, rows: list[dict[str, Any]], now: float,
+                engine_names: dict[int, str]) -> dict[str, Any]:
+    """The record of step ``version`` (see the module docstring); ``metrics`` is the backend's ``Metrics``."""
+    problems: list[str] = []
+    core = timeline.core
+    try:
+        breakdown = timeline.advance(rows, now)
+    except Exception as exc:  # a log the shadow core refuses: the rest of the record still stands
+        problems.append(f"breakdown_s ({type(exc).__name__}: {exc})")
+        breakdown = dict(timeline.seconds)
+    step = metrics.steps.get(version) or {}
+    if not step:
+        problems.append("step report")
+    rewards = [r for r in (_number(v, "reward", problems) for v in metrics.rewards.get(version, [])) if r is not None]
+    staleness = [metrics.v_t[g] - metrics.v_d[g] for g in sorted(metrics.v_t)
+                 if metrics.v_t[g] == version and g in metrics.v_d]
+    transitions = [t for t in (_number(x.get("total_s"), "transition total_s", problems)
+                               for x in metrics.transitions) if t is not None]
+    load = {name: 0 for engine, name in engine_names.items()}
+    for engine in core.placements().values():
+        name = engine_names.get(engine, "sep" if engine == SEPARATE else str(engine))
+        load[name] = load.get(name, 0) + 1
+    record = {
+        "step": version + 1, "version": version, "burst": core.burst + 1,
+        "time_s": _number(now, "time_s", problems),
+        "reward_mean": _mean(rewards), "rewards": len(rewards),
+        "loss": _number(step.get("loss"), "loss", problems) if step else None,
+        "step_wall_s": _number(step.get("wall_s"), "step_wall_s", problems) if step else None,
+        "participants": list(step.get("participants") or []),
+        "staleness_mean": _mean(staleness), "staleness_max": max(staleness) if staleness else None,
+        "groups": len(staleness),
+        "transitions": len(metrics.transitions), "transition_mean_s": _mean(transitions),
+        "publications": len(metrics.publishes),
+        "publication_s": _number(metrics.publishes[-1].get("wall_s"), "publication_s", problems)
+        if metrics.publishes else None,
+        "breakdown_s": {k: _number(v, f"breakdown_s.{k}", problems) for k, v in breakdown.items()},
+        "roles": {str(c): role for c, role in enumerate(core.roles)},
+        "running": core.running, "engine_load": load,
+    }
+    record["problems"] = problems
+    return record
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The record's numbers as TensorBoard tags (nested fields as ``field/key``); nulls left out."""
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        if key in ("step", "version"):
+            continue
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, v in items:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                out[key if sub is None else f"{key}/{sub}"] = float(v)
+    return out
+
+
+class MetricsWriter:
+    """Appends records to ``run_dir/metrics.jsonl`` and TensorBoard scalars under ``run_dir/tb``."""
+
+    def __init__(self, run_dir: str | Path, *, log: Callable[[str], None] = print, tensorboard: bool = True) -> None:
+        self.run_dir, self.log = Path(run_dir), log
+        self.path = self.run_dir / "metrics.jsonl"
+        self._tensorboard, self._tb = tensorboard, None
+        self.failed: set[str] = set()   # sinks given up on, each said once
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Write one record to every sink and flush; a failing sink is logged, never raised."""
+        try:
+            line = json.dumps(record, allow_nan=False, default=str)
+            with open(self.path, "a") as fh:  # one open per line: a crash loses at most the line being written
+                fh.write(line + "\n")
+                fh.flush()
+        except (OSError, TypeError, ValueError) as exc:
+            self._give_up("metrics.jsonl", exc)
+        if self._tensorboard and "tensorboard" not in self.failed:
+            try:
+                writer = self._tb or self._open_tensorboard()
+                for tag, value in scalars(record).items():
+                    writer.add_scalar(tag, value, record["step"])
+                writer.flush()
+            except Exception as exc:  # an import or I/O failure of an optional sink must not stop the run
+                self._give_up("tensorboard", exc)
+
+    def _open_tensorboard(self):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+        return self._tb
+
+    def _give_up(self, sink: str, exc: BaseException) -> None:
+        if sink not in self.failed:
+            self.failed.add(sink)
+            self.log(f"metrics: {sink} not written ({type(exc).__name__}: {exc}); the run continues")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            try:
+                self._tb.close()
+            except Exception as exc:
+                self._give_up("tensorboard", exc)
+            self._tb = None
+
+
+class LiveMetrics:
+    """The backend's step hook: builds each step's record and writes it; ``watch`` sees every record."""
+
+    def __init__(self, cfg: SchedulerConfig, run_dir: str | Path, engine_names: dict[int, str], *,
+                 log: Callable[[str], None] = print, watch: Callable[[dict], None] | None = None,
+                 tensorboard: bool = True) -> None:
+        self.timeline = Timeline(cfg)
+        self.writer = MetricsWriter(run_dir, log=log, tensorboard=tensorboard)
+        self.engine_names, self.log, self.watch = dict(engine_names), log, watch
+        self.controller = self.backend = None
+        self.records: list[dict[str, Any]] = []
+
+    def bind(self, controller, backend) -> "LiveMetrics":
+        self.controller, self.backend = controller, backend
+        return self
+
+    def on_step(self, version: int) -> None:
+        """Record step ``version`` (its report is in the backend's metrics); never raises."""
+        try:
+            record = step_record(self.timeline, self.backend.metrics, version, rows=self.controller.log.rows,
+                                 now=self.controller.clock(), engine_names=self.engine_names)
+        except Exception as exc:
+            self.log(f"metrics: step {version + 1} not recorded ({type(exc).__name__}: {exc}); the run continues")
+            return
+        if record["problems"]:
+            self.log(f"metrics: step {version + 1}: missing or non-finite {', '.join(record['problems'])}")
+        self.records.append(record)
+        self.writer.write(record)
+        if self.watch is not None:
+            try:
+                self.watch(record)
+            except Exception as exc:
+                self.log(f"metrics: display failed ({type(exc).__name__}: {exc})")
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,102 @@
+"""The 8-GPU job (``configs/gpu_node_qwen.toml``), its layout, and the GPU smoke script, on a machine without CUDA.
+
+Checked: the shipped file refuses to load until its checkpoint placeholder is
+filled, naming the checkpoint; with a checkpoint (Qwen2.5-7B's config.json,
+no weights: loading reads only the config) it loads and validates: 4 cells x (TP 2 x PP 1) fill the node's 8 GPUs, each
+cell's engine sits on its own GPUs, the task set and harness resolve; the
+small-model version the smoke script runs (one GPU per cell) has no runnable
+problem, while ``run_job`` refuses the multi-rank layout before touching its
+work directory; impossible layouts are named; ``tools/gpu_smoke.sh`` says
+there is no GPU and exits 0 here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gyre.real.runtime.job import load_job_config, run_job
+from gyre.real.runtime.layout import GpuLayout, layout_from_table
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_JOB = ROOT / "configs" / "gpu_node_qwen.toml"
+SMOKE_LAYOUT = {"gpus_per_node": 2, "tensor_parallel": 1, "pipeline_parallel": 1, "engine_tensor_parallel": 1,
+                "publication": "disk", "engine_mem_fraction": 0.2}
+
+
+# Qwen2.5-7B-Instruct's config.json (the fields the bridge reads); loading a job reads only this file.
+QWEN25_7B = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+             "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "hidden_act": "silu",
+             "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+             "tie_word_embeddings": False, "use_sliding_window": False, "torch_dtype": "bfloat16"}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A checkpoint folder with a real Qwen2.5-7B config and no weights (nothing is downloaded)."""
+    folder = tmp_path_factory.mktemp("qwen25-7b")
+    (folder / "config.json").write_text(json.dumps(QWEN25_7B))
+    return folder
+
+
+def test_the_placeholder_checkpoint_is_named_until_filled():
+    with pytest.raises(ValueError) as info:
+        load_job_config(GPU_JOB)
+    message = str(info.value)
+    assert str(GPU_JOB) in message
+    assert "FILL-ME/path/to/Qwen2.5-7B-Instruct: no config.json, the folder does not exist" in message
+
+
+def test_the_gpu_job_loads_and_lays_out_one_node(checkpoint):
+    job = load_job_config(GPU_JOB, model={"checkpoint": str(checkpoint), "dtype": "bfloat16"})
+    layout = job.gpu_layout()
+    assert (job.device, job.nodes, layout.gpus_per_cell, layout.gpus_per_node) == ("cuda", 4, 2, 8)
+    assert [layout.cell_gpus(c) for c in range(job.nodes)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert layout.engine_args(3)[:4] == ("--tp-size", "2", "--base-gpu-id", "6")
+    assert "multi-rank cells" in layout.runnable_problem()
+    model = job.model_config()
+    assert (model.family, model.dtype, model.num_layers, model.num_query_groups, model.tie_embeddings) == (
+        "qwen2", "bfloat16", 28, 4, False)
+    assert job.harness_adapter().name == "mini-swe-agent"
+    assert len(job.task_source().specs) == 4 and job.scheduler().K == 4
+
+
+def test_the_smoke_version_is_runnable_and_the_full_one_is_refused_before_anything_starts(checkpoint, tmp_path):
+    model = {"checkpoint": str(checkpoint), "dtype": "bfloat16"}
+    smoke = load_job_config(GPU_JOB, model=model, nodes=2, steps=4, layout=SMOKE_LAYOUT, harness="scripted")
+    assert smoke.gpu_layout().runnable_problem() is None and smoke.scheduler().mu * 2 == smoke.steps
+    full = load_job_config(GPU_JOB, model=model, workdir=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match="tensor_parallel=2, pipeline_parallel=1.*multi-rank cells"):
+        run_job(full)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("table, cells, message", [
+    ({"gpus_per_node": 8, "tensor_parallel": 4}, 4, "4 cells x 4 GPUs = 16 GPUs, more than layout.gpus_per_node = 8"),
+    ({"tensor_parallel": 2, "engine_tensor_parallel": 1}, 2, "engine_tensor_parallel = 1 must equal the cell's 2"),
+    ({"tensor_parallel": 0}, 1, "layout.tensor_parallel must be a positive integer"),
+    ({"publication": "nccl"}, 1, "layout.publication must be one of"),
+    ({"gpus": 8}, 1, "layout: unknown key(s) ['gpus']"),
+    ({"gpus_per_node": 2, "tensor_parallel": 4, "engine_tensor_parallel": 4}, 1, "does not fit on a node of 2"),
+])
+def test_impossible_layouts_are_named(table, cells, message):
+    with pytest.raises(ValueError) as info:
+        layout_from_table(table, cells)
+    assert message in str(info.value)
+
+
+def test_a_pipeline_cell_counts_all_its_gpus():
+    layout = GpuLayout(gpus_per_node=8, tensor_parallel=2, pipeline_parallel=2, engine_tensor_parallel=4)
+    layout.check(2)
+    assert layout.cell_gpus(1) == [4, 5, 6, 7] and len(layout.describe(2)) == 2
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine runs the real smoke check")
+def test_the_smoke_script_says_no_gpu_and_exits_0():
+    done = subprocess.run(["bash", str(ROOT / "tools" / "gpu_smoke.sh")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "gpu-smoke: no GPU here" in done.stdout
