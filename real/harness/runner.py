@@ -6,7 +6,11 @@ directory and artifact state), ``home/`` (HOME and harness config dirs) and
 reaches the model only through the proxy's base URL with its own per-execution
 key; with ``isolate`` ("auto" by default) it runs in its own loopback-only
 network namespace where only the proxy is reachable, through a bridge
-(``harness.sandbox``). Adapters turn a task into
+(``harness.sandbox``). Paths named in ``hide`` (the job passes the proxy's
+record store and its ``keys.json``), with any in ``$GYRE_SANDBOX_HIDE``, are
+covered in each sandboxed harness's private mount namespace; where the
+harness is not sandboxed or no mount namespace can be made they stay visible,
+``hiding`` is False and a warning names the reason once per runner. Adapters turn a task into
 argv + environment for a harness: the built-in scripted harness,
 mini-swe-agent, Claude Code and Codex (command lines from
 shared/notes/harness-clients.md).
@@ -23,6 +27,7 @@ so no harness outlives its execution; the workspace is never deleted.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -31,7 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from gyre.real.harness.sandbox import HostBridge, choose_isolation, require_executable, sandbox_argv
+from gyre.real.harness.sandbox import (HostBridge, choose_isolation, hidden_paths, mountns_problem,
+                                       require_executable, sandbox_argv)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,12 +168,21 @@ class MiniSweAgent:
 
 class HarnessRunner:
     """Runs harness executions; ``isolate`` ("auto", "always", "never") puts each in a loopback-only
-    network namespace bridged to the proxy (gyre.real.harness.sandbox). Call ``close()`` after the last run."""
+    network namespace bridged to the proxy (gyre.real.harness.sandbox), with ``hide`` (and
+    ``$GYRE_SANDBOX_HIDE``) covered where a mount namespace can be made. Call ``close()`` after the last run."""
 
     def __init__(self, root: str | Path, base_url: str, adapter: HarnessAdapter, budgets: Budgets = Budgets(),
-                 isolate: str = "auto") -> None:
+                 isolate: str = "auto", hide: list[str | os.PathLike] = ()) -> None:
         self.root, self.base_url, self.adapter, self.budgets = Path(root), base_url, adapter, budgets
         self.isolated = choose_isolation(isolate, base_url)
+        self.hide = list(dict.fromkeys([*hidden_paths(list(hide)), *hidden_paths(None)]))
+        self.hiding = False  # whether the hidden paths are really covered in each harness's view
+        if self.hide:
+            problem = "the harnesses are not sandboxed (isolate)" if not self.isolated else mountns_problem()
+            self.hiding = problem is None
+            if problem is not None:
+                log.warning("harness runner: %s stay visible to harnesses: %s",
+                            ", ".join(map(str, self.hide)), problem)
         self._procs: dict[int, asyncio.subprocess.Process] = {}
         self._cancelled: set[int] = set()
         self._bridge: HostBridge | None = None
@@ -192,7 +209,7 @@ class HarnessRunner:
         try:
             if bridge is not None:
                 require_executable(argv[0], workspace, env["PATH"])
-            command = argv if bridge is None else sandbox_argv(argv, bridge.path, bridge.port)
+            command = argv if bridge is None else sandbox_argv(argv, bridge.path, bridge.port, hide=self.hide)
             # stdin closed: ``codex exec`` reads a piped stdin to its end before it starts
             proc = await asyncio.create_subprocess_exec(*command, cwd=workspace, env=env,
                                                         stdin=asyncio.subprocess.DEVNULL, stdout=log,

@@ -284,13 +284,22 @@ class RealBackend(ActionHandler):
         t_idle = self.clock()
         await asyncio.to_thread(self.parts.engines.quiesce, name)  # idle by construction: release cannot race
         await asyncio.to_thread(self.parts.engines.release_memory, name)
-        ticket = self.parts.plane.send(cell, "enter_training")
+        satellite = cell not in self.cfg.core_unit and cell >= self.cfg.static_train_cells
+        # a satellite holds until the core has acted on its TransitionDone: if its burst ended
+        # meanwhile the core sends it straight back, and it must not join the next burst's step
+        ticket = self.parts.plane.send(cell, "enter_training", **({"hold": True} if satellite else {}))
         await asyncio.to_thread(ticket.result)
         self.metrics.transitions.append({"cell": cell, "role": "training", "wait_idle_s": t_idle - t0,
                                          "total_s": self.clock() - t0})
         self._members.add(cell)
-        self._report(ev.TransitionDone, cell=cell, role="training")
+        self._report(ev.TransitionDone, cell=cell, role="training",
+                     then=(lambda: self._release_hold(cell)) if satellite else None)
         self._ask_for_groups()
+
+    def _release_hold(self, cell: int) -> None:
+        """The core kept ``cell`` in training (no BeginTransition back): it may join steps now."""
+        if cell in self._members:
+            self.parts.plane.send(cell, "join")
 
     async def _to_rollout(self, cell: int, ticket) -> None:
         t0, name = self.clock(), self.parts.engine_names[cell]

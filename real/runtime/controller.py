@@ -6,7 +6,8 @@ double at the outer edge) is the loop's ``ActionHandler``: one ``on_<action>``
 method per action kind, exactly like the simulator's driver. Backends never
 build events themselves: they call ``report(kind, **fields)`` from any
 thread, and the controller stamps ``now`` from its injected clock when it
-takes the report off the queue, so the core sees a non-decreasing time
+takes the report off the queue (``report(..., then=f)`` runs ``f`` on the loop
+once the core has handled that event and its actions were applied), so the core sees a non-decreasing time
 exactly as it does under SimPy. Supply-timer expiries become ``Tick`` events
 when the queue stays empty until ``core.next_deadline()``.
 
@@ -49,15 +50,15 @@ class Controller:
         self.log = self.loop.log
         start = time.monotonic()
         self.clock = clock or (lambda: time.monotonic() - start)
-        self._queue: asyncio.Queue[tuple[type, dict[str, Any]]] | None = None
+        self._queue: asyncio.Queue[tuple[type, dict[str, Any], Callable[[], None] | None]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- reports from backends -----------------------------------------------------
-    def report(self, kind: type[ev.Event], **fields: Any) -> None:
+    def report(self, kind: type[ev.Event], *, then: Callable[[], None] | None = None, **fields: Any) -> None:
         """Queue an event of ``kind`` (stamped with ``now`` on arrival); thread-safe."""
         if self._loop is None or self._queue is None:
             raise ControllerError("report() before run() started")
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, fields))
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, fields, then))
 
     # ---- the loop --------------------------------------------------------------------
     async def run(self, steps: int, timeout_s: float | None = None, finish_publication: bool = False) -> None:
@@ -73,17 +74,20 @@ class Controller:
         while self.core.version < steps or (finish_publication and self.core.awaiting_publish):
             if deadline_run is not None and self.clock() > deadline_run:
                 raise ControllerError(f"run exceeded {timeout_s} s at step {self.core.version} of {steps}")
-            self.loop.feed(await self._next_event(deadline_run))
+            event, then = await self._next_event(deadline_run)
+            self.loop.feed(event)
+            if then is not None:  # the reporter wanted to act once the core had acted on its event
+                then()
 
-    async def _next_event(self, deadline_run: float | None) -> ev.Event:
+    async def _next_event(self, deadline_run: float | None) -> tuple[ev.Event, Callable[[], None] | None]:
         deadline = self.core.next_deadline()
         limits = [t for t in (deadline, deadline_run) if t is not None]
         wait = None if not limits else max(0.0, min(limits) - self.clock())
         try:
-            kind, fields = await asyncio.wait_for(self._queue.get(), wait)
+            kind, fields, then = await asyncio.wait_for(self._queue.get(), wait)
         except asyncio.TimeoutError:
-            return ev.Tick(max(self.clock(), deadline or 0.0))
-        return kind(now=max(self.clock(), self.core.now or 0.0), **fields)
+            return ev.Tick(max(self.clock(), deadline or 0.0)), None
+        return kind(now=max(self.clock(), self.core.now or 0.0), **fields), then
 
     # ---- records ----------------------------------------------------------------------
     def write_log(self, out: str | Path) -> Path:

@@ -8,7 +8,11 @@ groups of ``N``, batches of ``B``), per-field overrides of that schedule (the
 with its ``"module:Class"`` evaluator: ``harness.taskset``), the harness (a
 built-in name or ``"module:Class"``: ``harness.plugins``), the device (a CUDA
 job places cells and engines by its ``[job.layout]``: ``runtime.layout``) and
-the run length; all of it is checked when the configuration loads.
+the run length, and each training cell's tensor-parallel ranks (``tp``; on
+CUDA the layout's ``tensor_parallel``: one process, and there one GPU, per
+rank, ``train.ranks``); all of it is checked when the configuration loads
+(a ``tp`` the model's heads, query groups, FFN or vocabulary cannot split is
+named by ``train.context.CellConfig``'s own check).
 A preset that keeps a separate rollout pool (``C_s > 0``) gets one extra
 SGLang engine for it; cells that train for the whole run (a static split)
 get no engine and enter training before the first event. ``run_job`` builds, in order: the tiny tokenizer (trained
@@ -27,7 +31,10 @@ step, ``gyre.analysis.real_run``).
 Invariants: everything binds 127.0.0.1 on ports chosen at run time; every
 process started here is stopped in ``finally`` (harnesses, engines, cells,
 proxy); the summary's ``replay_identical`` is the differential check (the
-simulator's driver regenerates the controller's action sequence exactly).
+simulator's driver regenerates the controller's action sequence exactly);
+every harness runs with the proxy's record store (and its ``keys.json``)
+hidden where its sandbox can make a private mount namespace
+(``harness.sandbox``; the summary's ``harness_paths_hidden`` says whether).
 """
 
 from __future__ import annotations
@@ -92,6 +99,7 @@ class JobConfig:
     evaluator: str = ""        # "module:Class" scoring the task set (with `tasks`)
     device: str = "cpu"        # cpu | cuda (cuda needs the [job.layout] table)
     layout: dict[str, Any] = dataclasses.field(default_factory=dict)  # runtime.layout.GpuLayout fields
+    tp: int = 1                # tensor-parallel ranks per training cell (cuda: layout.tensor_parallel instead)
 
     def __post_init__(self) -> None:
         if self.isolate not in ISOLATE_MODES:
@@ -119,6 +127,37 @@ class JobConfig:
             self.gpu_layout()
         elif self.layout:
             raise ValueError("job field layout applies to device = \"cuda\" only")
+        if not isinstance(self.tp, int) or isinstance(self.tp, bool) or self.tp < 1:
+            raise ValueError(f"job field tp must be a positive integer, not {self.tp!r}")
+        if self.device == "cuda" and self.tp not in (1, self.cell_tp()):
+            raise ValueError(f"job field tp = {self.tp} disagrees with layout.tensor_parallel = {self.cell_tp()}: "
+                             f"on device = \"cuda\" a cell's ranks are the layout's; leave tp out")
+        if self.cell_tp() > 1:  # the model must split over the cell's ranks; CellConfig's check names what cannot
+            self.check_cells(self.model_config() or self.toy_model_config())
+
+    def cell_tp(self) -> int:
+        """Tensor-parallel ranks (processes) per training cell: ``tp``, or the layout's on CUDA."""
+        return self.gpu_layout().tensor_parallel if self.device == "cuda" else self.tp
+
+    def check_cells(self, model) -> None:
+        """Raise ValueError unless the training cells can hold ``model`` over ``cell_tp()`` ranks."""
+        from gyre.real.train.context import CellConfig
+
+        try:
+            CellConfig(cells=self.scheduler().K, store_port=0, queue_root="", workdir="", device=self.device,
+                       model=model, tp=self.cell_tp())
+        except ValueError as exc:
+            raise ValueError(f"training cells of tp = {self.cell_tp()} ranks: {exc}") from None
+
+    def toy_model_config(self):
+        """The tiny toy model's ``ModelConfig`` (vocabulary: the tiny tokenizer's, trained under
+        ``model_dir`` if missing)."""
+        from transformers import AutoTokenizer
+
+        from gyre.real.train.model import ModelConfig
+
+        vocab = len(AutoTokenizer.from_pretrained(str(build_tiny_tokenizer(Path(self.model_dir)))))
+        return ModelConfig(vocab_size=vocab, max_sequence_length=4096, init_seed=1234 + self.seed)
 
     def harness_adapter(self):
         """The harness adapter the job names (the scripted one makes ``calls`` calls unless its options say)."""
@@ -239,12 +278,9 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
             watch: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Run ``job`` to its last step; ``progress`` gets one line per phase and per trained step,
     ``watch`` each step's metrics record (``runtime.metrics``) as it is written."""
-    from transformers import AutoTokenizer
-
     from gyre.real.proxy.config import EngineSpec as ProxyEngine
     from gyre.real.proxy.config import Limits, ProxyConfig
     from gyre.real.runtime.trace import write_trace
-    from gyre.real.train.model import ModelConfig
     from gyre.real.train.plane import PlaneConfig, TrainingPlane
     from gyre.real.train.state import OptimConfig
     from gyre.formats.eventlog import replay_run
@@ -266,8 +302,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
     else:
         say(f"building the tiny tokenizer in {job.model_dir}")
         tok_dir = build_tiny_tokenizer(Path(job.model_dir))
-        vocab = len(AutoTokenizer.from_pretrained(str(tok_dir)))
-        model_cfg = ModelConfig(vocab_size=vocab, max_sequence_length=4096, init_seed=1234 + job.seed)
+        model_cfg = job.toy_model_config()
     cfg = job.scheduler()
     for line in layout.describe(cfg.K) if layout is not None else ():
         say(line)
@@ -275,15 +310,19 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
     if isinstance(tasks, TaskSet):  # each execution's process builds its task's workspace first
         adapter = tasks.harness(adapter)
         say(f"task set {job.tasks}: {len(tasks.specs)} tasks, evaluator {job.evaluator}, harness {adapter.name}")
+    tp = job.cell_tp()
     plane = TrainingPlane(PlaneConfig(cells=cfg.K, model=model_cfg, optim=OptimConfig(lr=job.lr), timeout_s=300.0,
-                                      device=job.device), work / "plane")
+                                      device=job.device, tp=tp, pp=layout.pipeline_parallel if layout else 1),
+                          work / "plane")
     engines = EngineManager(work / "engine-logs")
     proxy = runner = None
     try:
         say(f"schedule {job.preset}: K={cfg.K} cells, C_s={cfg.C_s}, phi={cfg.phi}, mu={cfg.mu}, "
             f"{cfg.granularity} transitions, streaming {'on' if cfg.streaming else 'off'}")
-        say(f"starting {cfg.K} training cells (Megatron-core, CPU)")
+        say(f"starting {cfg.K} training cells of {tp} rank{'s' if tp > 1 else ''} each (Megatron-core, "
+            f"{job.device})")
         plane.start()
+        cells = [plane.call(c, "info") for c in range(cfg.K)]  # each cell's leader, as it came up: role, tp, pid
         model = _initial_model(plane, tok_dir, work)
         names = {c: f"e{c}" for c in range(cfg.static_train_cells, cfg.K)}  # static trainers serve no rollout
         if cfg.C_s > 0:
@@ -305,7 +344,8 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
         proxy_url = f"http://127.0.0.1:{proxy_cfg.port}"
         runner = HarnessRunner(work / "executions", proxy_url, adapter,
                                Budgets(harness_timeout_s=job.harness_timeout_s,
-                                       overall_timeout_s=job.overall_timeout_s), isolate=job.isolate)
+                                       overall_timeout_s=job.overall_timeout_s), isolate=job.isolate,
+                               hide=[work / "records", work / "records" / "keys.json"])  # records, key digests
         parts = Parts(proxy_url=proxy_url, admin_token=ADMIN_TOKEN, engines=engines, engine_names=names,
                       plane=plane, runner=runner, records_dir=work / "records",
                       checkpoint_dir=work / "checkpoints", task=tasks)
@@ -336,7 +376,8 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
             live.close()
             log_dir = controller.write_log(work / "log")
         timings["run_s"] = time.monotonic() - t_run
-        return _summarise(job, cfg, controller, backend, log_dir, replay_run(log_dir), write_trace, work, timings)
+        return _summarise(job, cfg, controller, backend, log_dir, replay_run(log_dir), write_trace, work, timings,
+                          cells)
     finally:
         if proxy is not None:
             proxy.stop()
@@ -344,7 +385,8 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
         plane.close()
 
 
-def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, work, timings) -> dict[str, Any]:
+def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, work, timings,
+               cells=()) -> dict[str, Any]:
     m = backend.metrics
     complete = {}
     for r in m.trace:
@@ -369,6 +411,8 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
         "groups_fed": {v: sorted(g for g, t in m.v_t.items() if t == v) for v in sorted(set(m.v_t.values()))},
         "publishes": m.publishes, "transitions": m.transitions, "reroutes": len(m.reroutes),
         "move_stalls_ms": m.move_stalls_ms, "excluded_executions": m.excluded, "harnesses_isolated": backend.parts.runner.isolated,
+        "harness_paths_hidden": backend.parts.runner.hiding, "cell_tp": job.cell_tp(),
+        "cells": list(cells),
         "executions_in_flight_at_transitions": m.in_flight_at_transition,
         "outcomes": {o: finished.count(o) for o in sorted(set(finished))},
         "backend_errors": backend.errors, "trace": str(trace_path) if trace_path else None,

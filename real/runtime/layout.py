@@ -13,9 +13,12 @@ engines' load from disk; the path the CPU build also runs).
 Invariants (``check``): every count is a positive integer; the cells fill at
 most ``gpus_per_node`` GPUs, no GPU holds two cells; an engine's tensor-parallel size equals its
 cell's GPU count; ``runnable_problem`` names what this build cannot start
-yet (cells over several ranks need multi-rank cells, issue 15 item 2) so a
-run refuses before anything starts, while the layout itself still loads.
-Pure: no CUDA call here.
+(pipeline-parallel cells: a cell's step runs forward/backward per micro-step,
+not Megatron's pipeline schedule, which needs CUDA even to allocate; see
+``train.context.CellConfig``) so a run refuses before anything starts, while the
+layout itself still loads. Tensor-parallel cells run: rank r of cell c is one
+process on GPU ``c * tensor_parallel + r`` (``cell_gpus(c)[r]``), the cell's
+``train.ranks`` leader answering for it. Pure: no CUDA call here.
 """
 
 from __future__ import annotations
@@ -68,10 +71,12 @@ class GpuLayout:
                 "--mem-fraction-static", str(self.engine_mem_fraction), "--skip-server-warmup")
 
     def runnable_problem(self) -> str | None:
-        if self.gpus_per_cell > 1:
-            return (f"cells of {self.gpus_per_cell} ranks (tensor_parallel={self.tensor_parallel}, "
-                    f"pipeline_parallel={self.pipeline_parallel}) need multi-rank cells (issue 15 item 2), "
-                    f"which this build does not have; run with tensor_parallel = pipeline_parallel = 1")
+        """None when this build can start the layout; else why not (pipeline-parallel cells)."""
+        if self.pipeline_parallel > 1:
+            return (f"pipeline_parallel = {self.pipeline_parallel}: pipeline-parallel cells are not supported (a "
+                    f"cell's step runs forward/backward per micro-step, not Megatron's pipeline schedule, which "
+                    f"allocates with device='cuda' even on CPU); use pipeline_parallel = 1 and spread a cell "
+                    f"over tensor_parallel GPUs instead")
         return None
 
     def describe(self, cells: int) -> list[str]:

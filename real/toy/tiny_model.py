@@ -101,8 +101,12 @@ def build_tiny_tokenizer(path: str | os.PathLike, *, vocab_size: int = 1024, see
     return path
 
 
-def build_tiny_qwen2(path: str | os.PathLike, *, seed: int = 0) -> Path:
-    """A seeded random 2-layer Qwen2 (hidden 64) beside the tiny tokenizer."""
+TINY_QWEN2 = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2}
+
+
+def build_tiny_qwen2(path: str | os.PathLike, *, seed: int = 0, shape: dict | None = None) -> Path:
+    """A seeded random Qwen2 beside the tiny tokenizer: 2 layers, hidden 64 unless ``shape`` says otherwise."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
@@ -111,8 +115,7 @@ def build_tiny_qwen2(path: str | os.PathLike, *, seed: int = 0) -> Path:
     if (path / "model.safetensors").exists():
         return path
     tokenizer = AutoTokenizer.from_pretrained(path)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+    config = Qwen2Config(vocab_size=len(tokenizer), **{**TINY_QWEN2, **(shape or {})}, max_position_embeddings=4096,
                          eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
                          bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
                          tie_word_embeddings=True, torch_dtype="float32")

@@ -7,7 +7,9 @@ are answered as ``reply/{cell}/{n}``, in order. A handler that fails answers
 | op              | cells      | effect                                                        |
 |-----------------|------------|---------------------------------------------------------------|
 | enter_training  | all        | restore training state; a satellite then joins steps until    |
-|                 |            | released or barred (other commands are served between steps)  |
+|                 |            | released or barred (other commands are served between steps); |
+|                 |            | with ``hold=True`` it joins nothing until ``join`` arrives     |
+| join            | satellite  | end the hold: join steps from now on                          |
 | leave_training  | all        | offload training state (idempotent)                           |
 | step            | core       | ``CoreCell.step(version, batch, final)``; answers its report  |
 | publish         | core       | HF checkpoint + ``/update_weights_from_disk`` on each engine  |
@@ -65,12 +67,13 @@ class CellProcess:
         self.n = 0
         self.role = "rollout"
         self.next_version = 0  # a satellite never joins a step older than this
+        self.held = False  # in training but not joining steps yet (enter_training(hold=True))
 
     def serve(self) -> None:
         control = self.ctx.control
         control.set(keys.ready(self.ctx.cell), {"pid": os.getpid()})
         while True:
-            if self.core is None and self.role == "training" and not self.command_pending():
+            if self.core is None and self.role == "training" and not self.held and not self.command_pending():
                 self._train_as_satellite()  # returns on release, bar, failure or a new command
                 continue
             if not self.command_pending():
@@ -97,7 +100,7 @@ class CellProcess:
         self.n += 1
 
     def handle(self, op: str, args: dict) -> dict:
-        handlers = {"enter_training": self.enter_training, "leave_training": self.leave_training,
+        handlers = {"enter_training": self.enter_training, "leave_training": self.leave_training, "join": self.join,
                     "step": self.step, "publish": self.publish, "dump": self.dump, "load": self.load,
                     "info": self.info, "stop": self.info}
         if op not in handlers:
@@ -105,10 +108,13 @@ class CellProcess:
         return handlers[op](**args)
 
     # -- role changes -----------------------------------------------------------------------------
-    def enter_training(self) -> dict:
-        """Restore the training state; the answer is TransitionDone (a satellite then joins the next window)."""
+    def enter_training(self, hold: bool = False) -> dict:
+        """Restore the training state; the answer is TransitionDone (a satellite then joins the next window).
+
+        ``hold``: join no step until ``join`` (the driver first learns whether the policy core
+        keeps this cell in training, or sends it straight back because its burst ended)."""
         self.ctx.ranks.run("restore")
-        self.role = "training"
+        self.role, self.held = "training", hold
         self.ctx.log.info("cell %d entered training (%d bytes of training state)", self.ctx.cell,
                           self.ctx.state.resident_bytes())
         return self.info()
@@ -127,7 +133,13 @@ class CellProcess:
         self.ctx.log.info("cell %d leaves training: %s", self.ctx.cell, outcome)
         self._to_rollout()
 
+    def join(self) -> dict:
+        """End a hold: a satellite in training joins steps from now on (a no-op otherwise)."""
+        self.held = False
+        return self.info()
+
     def leave_training(self) -> dict:
+        self.held = False
         self._to_rollout()
         return self.info()
 

@@ -3,11 +3,14 @@
 Checked: the shipped file refuses to load until its checkpoint placeholder is
 filled, naming the checkpoint; with a checkpoint (Qwen2.5-7B's config.json,
 no weights: loading reads only the config) it loads and validates: 4 cells x (TP 2 x PP 1) fill the node's 8 GPUs, each
-cell's engine sits on its own GPUs, the task set and harness resolve; the
-small-model version the smoke script runs (one GPU per cell) has no runnable
-problem, while ``run_job`` refuses the multi-rank layout before touching its
-work directory; impossible layouts are named; ``tools/gpu_smoke.sh`` says
-there is no GPU and exits 0 here.
+cell's engine sits on its own GPUs, each cell's two tensor-parallel ranks
+split the model (``cell_tp`` = the layout's ``tensor_parallel``), the task set
+and harness resolve; both that layout and the small-model version the smoke
+script runs (one GPU per cell) have no runnable problem, while ``run_job``
+refuses a pipeline-parallel layout (with the reason) before touching its work
+directory; a ``tp`` field that disagrees with the layout, a layout TP the
+checkpoint cannot split, and impossible layouts are named (with the job
+file); ``tools/gpu_smoke.sh`` says there is no GPU and exits 0 here.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def test_the_gpu_job_loads_and_lays_out_one_node(checkpoint):
     assert (job.device, job.nodes, layout.gpus_per_cell, layout.gpus_per_node) == ("cuda", 4, 2, 8)
     assert [layout.cell_gpus(c) for c in range(job.nodes)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert layout.engine_args(3)[:4] == ("--tp-size", "2", "--base-gpu-id", "6")
-    assert "multi-rank cells" in layout.runnable_problem()
+    assert layout.runnable_problem() is None and job.cell_tp() == 2 and job.tp == 1
     model = job.model_config()
     assert (model.family, model.dtype, model.num_layers, model.num_query_groups, model.tie_embeddings) == (
         "qwen2", "bfloat16", 28, 4, False)
@@ -65,14 +68,33 @@ def test_the_gpu_job_loads_and_lays_out_one_node(checkpoint):
     assert len(job.task_source().specs) == 4 and job.scheduler().K == 4
 
 
-def test_the_smoke_version_is_runnable_and_the_full_one_is_refused_before_anything_starts(checkpoint, tmp_path):
+def test_the_smoke_version_is_runnable_and_a_pipeline_layout_is_refused_before_anything_starts(checkpoint, tmp_path):
     model = {"checkpoint": str(checkpoint), "dtype": "bfloat16"}
     smoke = load_job_config(GPU_JOB, model=model, nodes=2, steps=4, layout=SMOKE_LAYOUT, harness="scripted")
     assert smoke.gpu_layout().runnable_problem() is None and smoke.scheduler().mu * 2 == smoke.steps
-    full = load_job_config(GPU_JOB, model=model, workdir=str(tmp_path / "run"))
-    with pytest.raises(ValueError, match="tensor_parallel=2, pipeline_parallel=1.*multi-rank cells"):
-        run_job(full)
+    assert smoke.cell_tp() == 1
+    pipeline = dict(SMOKE_LAYOUT, gpus_per_node=8, pipeline_parallel=2, engine_tensor_parallel=2)
+    staged = load_job_config(GPU_JOB, model=model, layout=pipeline, workdir=str(tmp_path / "run"))  # it loads
+    with pytest.raises(ValueError, match="pipeline_parallel = 2: pipeline-parallel cells are not supported.*"
+                                         "Megatron's pipeline schedule"):
+        run_job(staged)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"tp": 4}, "job field tp = 4 disagrees with layout.tensor_parallel = 2"),
+    ({"nodes": 1, "layout": {"tensor_parallel": 8, "engine_tensor_parallel": 8}},
+     "training cells of tp = 8 ranks: model num_attention_heads = 28 is not divisible by tp = 8"),
+    ({"nodes": 2, "layout": {"tensor_parallel": 4, "engine_tensor_parallel": 4}}, None),
+])
+def test_the_layouts_tp_must_split_the_checkpoint(checkpoint, overrides, message):
+    model = {"checkpoint": str(checkpoint), "dtype": "bfloat16"}
+    if message is None:  # Qwen2.5-7B: 28 heads, 4 query groups, FFN 18944, vocabulary 152064 split over 4
+        assert load_job_config(GPU_JOB, model=model, **overrides).cell_tp() == 4
+        return
+    with pytest.raises(ValueError) as info:
+        load_job_config(GPU_JOB, model=model, **overrides)
+    assert message in str(info.value) and str(GPU_JOB) in str(info.value)
 
 
 @pytest.mark.parametrize("table, cells, message", [

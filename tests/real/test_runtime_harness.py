@@ -2,13 +2,18 @@
 
 The model server here is the outer edge (a stdlib HTTP server speaking the
 OpenAI Chat Completions shape); the harness is a real process making real
-HTTP calls, and the runner's sandboxes, budgets and kills are real.
+HTTP calls, and the runner's sandboxes, budgets and kills are real. The
+hiding checks run the scripted harness through Gyre's real proxy: its record
+store and ``keys.json`` are hidden from the harness (it lists nothing, reads
+nothing, still finishes its task), and where no mount namespace can be made
+the runner falls back to network isolation alone and logs why.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 import threading
@@ -16,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from gyre.real.harness import sandbox as runtime_sandbox
 from gyre.real.harness.runner import Budgets, HarnessRunner, ScriptedHarness, Task
 from gyre.real.harness.scripted import MAIN_SYSTEM, SUB_SYSTEM, SUMMARY_REQUEST
 from gyre.real.harness.tasks import artifact_version
@@ -200,3 +206,113 @@ def test_scripted_harness_through_the_real_proxy_builds_its_tree(tmp_path_factor
     tree = TrajectoryTree.from_records(recorded)
     roots = {tree.request_sequence(i)[:8].tobytes() for i in range(len(recorded))}
     assert len(roots) >= 2  # the sub-agent's context starts apart from the main agent's
+
+
+SNOOP = r"""
+import json, os, sys
+paths, argv = sys.argv[1].split(os.pathsep), sys.argv[2:]
+seen = {}
+for path in paths:
+    try:
+        seen[path] = sorted(os.listdir(path)) if os.path.isdir(path) else open(path).read()
+    except OSError as exc:
+        seen[path] = type(exc).__name__
+json.dump(seen, open("snooped.json", "w"))
+os.execv(argv[0], argv)
+"""
+
+
+class SnoopingScripted:
+    """The scripted harness, started after its process tried to list/read ``paths`` (what it saw: snooped.json)."""
+
+    name = "snooping-scripted"
+
+    def __init__(self, *paths) -> None:
+        self.paths, self.inner = [str(p) for p in paths], ScriptedHarness(calls=3, compact_every=0, subagent_at=())
+
+    def command(self, task, base_url, key, home):
+        argv, env = self.inner.command(task, base_url, key, home)
+        return [sys.executable, "-c", SNOOP, os.pathsep.join(self.paths), *argv], env
+
+
+@pytest.fixture
+def real_proxy(model, tmp_path):
+    """Gyre's proxy (records under tmp_path/records) in front of a scripted /generate engine."""
+    pytest.importorskip("aiohttp")
+    try:
+        from proxy_fixtures import ScriptedEngine, ServerThread, echo_script, proxy_config, start_proxy
+    except ImportError:
+        from .proxy_fixtures import ScriptedEngine, ServerThread, echo_script, proxy_config, start_proxy
+    records = tmp_path / "records"
+    engine = ServerThread(ScriptedEngine(model, echo_script).application).start()
+    proxy, _server = start_proxy(proxy_config(model, records, {"e0": engine.url}))
+    yield proxy, records
+    proxy.stop()
+    engine.stop()
+
+
+def run_and_close(runner: HarnessRunner, execution: int, key: str):
+    async def scenario():
+        try:
+            return await runner.run(execution, EmitTokenTask().task("q"), key=key)
+        finally:
+            await runner.close()
+
+    return asyncio.run(scenario())
+
+
+def secrets_of(proxy, records):
+    try:
+        from proxy_fixtures import new_key
+    except ImportError:
+        from .proxy_fixtures import new_key
+    key = new_key(proxy.url, "exec-9")  # the proxy writes records/keys.json (digests) now
+    keys_file = records / "keys.json"
+    assert keys_file.is_file()
+    return key, keys_file
+
+
+@pytest.mark.skipif(runtime_sandbox.mountns_problem() is not None,
+                    reason=f"no mount namespace: {runtime_sandbox.mountns_problem()}")
+@pytest.mark.timeout(120)
+def test_the_runner_hides_the_record_store_and_keys_from_a_scripted_harness(model, real_proxy, tmp_path):
+    proxy, records = real_proxy
+    key, keys_file = secrets_of(proxy, records)
+    before = keys_file.read_bytes()
+    runner = HarnessRunner(tmp_path / "runs", proxy.url, SnoopingScripted(records, keys_file), isolate="always",
+                           hide=[records, keys_file])
+    assert runner.isolated and runner.hiding
+    result = run_and_close(runner, 9, key)
+    assert result.outcome == "completed", (tmp_path / "runs" / "exec-9" / "harness.log").read_text()
+    seen = json.loads((result.workspace / "snooped.json").read_text())
+    assert seen == {str(records): [], str(keys_file): "FileNotFoundError"}
+    evaluation = EmitTokenTask().evaluate("9", result.workspace)  # its workspace worked: the answer is there
+    assert evaluation is not None and evaluation.valid
+    try:
+        from proxy_fixtures import check_records
+    except ImportError:
+        from .proxy_fixtures import check_records
+    assert len(check_records(records, "exec-9", model)) == 3  # the proxy still recorded every call on the host
+    assert keys_file.read_bytes() == before  # the host's files are untouched
+
+
+@pytest.mark.skipif(runtime_sandbox.netns_problem() is not None, reason="no network namespace")
+@pytest.mark.timeout(120)
+def test_without_a_mount_namespace_the_runner_falls_back_and_says_why(model, real_proxy, tmp_path, monkeypatch,
+                                                                      caplog):
+    proxy, records = real_proxy
+    key, keys_file = secrets_of(proxy, records)
+    with caplog.at_level(logging.WARNING, logger="gyre.real.harness.runner"):
+        plain = HarnessRunner(tmp_path / "plain", proxy.url, ScriptedHarness(), isolate="never", hide=[records])
+    assert not plain.hiding and "stay visible to harnesses: the harnesses are not sandboxed" in caplog.text
+    monkeypatch.setattr(runtime_sandbox, "_mountns_probe", lambda: ((), "no mount namespaces in this test"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gyre.real.harness.runner"):
+        runner = HarnessRunner(tmp_path / "runs", proxy.url, SnoopingScripted(records, keys_file), isolate="always",
+                               hide=[records, keys_file])
+    assert runner.isolated and not runner.hiding
+    assert f"{records}, {keys_file} stay visible to harnesses: no mount namespaces in this test" in caplog.text
+    result = run_and_close(runner, 9, key)
+    assert result.outcome == "completed" and result.isolated  # network isolation still holds
+    seen = json.loads((result.workspace / "snooped.json").read_text())
+    assert "keys.json" in seen[str(records)] and seen[str(keys_file)].startswith("{")

@@ -2,7 +2,10 @@
 
 Each error names the file and the field or value at fault (an unknown field,
 an isolation mode, a run that is not whole bursts, a value the policy core
-refuses, a malformed TOML file).
+refuses, a malformed TOML file). ``tp`` (tensor-parallel ranks per training
+cell) is a positive integer the toy model must split over: its heads, query
+groups, FFN and vocabulary (the tiny tokenizer's), as ``CellConfig`` checks,
+named with the job file.
 """
 
 from __future__ import annotations
@@ -77,3 +80,37 @@ def test_gyre_run_refuses_a_bad_override_before_starting_anything(capsys):
     assert main(["run", "--config", str(DEMO), "--set", "steps=3"]) == 2
     assert "steps must be a positive multiple of mu = 2" in capsys.readouterr().err
     assert main(["run", "--config", str(DEMO), "--set", "steps=="]) == 2
+
+
+def test_tp_reaches_the_job_and_a_default_job_has_one_rank_cells(model, tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text(f"[job]\nmodel_dir = '{model}'\ntp = 2\n")
+    job = load_job_config(path)
+    assert (job.tp, job.cell_tp(), JobConfig().cell_tp()) == (2, 2, 1)
+    assert job.toy_model_config().vocab_size % 2 == 0
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0", "job field tp must be a positive integer, not 0"),
+    ("'2'", "job field tp must be a positive integer, not '2'"),
+    ("true", "job field tp must be a positive integer, not True"),
+    ("4", "training cells of tp = 4 ranks: model num_query_groups = 2 is not divisible by tp = 4"),
+    ("3", "training cells of tp = 3 ranks: model num_attention_heads = 4 is not divisible by tp = 3"),
+])
+def test_a_tp_the_toy_model_cannot_split_is_named_with_the_file(model, tmp_path, value, message):
+    path = tmp_path / "job.toml"
+    path.write_text(f"[job]\nmodel_dir = '{model}'\ntp = {value}\n")
+    with pytest.raises(ValueError) as info:
+        load_job_config(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_tp_the_vocabulary_cannot_split_is_named(model, tmp_path):
+    """An odd vocabulary cannot split over two ranks (heads, query groups and FFN of the toy model can)."""
+    from gyre.real.train.model import ModelConfig
+
+    odd = JobConfig(model_dir=str(model)).toy_model_config().vocab_size | 1
+    job = JobConfig(model_dir=str(model), tp=2)
+    with pytest.raises(ValueError, match=f"model vocab_size = {odd} is not divisible by tp = 2"):
+        job.check_cells(ModelConfig(vocab_size=odd))
+    job.check_cells(ModelConfig(vocab_size=odd + 1))  # an even one can

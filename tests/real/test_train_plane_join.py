@@ -15,9 +15,12 @@ float64 rounding, which vanishes when it is rounded to float32 (see
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
+from gyre.real.train import keys
 from gyre.real.train.plane import PlaneConfig, TrainingPlane
 from gyre.real.train.state import OptimConfig
 from gyre.real.toy.microsteps import feed, toy_batch, wait_claimed
@@ -73,7 +76,26 @@ def burst_core_alone(plane: TrainingPlane, first: int) -> list[dict]:
     return reports
 
 
-@pytest.mark.timeout(150)
+def satellites_on_hold(plane: TrainingPlane, version: int) -> dict:
+    """``enter_training(hold=True)``: no seat in an open step until ``join``; a held cell sent back never sits.
+
+    The driver holds a satellite until the policy core has acted on its TransitionDone, so a
+    cell the core sends straight back (its burst ended) never joins the next burst's step."""
+    ticket = plane.send(0, "step", version=version, final=True)
+    plane.call(1, "enter_training", hold=True)
+    plane.call(2, "enter_training", hold=True)
+    time.sleep(1.0)  # the step's join window is open all along
+    assert not plane.control.has(keys.seat(version, 1)) and not plane.control.has(keys.seat(version, 2))
+    assert plane.call(2, "leave_training")["role"] == "rollout"
+    plane.call(1, "join")
+    assert plane.wait_seated(version, 1) == "joined"
+    feed(plane.queues, toy_batch(SEED_A, version, 4))
+    report = ticket.result()
+    assert plane.wait_seated(version, 2, timeout=5.0) == "closed"  # the core closed the window without it
+    return report
+
+
+@pytest.mark.timeout(180)
 def test_satellite_joining_mid_step_gives_the_same_weights(tmp_path):
     with TrainingPlane(PlaneConfig(cells=3, transport="mooncake", optim=OPTIM), tmp_path / "plane") as plane:
         initial = tmp_path / "initial.pt"
@@ -90,12 +112,14 @@ def test_satellite_joining_mid_step_gives_the_same_weights(tmp_path):
         plane.call(0, "load", path=str(initial))
         alone = burst_core_alone(plane, 4)
         w_alone = weights(plane, tmp_path / "alone.pt")
+        held = satellites_on_hold(plane, 6)
 
     assert full[0]["participants"] == [0, 1, 2] and full[1]["participants"] == [0, 1, 2]
     assert late[0]["participants"] == [0, 1, 2] and late[0]["by_cell"]["2"] >= 1
     assert late[0]["joins"]["2"]["transport"] == "mooncake" and "1" in late[0]["joins"]
     assert late[1]["joins"] == {}  # members got the broadcast, nobody pulled
     assert alone[0]["participants"] == [0] and alone[0]["by_cell"] == {"0": 12}
+    assert held["participants"] == [0, 1]  # cell 1 joined after "join"; cell 2 left while held
     assert not torch.equal(w_full, torch.load(initial)["weights"])
     assert torch.equal(w_full, w_late)
     assert torch.equal(w_full, w_alone)
