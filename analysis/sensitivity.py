@@ -1,7 +1,7 @@
 """``gyre sensitivity``: how the ranking of schedules moves when one cost constant moves.
 
     gyre sensitivity [--presets A0,C2,E0,...] [--trace nl2repo-122b] [--steps 12]
-                     [--only publish_s,micro_step_node_s] [--jobs 2] --out DIR
+                     [--only publish_s,train_utilisation] [--jobs 2] --out DIR
 
 Every cost constant of ``gyre.sim.costs.CostModel`` is set, one at a time,
 to a low and a high value (the stated range, ``RANGES``) with all others at
@@ -13,7 +13,7 @@ shows, per constant, the focal preset's speedup over the fastest other
 preset at the low and the high value, around the default's.
 
 Ranges (ours, stated): x0.5 and x2 of each non-zero default;
-``micro_steps_per_group`` 2 and 8; ``evaluation_s`` 0 and 600 s (scoring
+``micro_steps_per_group`` 2 and 8; ``j_max`` 1 and 10; ``evaluation_s`` 0 and 600 s (scoring
 folded into the trace vs ten minutes); ``reroute_recompute_s`` 0 and 60 s.
 ``slowdown_per_load`` is left out: it scales a duration once at start and
 distorts every schedule (a known limit, see issue 14).
@@ -39,7 +39,7 @@ from scipy.stats import kendalltau
 FOCAL = "E0"
 STEM = "sensitivity"
 SKIPPED = ("slowdown_per_load",)
-FIXED_RANGES = {"micro_steps_per_group": (2, 8), "evaluation_s": (0.0, 600.0), "reroute_recompute_s": (0.0, 60.0)}
+FIXED_RANGES = {"micro_steps_per_group": (2, 8), "j_max": (1, 10), "evaluation_s": (0.0, 600.0), "reroute_recompute_s": (0.0, 60.0)}
 
 
 def ranges() -> dict[str, tuple[Any, Any]]:

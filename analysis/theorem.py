@@ -20,7 +20,9 @@ switch; static split) rather than E0 with their (phi, mu).
 Cluster per (B, N): ``scaled_shape`` keeps the paper's geometry per batch: 8
 cells, one node per group of a batch (nodes = B), and rollout capacity for 2.25
 batches (36 concurrent executions per node at N = 16, scaled with N), so a
-step costs the same training time at every (B, N). B must be a multiple of 8
+step costs the same training time at every (B, N): training follows trained
+tokens (``gyre.sim.sizes``), so ``paper_step_costs`` scales the utilisation
+by the trace's trained tokens per group over a paper group's. B must be a multiple of 8
 and phi * B whole.
 
 Invariants: points are run in a fixed order and each is deterministic (trace
@@ -150,6 +152,17 @@ def _model_groups(cfg: SchedulerConfig, trace: Trace, policy: str, steps: int) -
                           tokens=None if tokens is None else tokens.sum(axis=1))
 
 
+def paper_step_costs(trace: Trace) -> CostModel:
+    """Default costs with the utilisation scaled so a group trains as long as a paper group (16 executions of
+    ``FALLBACK_EXECUTION_TOKENS``) on its one node: a step costs the same at every (B, N) and trace."""
+    from gyre.sim.sizes import FALLBACK_EXECUTION_TOKENS, trained_tokens
+
+    base = CostModel()
+    group_tokens = float(trained_tokens(trace, base.j_max).sum(axis=1).mean())
+    scale = max(group_tokens, 1.0) / (16 * FALLBACK_EXECUTION_TOKENS)
+    return CostModel(train_utilisation=min(1.0, base.train_utilisation * scale))
+
+
 def validate(grid: TheoremGrid) -> None:
     """Raise ValueError (or ConfigError) naming the first impossible grid point, before any run."""
     if grid.steps < 1 or grid.tolerance < 0:
@@ -166,7 +179,8 @@ def run_point(point: GridPoint) -> dict[str, Any]:
     cfg = _config(point)
     trace = _trace(point.trace, point.N, point.seed)
     window = steady_window(cfg.phi, cfg.mu, point.steps)
-    record = Simulation(cfg, trace, CostModel(), point.steps).run()
+    costs = paper_step_costs(trace)
+    record = Simulation(cfg, trace, costs, point.steps).run()
     groups = pd.DataFrame(record.consumed_groups(point.steps))
     row: dict[str, Any] = {
         "kind": "named" if point.named else "grid", "preset": point.preset, "trace": point.trace,
@@ -177,7 +191,7 @@ def run_point(point: GridPoint) -> dict[str, Any]:
     }
     if not point.named:
         cont_cfg = cfg.replace_fields(dispatch="continuous")
-        cont = pd.DataFrame(Simulation(cont_cfg, trace, CostModel(), point.steps).run().consumed_groups(point.steps))
+        cont = pd.DataFrame(Simulation(cont_cfg, trace, costs, point.steps).run().consumed_groups(point.steps))
         row.update(_stats_row("continuous_", cont, window, predicted_mean("continuous", cfg.phi, cfg.mu)))
         model_cont = _model_groups(cfg, trace, "continuous", point.steps)
         row["model_continuous_measured"] = staleness_stats(model_cont, window)["mean"]

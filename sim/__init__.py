@@ -1,9 +1,13 @@
 """The discrete-event simulator: the unchanged policy core on SimPy time (imports as ``gyre.sim``).
 
 - ``driver``: ``Simulation``, the simulator's ``ActionHandler`` on the shared
-  ``gyre.loop.DriverLoop``; executions last their trace durations;
+  ``gyre.loop.DriverLoop``; executions carry their trace durations as work;
+- ``engines``: processor-sharing rollout engines (rate falls with load; trace
+  durations hold at the reference load), calibrated on SGLang's CPU engine;
 - ``training``: the simulated training plane (micro-steps claimed by cells);
 - ``costs``: every cost constant, each with the source of its default;
+- ``sizes``: times from sizes: training work from trained tokens and FLOPs,
+  publication from parameter bytes and the publishing pool, sandbox start-up;
 - ``record``: what a run records and the tables it writes;
 - ``runner`` / ``grids`` / ``report`` / ``progress`` / ``cli``: one run, the
   ablation and methods grids, text tables, ``gyre sim``;

@@ -3,28 +3,60 @@
 Times are seconds. Defaults and where they come from:
 - ``to_training_s`` 8.52 and ``to_rollout_s`` 3.46: the paper's measured mean
   role-transition costs (SPEC.md 3.5).
-- Training: one group of N executions yields ``micro_steps_per_group``
-  micro-steps of ``micro_step_node_s`` node-seconds each, so a cell of n nodes
-  runs a micro-step in ``micro_step_node_s / n`` seconds. The default (4 x 225
-  node-s per group) makes a B = 32 step on 32 nodes take 15 minutes of compute,
-  a 122B-scale assumption of ours: SPEC.md gives no step time. Override it
-  from measured numbers (``--cost micro_step_node_s=...``).
+- Training follows the tokens a group trains (``gyre.sim.sizes`` states the
+  formulas): each execution's first ``j_max`` trajectories (SPEC 4.4,
+  default 5) at ``6 x active_params_b`` FLOPs per token, on nodes of
+  ``node_peak_tflops`` (7912: 8 GPUs x 989 dense bf16 TFLOP/s, an H100/H200
+  node; ours, SPEC names no GPU) at ``train_utilisation``. A group's work is
+  split into ``micro_steps_per_group`` equal micro-steps; a cell of n nodes
+  runs one in work / n seconds. ``train_utilisation`` (0.108)
+  is ours, chosen so that E0 on nl2repo-122b (12 steps, 400-query trace)
+  reproduces SPEC 5.1's slack: 20.85 % idle share of training-role node
+  time, the mean over seeds 0-7 (one seed varies by +-3 pp); it also
+  absorbs the attention FLOPs and packing overheads that 6 x active leaves
+  out, so it is an effective share of peak, not a measured MFU.
+- Model description: ``params_b`` / ``active_params_b`` (billions) and
+  ``bytes_per_param``; defaults are the 122B preset, and the runner swaps in
+  the workload's preset (``sizes.MODELS``: 122B-A10B, 2.4T-A100B, bf16) for
+  every model field left at its default.
 - ``warmup_s``/``drain_s``: one pipeline warm-up and one drain per cell per
   batch (SPEC.md 3.6); 20 s each is an assumption.
 - ``grad_reduce_s`` + ``optimizer_s``: gradient reduction and the one optimizer
   update per step; ``broadcast_s``: new parameters to current satellites after
-  a non-final update; ``publish_s``: weight publication to rollout engines
-  after a burst; ``weight_pull_s``: a joining satellite's Mooncake pull.
+  a non-final update; ``weight_pull_s``: a joining satellite's Mooncake pull.
   Assumptions of the same order as the transition costs.
+- Publication to the rollout engines after a burst: ``publish_s`` (a fixed
+  latency: engines pause, reload, flush their KV cache; 30 s, ours) plus
+  parameter bytes / (publishing nodes x ``publish_node_gbps``), 25 GB/s per
+  node (ours: a fraction of a node's RDMA bandwidth, resharding included).
+- ``sandbox_start_s``: every execution starts in a fresh sandbox and holds
+  its slot that much longer, so the redispatch after a publication pays it
+  (30 s, ours: a cached image and a checkout).
 - ``evaluation_s``: delay between a group's last execution closing and its
   rewards being valid (0: scoring is folded into the trace durations).
-- Optional switches (off by default): ``slowdown_per_load`` scales an
-  execution's duration by ``1 + slowdown_per_load * load/capacity`` of its
-  engine at start (a concurrency-dependent latency model, outside the
-  staleness identity's assumptions); ``reroute_recompute_s`` is the prefix
-  recompute a rerouted execution pays when KV migration is off.
+- Rollout engines share their throughput (``gyre.sim.engines``, processor
+  sharing): an execution's trace duration is its work at the reference load
+  ``engine_reference_load`` x capacity (default 1.0: the traces were recorded
+  on full engines), and each execution on an engine of load L and capacity C
+  progresses at ``(1 + a*x_ref) / (1 + a*x)``, ``x = (L-1)/(C-1)``,
+  re-evaluated at every start, finish, cancel and reroute on that engine.
+  ``engine_load_alpha`` (a) defaults to the fit of SGLang's CPU engine
+  measured here (``gyre.sim.engines.MEASURED``, bench/bench_engine_concurrency.py):
+  per-request decode tokens/s 389, 344, 294, 225, 164 at concurrency 1, 2,
+  4, 8, 16 (aggregate 388 -> 2544) on a tiny Qwen2, fitted a = 1.42: a full
+  engine serves each request 2.4x slower than a lone one. Mapping the CPU
+  engine's 16 slots onto a cell's C_e slots (same x) is an assumption of ours.
+  ``engine_load_alpha=0`` gives load-independent engines (every execution
+  takes exactly its trace duration).
+- ``slowdown_per_load`` (a duration scaled once at start) is gone: a config
+  that sets it gets a ``CostError`` naming ``engine_load_alpha`` instead.
+- Optional (off by default): ``reroute_recompute_s`` is the prefix recompute
+  a rerouted execution pays when KV migration is off, added to its remaining
+  work on the destination engine.
 
-Invariant: every field is a finite number >= 0 (``micro_steps_per_group`` >= 1).
+Invariant: every field is a finite number >= 0 (``micro_steps_per_group`` and
+``j_max`` integers >= 1; model sizes, throughput, utilisation and bandwidth
+> 0; ``train_utilisation`` <= 1; ``active_params_b`` <= ``params_b``).
 """
 
 from __future__ import annotations
@@ -33,6 +65,15 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from gyre.sim.engines import DEFAULT_ALPHA as ENGINE_LOAD_ALPHA
+from gyre.sim.engines import EngineCurve
+
+TRAIN_UTILISATION = 0.108  # fitted: E0's slack, see the module docstring
+REMOVED = {"micro_step_node_s": "micro_step_node_s was removed: training work follows trained tokens; set "
+           "active_params_b, node_peak_tflops, train_utilisation or j_max instead (see gyre.sim.sizes)",
+           "slowdown_per_load": "slowdown_per_load was removed: engines now share their throughput by "
+           "processor sharing; set engine_load_alpha (0 = load-independent) and engine_reference_load instead"}
 
 
 class CostError(ValueError):
@@ -44,7 +85,14 @@ class CostModel:
     to_training_s: float = 8.52
     to_rollout_s: float = 3.46
     micro_steps_per_group: int = 4
-    micro_step_node_s: float = 225.0
+    j_max: int = 5
+    params_b: float = 122.0
+    active_params_b: float = 10.0
+    bytes_per_param: float = 2.0
+    node_peak_tflops: float = 7912.0
+    train_utilisation: float = TRAIN_UTILISATION
+    publish_node_gbps: float = 25.0
+    sandbox_start_s: float = 30.0
     warmup_s: float = 20.0
     drain_s: float = 20.0
     grad_reduce_s: float = 5.0
@@ -53,7 +101,8 @@ class CostModel:
     publish_s: float = 30.0
     weight_pull_s: float = 10.0
     evaluation_s: float = 0.0
-    slowdown_per_load: float = 0.0
+    engine_load_alpha: float = ENGINE_LOAD_ALPHA
+    engine_reference_load: float = 1.0
     reroute_recompute_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -63,12 +112,36 @@ class CostModel:
                 raise CostError(f"{f.name} must be a finite number, got {value!r}")
             if value < 0:
                 raise CostError(f"{f.name} must be >= 0, got {value}")
-        if not isinstance(self.micro_steps_per_group, int) or self.micro_steps_per_group < 1:
-            raise CostError(f"micro_steps_per_group must be an integer >= 1, got {self.micro_steps_per_group!r}")
+        for name in ("micro_steps_per_group", "j_max"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise CostError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        for name in ("params_b", "active_params_b", "bytes_per_param", "node_peak_tflops", "train_utilisation",
+                     "publish_node_gbps"):
+            if getattr(self, name) <= 0:
+                raise CostError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.train_utilisation > 1:
+            raise CostError(f"train_utilisation must be <= 1 (a share of peak), got {self.train_utilisation}")
+        if self.active_params_b > self.params_b:
+            raise CostError(f"active_params_b ({self.active_params_b}) cannot exceed params_b ({self.params_b})")
+        if self.engine_reference_load <= 0:
+            raise CostError(f"engine_reference_load must be > 0 (a fraction of engine capacity), "
+                            f"got {self.engine_reference_load}")
 
-    def micro_step_s(self, nodes: int) -> float:
-        """Seconds for one micro-step on a cell of ``nodes`` nodes."""
-        return self.micro_step_node_s / nodes
+    def engine_curve(self) -> EngineCurve:
+        """The per-engine processor-sharing curve these constants describe."""
+        return EngineCurve(self.engine_load_alpha, self.engine_reference_load)
+
+    def train_node_s(self, tokens: float) -> float:
+        """Node-seconds of forward-backward work for ``tokens`` trained tokens (``gyre.sim.sizes``)."""
+        from gyre.sim.sizes import train_node_s
+
+        return train_node_s(self, tokens)
+
+    def bind(self, cfg: Any, trace: Any = None) -> Any:
+        """These constants on one schedule and trace (``gyre.sim.sizes.BoundCosts``): the size-driven times."""
+        from gyre.sim.sizes import bind
+
+        return bind(self, cfg, trace)
 
 
 def parse_cost_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -80,6 +153,8 @@ def parse_cost_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
         key = key.strip()
         if not sep:
             raise CostError(f"cost override {pair!r} is not key=value")
+        if key in REMOVED:
+            raise CostError(REMOVED[key])
         if key not in fields:
             raise CostError(f"unknown cost field {key!r}; known: {', '.join(fields)}")
         try:

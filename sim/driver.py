@@ -3,7 +3,9 @@
 ``Simulation`` is the simulator's ``ActionHandler`` (``gyre.loop``): the
 shared ``DriverLoop`` feeds each event to a ``gyre.scheduler.Scheduler``,
 records it and calls one ``on_<action>`` method per returned action. The
-driver never decides anything itself: executions run for their trace durations, transitions take their
+driver never decides anything itself: executions carry their trace durations as work
+on processor-sharing engines (``engines.py``: the rate follows each engine's load,
+and the durations hold at the reference load), transitions take their
 costs, the training plane (``training.py``) models micro-steps, and every
 resulting event goes back to the core. Supply-timer expiries are delivered as
 ``Tick`` events at exactly ``core.next_deadline()``.
@@ -41,6 +43,7 @@ from gyre.ids import execution_id
 from gyre.loop import ActionHandler, DriverLoop
 from gyre.scheduler import Scheduler
 from gyre.sim.costs import CostModel
+from gyre.sim.engines import EngineBank
 from gyre.sim.record import SimRecord
 from gyre.sim.training import SimTrainingPlane
 from gyre.trajectory.outcomes import GroupOutcomes, designated_outcome
@@ -62,26 +65,32 @@ class Simulation(ActionHandler):
         self.core = Scheduler(cfg)
         self.record = SimRecord(cfg)
         self.loop = DriverLoop(self.core, self, self.record.log)
+        self.costs = costs = costs.bind(cfg, trace)  # gyre.sim.sizes: training work, publication, sandbox start
+        self.trace = costs.trace
         self.plane = SimTrainingPlane(self.env, cfg, costs, self.send)
         self._on_step = on_step
         self._done = self.env.event()
-        self._end_at: dict[int, float] = {}
-        self._extra: dict[int, float] = {}
+        self.engines = EngineBank(self.env, costs.engine_curve(), self._capacity, self._execution_done)
+        self._durations = self.trace.durations_s.tolist()  # plain lists: read once per execution, hot
+        self._outcome_grid = self.trace.outcomes.tolist()
         self._outcomes: dict[int, GroupOutcomes] = {}
         self._dropped = frozenset(dropped_groups)
         self._tick_at: float | None = None
         self._publish_until = 0.0
         self._tokens = trace.column("output_tokens")
+        self._group_size = cfg.group_size  # hot: read per execution (Scheduler.group_of is x // group_size)
 
     # ---- running ---------------------------------------------------------------
     def run(self) -> SimRecord:
         for cell in range(self.cfg.static_train_cells):
             self.plane.join(cell)
         self.send(ev.Begin(0.0))
-        while not self._done.triggered:
-            if self.env.peek() == float("inf"):
-                raise SimulationStalled(self._stall_message())
-            self.env.step()
+        step, done = self.env.step, self._done
+        try:
+            while not done.triggered:
+                step()
+        except simpy.core.EmptySchedule:
+            raise SimulationStalled(self._stall_message()) from None
         self.record.close(self.env.now)
         return self.record
 
@@ -96,6 +105,7 @@ class Simulation(ActionHandler):
         if self._done.triggered:
             return
         self.loop.feed(event)
+        self.engines.flush()
         if isinstance(event, ev.StepDone):
             self.record.step_finished(event.version, event.now)
             if self._on_step:
@@ -106,6 +116,8 @@ class Simulation(ActionHandler):
         self._schedule_tick()
 
     def _schedule_tick(self) -> None:
+        if self.core.supply_since is None:
+            return  # no supply timer runs: next_deadline() is None (the common case, checked without it)
         deadline = self.core.next_deadline()
         if deadline is None or deadline == self._tick_at:
             return
@@ -127,45 +139,35 @@ class Simulation(ActionHandler):
                 self._after(0.0, lambda g=g: self._drop(g))
 
     def on_start_executions(self, a: act.StartExecutions) -> None:
+        start, started, duration, size, now = (self.engines.start, self.record.execution_started, self._duration,
+                                               self._group_size, self.env.now)
         for x, engine in a.placements:
-            duration = self._duration(x) * self._slowdown(engine)
-            self._end_at[x] = self.env.now + duration
-            self.record.execution_started(x, self.core.group_of(x), engine, self.env.now)
-            self.env.timeout(duration).callbacks.append(lambda _e, x=x: self._execution_timer(x))
+            start(x, engine, duration(x))
+            started(x, x // size, engine, now)
 
     def _duration(self, x: int) -> float:
-        g, i = divmod(x, self.cfg.group_size)
+        g, i = divmod(x, self._group_size)
         if i < self.cfg.N:
-            return float(self.trace.query_at(g).durations_s[i])
-        return float(self.trace.query_at(g + 1).durations_s[i % self.cfg.N])  # oversampling surplus
+            return float(self._durations[g % len(self._durations)][i])
+        return float(self._durations[(g + 1) % len(self._durations)][i % self.cfg.N])  # oversampling surplus
 
-    def _slowdown(self, engine: int) -> float:
-        if self.costs.slowdown_per_load == 0:
-            return 1.0
-        capacity = self.cfg.C_s if engine == SEPARATE else self.cfg.C_e
-        return 1.0 + self.costs.slowdown_per_load * self.core.engine_load(engine) / max(1, capacity)
+    def _capacity(self, engine: int) -> int:
+        return self.cfg.C_s if engine == SEPARATE else self.cfg.C_e
 
     def _group_tokens(self, g: int) -> float:
         if self._tokens is None:
             return float(self.cfg.N)
         return float(np.sum(self._tokens[g % self.trace.queries]))
 
-    def _execution_timer(self, x: int) -> None:
-        if x not in self._end_at:
-            return  # cancelled meanwhile
-        extra = self._extra.pop(x, 0.0)
-        if extra > 0:
-            self.env.timeout(extra).callbacks.append(lambda _e, x=x: self._execution_timer(x))
-            return
-        del self._end_at[x]
-        g, i = divmod(x, self.cfg.group_size)
-        outcome = str(self.trace.query_at(g).outcomes[i % self.cfg.N])
+    def _execution_done(self, x: int) -> None:
+        g, i = divmod(x, self._group_size)
+        outcome = str(self._outcome_grid[g % len(self._outcome_grid)][i % self.cfg.N])
         self._close(x, outcome)
 
     def _close(self, x: int, outcome: str) -> None:
         self.record.execution_finished(x, self.env.now, outcome)
         self.send(ev.ExecutionFinished(self.env.now, x, outcome))
-        g = self.core.group_of(x)
+        g = x // self._group_size
         outcomes = self._outcomes.get(g)  # gone once the group was reported ready
         if outcomes is None or outcomes.ready or outcome == "cancelled" or g in self._dropped:
             return  # cancelled work and late surplus have no designated outcome
@@ -183,14 +185,14 @@ class Simulation(ActionHandler):
 
     def on_cancel_executions(self, a: act.CancelExecutions) -> None:
         for x in a.executions:
-            if x in self._end_at:
-                del self._end_at[x]
+            if x in self.engines:
+                self.engines.remove(x)
                 self._after(0.0, lambda x=x: self._close(x, "cancelled"))
 
     def on_reroute(self, a: act.Reroute) -> None:
         self.record.reroute(a.execution, a.source, a.dest, self.env.now)
-        if self.costs.reroute_recompute_s > 0:
-            self._extra[a.execution] = self._extra.get(a.execution, 0.0) + self.costs.reroute_recompute_s
+        if a.execution in self.engines:
+            self.engines.move(a.execution, a.dest, self.costs.reroute_recompute_s)
 
     def on_begin_transition(self, a: act.BeginTransition) -> None:
         self.record.role(a.cell, "to_" + a.role, self.env.now)

@@ -4,7 +4,12 @@
 file, or a ``Trace``), runs the SimPy driver for ``steps`` steps and returns
 a ``SimResult`` with the recorder and the summary dict. The summary's
 ``mean_step_hours`` is ``total_hours / steps`` (wall time per step, rollout
-waits included); per-step training spans are in steps.csv.
+waits included); per-step training spans are in steps.csv. ``slack`` is SPEC
+5.1's figure, measured as ``slack_measure`` states; the size-driven costs
+(trained tokens and training work per step, publication seconds, the model
+description; ``gyre.sim.sizes``) are reported beside it. Cost-model fields
+of the model description left at their defaults follow the trace's workload
+(``sizes.WORKLOAD_MODELS``: the 2.4T model on nl2repo-2.4t).
 
 Invariants: same arguments and seed give identical summaries (except
 ``wall_seconds``) and identical tables; the trace's group size must equal the
@@ -13,6 +18,7 @@ schedule's N (a clear error otherwise).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +32,7 @@ from gyre.presets import PAPER_SHAPE, WORKLOAD_SHAPES, build_preset
 from gyre.actions import SEPARATE
 from gyre.sim.breakdown import role_node_seconds, rollout_busy_share, time_breakdown
 from gyre.sim.costs import CostModel
+from gyre.sim.sizes import for_workload
 from gyre.sim.driver import Simulation
 from gyre.sim.record import SimRecord, write_tables
 from gyre.formats.trace import Trace, load_trace
@@ -36,6 +43,8 @@ from gyre.sim.traces.presets import generate_trace
 DEFAULT_PRESET = "E0"
 DEFAULT_TRACE = "nl2repo-122b"
 TRACE_QUERIES = 400
+SLACK_MEASURE = ("idle share of training-role node time: 1 - busy node-s (micro-steps, warm-ups, drains, "
+                 "updates) / node-s in the training role")
 
 
 @dataclass
@@ -55,9 +64,15 @@ def resolve_trace(trace: str | Path | Trace, seed: int, N: int | None = None) ->
     if isinstance(trace, Trace):
         return trace, trace.source
     if str(trace) in TRACE_PRESETS:
-        rng = np.random.default_rng(seed)
-        return generate_trace(str(trace), TRACE_QUERIES, rng, N=N or 16), str(trace)
+        return _preset_trace(str(trace), seed, N or 16), str(trace)
     return load_trace(trace, N=N), str(trace)
+
+
+@functools.lru_cache(maxsize=4)
+def _preset_trace(name: str, seed: int, N: int) -> Trace:
+    """A preset trace is a pure function of (name, seed, N) and a Trace is never modified, so a process
+    (a sweep worker runs hundreds of schedules on one seed) generates each once."""
+    return generate_trace(name, TRACE_QUERIES, np.random.default_rng(seed), N=N)
 
 
 def run_simulation(preset: str | None = None, trace: str | Path | Trace = DEFAULT_TRACE, *, steps: int = 12,
@@ -80,14 +95,27 @@ def run_simulation(preset: str | None = None, trace: str | Path | Trace = DEFAUL
     resolved, trace_name = resolve_trace(trace, seed, N=cfg.N)
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    costs = costs or CostModel()
+    costs = for_workload(costs or CostModel(), trace_name)
     t0 = time.perf_counter()
     sim = Simulation(cfg, resolved, costs, steps, on_step=on_step)
     record = sim.run()
     wall = time.perf_counter() - t0
     summary = summarize(cfg, record, preset, trace_name, steps, seed, wall)
     summary.update(where_the_time_goes(cfg, record, sim.plane.busy_node_s))
+    summary.update(training_costs(sim.costs, sim.plane.work_node_s, steps))
     return SimResult(cfg, summary, record)
+
+
+def training_costs(costs: Any, work_node_s: float, steps: int) -> dict[str, Any]:
+    """The size-driven costs of the run (``gyre.sim.sizes``): model, J_max, work per step, publication."""
+    return {
+        "slack_measure": SLACK_MEASURE,
+        "model": {"params_b": costs.params_b, "active_params_b": costs.active_params_b, "j_max": costs.j_max,
+                  "train_utilisation": costs.train_utilisation},
+        "training_work_node_hours_per_step": round(work_node_s / 3600 / steps, 6),
+        "trained_tokens_per_step": round(work_node_s / costs.train_node_s(1.0) / steps),
+        "publication_s": round(costs.publish_s, 3),
+    }
 
 
 def where_the_time_goes(cfg: SchedulerConfig, record: SimRecord, training_busy_node_s: float) -> dict[str, Any]:
@@ -132,7 +160,7 @@ def summarize(cfg: SchedulerConfig, record: SimRecord, preset: str, trace: str, 
         "groups_consumed": len(consumed),
         "transitions": record.log.action_counts.get("begin_transition", 0),
         "reroutes": record.log.action_counts.get("reroute", 0),
-        "events": len(record.log.rows),
+        "events": len(record.log),
         "wall_seconds": round(wall, 3),
         "config": {k: v for k, v in vars(cfg).items()},
     }

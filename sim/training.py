@@ -2,21 +2,30 @@
 
 The plane never decides anything the policy core decides: it models *time*.
 A batch opens (StartBatch), groups arrive (FeedGroups), each group becomes
-``micro_steps_per_group`` micro-steps in one shared queue, and every member
-cell that is free claims the next one, so faster and earlier cells take more.
+``micro_steps_per_group`` equal micro-steps in one shared queue, and every
+member cell that is free claims the next one, so faster and earlier cells
+take more. A group's work follows the tokens it trains
+(``costs.group_work_node_s(g)``, ``gyre.sim.sizes``: trained tokens x 6 x
+active parameters / (node throughput x utilisation)); a cell of n nodes runs
+a micro-step of w node-seconds in w / n seconds.
 Each cell pays one warm-up per batch at its first claim; after the last
 micro-step the batch pays drain + gradient reduction + the optimizer update,
 then reports StepDone. Streaming asks the core for one group at a time
-(GroupWanted) whenever the queue holds fewer micro-steps than there are
-member cells; non-streaming receives the whole batch at once.
+(GroupWanted, at most one outstanding) whenever the queue holds fewer
+micro-steps than there are member cells, asynchronously (an event after the current instant's claims,
+as the real backend's asks reach the core); the real backend follows the
+same rule (``runtime.backend``, tests/differential checks they agree);
+non-streaming receives the whole batch at once.
 
 Invariants: a micro-step is claimed by exactly one cell; a cell runs at most
 one micro-step at a time; StepDone is reported once per batch, only after all
-B groups were fed and all their micro-steps finished.
+B groups were fed and all their micro-steps finished; the node-seconds of a
+batch's micro-steps equal the sum of its groups' work.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,6 +34,7 @@ import simpy
 from gyre import events as ev
 from gyre.config import SchedulerConfig
 from gyre.sim.costs import CostModel
+from gyre.sim.sizes import BoundCosts
 
 
 @dataclass
@@ -39,18 +49,25 @@ class Member:
 class SimTrainingPlane:
     def __init__(self, env: simpy.Environment, cfg: SchedulerConfig, costs: CostModel,
                  send: Callable[[ev.Event], None]) -> None:
-        self.env, self.cfg, self.costs, self._send = env, cfg, costs, send
+        self.env, self.cfg, self._send = env, cfg, send
+        self.costs = costs if isinstance(costs, BoundCosts) else costs.bind(cfg)  # no trace: fallback tokens
         self.members: dict[int, Member] = {}
         self.version: int | None = None
-        self.fed = self.wanted = self.queue = self.in_flight = 0
+        self.fed = self.wanted = self.in_flight = 0
+        self.queue: deque[float] = deque()  # node-seconds of each waiting micro-step
+        self.work_node_s = 0.0  # node-seconds of all micro-steps fed (trained-token work)
         self._assigning = False
         self.micro_steps_by_cell: dict[int, int] = {}
         self.busy_node_s = 0.0  # node-seconds of micro-steps, warm-ups, drains and updates (the slack's busy part)
 
     # ---- membership ------------------------------------------------------------
     def join(self, cell: int, delay: float = 0.0) -> None:
-        """A cell enters training; it can claim work after ``delay`` (weight pull)."""
+        """A cell enters training; it can claim work after ``delay`` (weight pull).
+
+        One more member makes the queue shorter relative to the cells, so the packing
+        buffer may ask for a group at once (the real backend asks at the same moment)."""
         self.members[cell] = Member(self.cfg.nodes_per_cell, self.env.now + delay)
+        self._assign()
         self._wake_at(self.env.now + delay)
 
     def leave(self, cell: int) -> None:
@@ -70,7 +87,8 @@ class SimTrainingPlane:
         if self.version is not None:
             raise RuntimeError(f"batch {version} opened while batch {self.version} is running")
         self.version = version
-        self.fed = self.wanted = self.queue = self.in_flight = 0
+        self.fed = self.wanted = self.in_flight = 0
+        self.queue.clear()
         for member in self.members.values():
             member.warmed = False
         self._assign()
@@ -81,7 +99,11 @@ class SimTrainingPlane:
         self.fed += len(groups)
         if self.cfg.streaming:
             self.wanted -= len(groups)
-        self.queue += len(groups) * self.costs.micro_steps_per_group
+        per_group = self.costs.micro_steps_per_group
+        for g in groups:
+            work = self.costs.group_work_node_s(g)
+            self.work_node_s += work
+            self.queue.extend([work / per_group] * per_group)
         self._assign()
 
     # ---- internals ---------------------------------------------------------------
@@ -104,14 +126,14 @@ class SimTrainingPlane:
         now = self.env.now
         for cell in sorted(self.members):
             member = self.members[cell]
-            if self.queue == 0:
+            if not self.queue:
                 return
             if member.busy or member.available_at > now:
                 continue
-            self.queue -= 1
+            work = self.queue.popleft()
             self.in_flight += 1
             member.busy = True
-            seconds = self.costs.micro_step_s(member.nodes) + (0.0 if member.warmed else self.costs.warmup_s)
+            seconds = work / member.nodes + (0.0 if member.warmed else self.costs.warmup_s)
             member.warmed = True
             self.micro_steps_by_cell[cell] = self.micro_steps_by_cell.get(cell, 0) + 1
             self.busy_node_s += seconds * member.nodes
@@ -120,18 +142,19 @@ class SimTrainingPlane:
     def _ask_for_groups(self) -> None:
         if not self.cfg.streaming:
             return
-        want_depth = max(1, len(self.members))
-        per_group = self.costs.micro_steps_per_group
-        while (self.version is not None and self.fed + self.wanted < self.cfg.B
-               and self.queue + self.wanted * per_group < want_depth):
-            self.wanted += 1
-            self._send(ev.GroupWanted(self.env.now))
+        # one group at a time (at most one ask outstanding), when fewer micro-steps are queued
+        # than cells are training: exactly RealBackend._ask_for_groups
+        if (self.version is not None and self.wanted == 0 and self.fed < self.cfg.B
+                and len(self.queue) < max(1, len(self.members))):
+            self.wanted = 1
+            # asynchronously, as any real plane must ask: cells free now claim before the core answers
+            self.env.timeout(0).callbacks.append(lambda _e, now=self.env.now: self._send(ev.GroupWanted(now)))
 
     def _micro_step_done(self, cell: int) -> None:
         self.in_flight -= 1
         if cell in self.members:
             self.members[cell].busy = False
-        if self.fed == self.cfg.B and self.queue == 0 and self.in_flight == 0:
+        if self.fed == self.cfg.B and not self.queue and self.in_flight == 0:
             self._finish_batch()
         else:
             self._assign()

@@ -15,10 +15,17 @@ output_tokens      no        tokens the model generated for it
 call_count         no        number of model calls the execution made
 call_durations_s   no        JSON list of per-call seconds, e.g. ``[3.1, 12.0]``;
                              its length equals ``call_count`` when both exist
+trajectory_tokens  no        JSON list of the token counts of the execution's
+                             candidate trajectories in admission order (SPEC
+                             4.4: main agent first), e.g. ``[41000, 9000]``;
+                             at least one entry; the first ``J_max`` of them
+                             are what training keeps (``kept_tokens``)
 =================  ========  ==================================================
 
-Both CSV and Parquet hold the same table; ``call_durations_s`` is JSON text in
-both. Other columns are kept untouched. Integer ``query_id`` values (in CSV:
+Both CSV and Parquet hold the same table; ``call_durations_s`` and
+``trajectory_tokens`` are JSON text in both; traces written before
+``trajectory_tokens`` existed load unchanged (without it). Other columns are
+kept untouched. Integer ``query_id`` values (in CSV:
 canonical decimals such as ``12``, not ``012``) become int64 and sort
 numerically; any other ids stay text and sort lexicographically.
 
@@ -26,7 +33,8 @@ Invariants of every ``Trace`` (checked when it is built, whatever the source):
 
 * every required column exists and holds a value in every row;
 * durations are finite and non-negative; token and call counts are
-  non-negative integers; outcomes are known;
+  non-negative integers; outcomes are known; each ``trajectory_tokens``
+  cell is a non-empty list of non-negative integers;
 * no (query_id, execution_index) pair repeats;
 * every query has exactly N executions (N given, or taken from the query of
   the first row), so the trace reshapes to a (queries, N) grid;
@@ -43,7 +51,7 @@ The simulator draws queries in trace order and cycles: ``query_at(k)`` is group
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Iterator, NoReturn
@@ -69,6 +77,7 @@ OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
 REQUIRED_COLUMNS = ("query_id", "execution_index", "duration_s", "outcome")
 COUNT_COLUMNS = ("input_tokens", "output_tokens", "call_count")
 CALL_TIMING_COLUMN = "call_durations_s"
+TRAJECTORY_COLUMN = "trajectory_tokens"
 CSV_SUFFIXES = (".csv",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
@@ -147,6 +156,42 @@ def _call_timing(frame: pd.DataFrame, source: str) -> list[str]:
     return canonical
 
 
+def _trajectories(frame: pd.DataFrame, source: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Trajectory token lists as canonical JSON text plus (flat sizes, counts); list cells are accepted too."""
+    cells = [c if isinstance(c, str) else json.dumps([int(v) for v in c]) if _is_list(c) else repr(c)
+             for c in frame[TRAJECTORY_COLUMN].tolist()]
+    text = pd.Series(cells, dtype=object)
+    if bool(text.str.fullmatch(r"\[[0-9]+(?:,[0-9]+)*\]").all()):  # fast path: compact lists of digits
+        counts = text.str.count(",").to_numpy(dtype=np.int64) + 1
+        flat = np.fromstring(",".join(c[1:-1] for c in cells), dtype=np.int64, sep=",")
+        return cells, flat, counts
+    try:  # every cell at once
+        lists = json.loads("[" + ",".join(cells) + "]")
+        if len(lists) != len(cells):
+            raise ValueError("a cell holds more than one value")
+    except ValueError:
+        lists = []
+        for position, cell in enumerate(cells):
+            try:
+                lists.append(json.loads(cell))
+            except ValueError:
+                _fail(source, position + 1, TRAJECTORY_COLUMN, f"{cell!r} is not a JSON list of token counts")
+    counts = np.fromiter((len(x) if isinstance(x, list) else -1 for x in lists), np.int64, len(lists))
+    flat = [v for x in lists if isinstance(x, list) for v in x]
+    ok_values = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in flat)
+    if counts.min() < 1 or not ok_values:
+        for position, x in enumerate(lists):
+            if not isinstance(x, list) or not x or not all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in x):
+                problem = f"{cells[position]!r} must be a non-empty JSON list of integers >= 0"
+                _fail(source, position + 1, TRAJECTORY_COLUMN, problem)
+    return cells, np.asarray(flat, dtype=np.int64), counts
+
+
+def _is_list(cell: object) -> bool:
+    return isinstance(cell, (list, tuple, np.ndarray))
+
+
 def _check_keys(frame: pd.DataFrame, source: str) -> None:
     keys = ["query_id", "execution_index"]
     repeated = frame.duplicated(keys, keep="first").to_numpy()
@@ -172,9 +217,13 @@ def _group_size(frame: pd.DataFrame, N: int | None, source: str) -> int:
 
 
 def validate_frame(
-    frame: pd.DataFrame, N: int | None = None, source: str = "<frame>"
+    frame: pd.DataFrame, N: int | None = None, source: str = "<frame>", *, check_trajectories: bool = True
 ) -> tuple[pd.DataFrame, int]:
-    """Check a raw table against the format; return (normalized sorted copy, N)."""
+    """Check a raw table against the format; return (normalized sorted copy, N).
+
+    ``check_trajectories=False`` leaves ``trajectory_tokens`` unparsed (its
+    sizes come pre-parsed, see ``Trace``) and then needs rows already sorted.
+    """
     if N is not None and (int(N) != N or N < 1):
         raise ValueError(f"N must be a positive integer or None, got {N!r}")
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
@@ -192,9 +241,14 @@ def validate_frame(
         out[column] = _numbers(out, column, source, integer=True).astype("int64")
     if CALL_TIMING_COLUMN in out.columns:
         out[CALL_TIMING_COLUMN] = _call_timing(out, source)
+    if TRAJECTORY_COLUMN in out.columns and check_trajectories:
+        out[TRAJECTORY_COLUMN] = _trajectories(out, source)[0]
     _check_keys(out, source)
     n = _group_size(out, None if N is None else int(N), source)
-    out = out.sort_values(["query_id", "execution_index"], kind="stable", ignore_index=True)
+    out = out.sort_values(["query_id", "execution_index"], kind="stable")
+    if not check_trajectories and not out.index.equals(pd.RangeIndex(len(out))):
+        raise ValueError(f"{source}: pre-parsed trajectory sizes need rows sorted by query_id, execution_index")
+    out = out.reset_index(drop=True)
     return out, n
 
 
@@ -232,21 +286,33 @@ class Trace:
 
     ``Trace(frame)`` validates and normalizes ``frame`` (a copy is kept; do not
     mutate ``trace.frame``). ``N=None`` infers the group size from the query of
-    the first row.
+    the first row. ``trajectories=(sizes, counts)`` hands over the parsed
+    ``trajectory_tokens`` of an already sorted frame (a generator's fast path:
+    the column's JSON is then trusted to say the same, not parsed again).
     """
 
     frame: pd.DataFrame
     N: int | None = None
     source: str = "<frame>"
+    trajectories: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        frame, n = validate_frame(self.frame, self.N, self.source)
+        given = self.trajectories
+        if given is not None:
+            flat, counts = (np.asarray(a, dtype=np.int64) for a in given)
+            if (TRAJECTORY_COLUMN not in self.frame or counts.size != len(self.frame) or counts.min(initial=1) < 1
+                    or flat.size != counts.sum() or flat.min(initial=0) < 0):
+                raise ValueError("trajectories must be (sizes >= 0, counts >= 1) matching the frame's "
+                                 f"{TRAJECTORY_COLUMN} column row by row")
+        frame, n = validate_frame(self.frame, self.N, self.source, check_trajectories=given is None)
         object.__setattr__(self, "frame", frame)
         object.__setattr__(self, "N", n)
         grids = {c: _frozen(frame[c].to_numpy(), n) for c in ("duration_s", *COUNT_COLUMNS) if c in frame}
         grids["outcome"] = _frozen(np.asarray(OUTCOMES)[frame["outcome"].cat.codes.to_numpy()], n)
         object.__setattr__(self, "_grids", grids)
         object.__setattr__(self, "_query_ids", frame["query_id"].to_numpy()[::n].copy())
+        object.__setattr__(self, "_trajectories", None if given is None else (flat, counts))
+        object.__setattr__(self, "trajectories", None)  # parsed sizes live in _trajectories
 
     def __repr__(self) -> str:
         return f"Trace(queries={self.queries}, N={self.N}, source={self.source!r})"
@@ -268,6 +334,28 @@ class Trace:
     def column(self, name: str) -> np.ndarray | None:
         """Read-only (queries, N) grid of an optional count column, or None."""
         return self._grids.get(name)
+
+    def trajectory_sizes(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(flat token counts, trajectories per execution) in frame order, or None without the column."""
+        if TRAJECTORY_COLUMN not in self.frame:
+            return None
+        if self._trajectories is None:
+            _, flat, counts = _trajectories(self.frame, self.source)
+            object.__setattr__(self, "_trajectories", (flat, counts))
+        return self._trajectories
+
+    def kept_tokens(self, j_max: int) -> np.ndarray | None:
+        """(queries, N) tokens of each execution's first ``j_max`` trajectories, or None without the column."""
+        if isinstance(j_max, bool) or int(j_max) != j_max or j_max < 1:
+            raise ValueError(f"j_max must be a positive integer, got {j_max!r}")
+        sizes = self.trajectory_sizes()
+        if sizes is None:
+            return None
+        flat, counts = sizes
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        rank = np.arange(flat.size) - np.repeat(starts, counts)
+        kept = np.add.reduceat(np.where(rank < j_max, flat, 0), starts)
+        return _frozen(kept, self.N)
 
     def group(self, i: int) -> QueryGroup:
         """The i-th query's executions in execution_index order (0 <= i < queries)."""

@@ -4,7 +4,11 @@ Each builder's docstring is its preset's summary (``gyre trace presets``):
 what the workload is, which targets are the paper's (SPEC.md section 5 and
 5.1) and which are ours, the assumptions and their reasons, and what the fit
 found. Fitted parameters come from ``gyre trace fit --preset NAME`` (100,000
-queries x 16, seed 20240601); everything else is set by hand. ``gyre trace stats``
+queries x 16, seed 20240601); the trajectory split (``calls_per_branch``,
+``branch_weight``) from ``traces.trajectories.fit_trajectory_model`` (10,000
+queries x 16, seed 20240601) to SPEC 5.1's J_max shares: 41.4 % of the
+trained tokens kept at J_max = 1, 74.8 % at 5 (paper for nl2repo-122b; ours,
+the same shares, for the other presets); everything else is set by hand. ``gyre trace stats``
 prints every preset's targets beside the achieved values and the fit error.
 """
 
@@ -16,6 +20,9 @@ from gyre.sim.traces.presets import TracePreset, _preset
 SPEC5 = "paper: SPEC 5, 122B profile"
 SPEC51 = "paper: SPEC 5.1, at most 9.51% of queries hold a timed-out execution"
 MILLION = "paper: SPEC intro, 'about a million tokens' per execution (order of magnitude)"
+JMAX = {"jmax1_token_share": 0.414, "jmax5_token_share": 0.748}  # trajectories.SPEC51_KEPT_SHARE
+JMAX_PAPER = {k: "paper: SPEC 5.1, forward-backward time vs uncapped (122B)" for k in JMAX}
+JMAX_OURS = {k: "ours: SPEC 5.1's 122B shares, reused (no figure for this workload)" for k in JMAX}
 
 
 @_preset
@@ -65,6 +72,8 @@ def nl2repo_122b() -> TracePreset:
             call_s=18.0,
             tokens_per_call=2587.3092,
             output_share=0.05,
+            calls_per_branch=54.91,  # ~8 trajectories per execution, the main one ~41 % of the tokens
+            branch_weight=0.2092,
         ),
         targets={
             "mean_execution_h": 1.93,
@@ -75,9 +84,11 @@ def nl2repo_122b() -> TracePreset:
             "timeouts_per_timed_out_query": 13.0,
             "failed_rate": 0.005,
             "mean_tokens": 1.0e6,
+            **JMAX,
         },
         bounds={"queries_with_timeout": 0.0951, "queries_at_ceiling": 0.0951},
         sources={
+            **JMAX_PAPER,
             "mean_execution_h": SPEC5,
             "mean_query_h": SPEC5,
             "queries_over_4h": SPEC5,
@@ -134,6 +145,8 @@ def nl2repo_2_4t() -> TracePreset:
             tokens_per_call=2206.4554,
             output_share=0.05,
             token_log_sd=0.25,
+            calls_per_branch=60.81,
+            branch_weight=0.2035,
         ),
         targets={
             "queries_over_4h": 0.611,
@@ -144,8 +157,10 @@ def nl2repo_2_4t() -> TracePreset:
             "near_ceiling_share": 0.25,
             "failed_rate": 0.005,
             "mean_tokens": 1.0e6,
+            **JMAX,
         },
         sources={
+            **JMAX_OURS,
             "queries_over_4h": "paper: SPEC 5, 2.4T profile",
             "slowest_overall_timeout_share": "paper: SPEC 5, 2.4T profile",
             "mean_execution_h": "ours: SPEC gives no mean for 2.4T",
@@ -197,6 +212,8 @@ def deepswe() -> TracePreset:
             call_s=12.0,
             tokens_per_call=2513.9564,
             output_share=0.05,
+            calls_per_branch=23.81,
+            branch_weight=0.2523,
         ),
         targets={
             "mean_execution_h": 0.40,
@@ -207,8 +224,9 @@ def deepswe() -> TracePreset:
             "queries_with_timeout": 0.14,
             "failed_rate": 0.01,
             "mean_tokens": 3.0e5,
+            **JMAX,
         },
-        sources=_short_task_sources("DeepSWE"),
+        sources={**_short_task_sources("DeepSWE"), **JMAX_OURS},
     )
 
 
@@ -246,6 +264,8 @@ def terminalbench() -> TracePreset:
             call_s=8.0,
             tokens_per_call=1344.2865,
             output_share=0.08,
+            calls_per_branch=26.23,
+            branch_weight=0.2726,
         ),
         targets={
             "mean_execution_h": 0.25,
@@ -256,6 +276,7 @@ def terminalbench() -> TracePreset:
             "queries_with_timeout": 0.18,
             "failed_rate": 0.015,
             "mean_tokens": 1.5e5,
+            **JMAX,
         },
-        sources=_short_task_sources("TerminalBench"),
+        sources={**_short_task_sources("TerminalBench"), **JMAX_OURS},
     )

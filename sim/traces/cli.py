@@ -115,12 +115,25 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trajectory_shares(model, seed: int, queries: int, N: int) -> dict[str, float]:
+    """Kept-token shares of a trace generated from ``model`` (``traces.stats.trajectory_stats``)."""
+    import dataclasses
+
+    import numpy as np
+
+    from gyre.sim.traces.presets import TracePreset, generate_trace
+    from gyre.sim.traces.stats import trajectory_stats
+
+    preset = TracePreset(name="fitted", model=dataclasses.replace(model), targets={}, sources={})
+    return trajectory_stats(generate_trace(preset, queries, np.random.default_rng(seed), N=N))
+
+
 @_guarded
 def cmd_fit(args: argparse.Namespace) -> int:
     """Refit a preset's shape parameters to its targets and print them."""
     import numpy as np
 
-    from gyre.sim.traces.fit import FITTED_FIELDS, fit_model
+    from gyre.sim.traces.fit import FITTED_FIELDS, TRAJECTORY_FIELDS, fit_model
     from gyre.sim.traces.presets import draw_variates, get_preset, realize_counts, realize_durations
     from gyre.sim.traces.stats import count_stats, duration_stats
 
@@ -130,8 +143,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     durations_s, codes, active_s = realize_durations(model, variates)
     stats = {"queries": args.queries, "N": preset.N, **duration_stats(durations_s, codes)}
     stats.update(count_stats(realize_counts(model, variates, active_s)))
+    stats.update(_trajectory_shares(model, args.seed + 1, min(args.queries, 10_000), preset.N))
     print(f"# {preset.name}: fitted on {args.queries} queries x {preset.N}, seed {args.seed}")
-    for field in (*FITTED_FIELDS, "tokens_per_call"):
+    for field in (*FITTED_FIELDS, "tokens_per_call", *TRAJECTORY_FIELDS):
         print(f"{field}={getattr(model, field):.4f},")
     print(f"\nachieved on a fresh sample (seed {args.seed + 1}):")
     print(_compared(stats, preset))

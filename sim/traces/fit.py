@@ -9,7 +9,10 @@ are the preset's stated assumptions.
 
 Invariants: a fit is a pure function of (start model, targets, queries, seed,
 N); fitted fractions stay in (0, 1) and spreads positive (they are searched
-as logits and logarithms); the preset's bounds are not fitted, the preset's
+as logits and logarithms); with ``jmax1_token_share`` and
+``jmax5_token_share`` among the targets, ``calls_per_branch`` and
+``branch_weight`` are then solved for them on the first ``TRAJECTORY_QUERIES``
+queries of the same sample (``traces.trajectories``); the preset's bounds are not fitted, the preset's
 own targets (e.g. a share of queries holding a timeout below the bound) keep
 them, and the tests check them.
 """
@@ -35,6 +38,8 @@ FITTED_FIELDS = (
 )
 _LOG_FIELDS = {"difficulty_log_sd", "execution_log_sd"}  # searched on a log scale
 _LOGIT_FIELDS = {"hard_share", "stuck_rate", "overall_share"}  # searched as logits
+TRAJECTORY_QUERIES = 10_000
+TRAJECTORY_FIELDS = ("calls_per_branch", "branch_weight")
 _EDGE = 1e-4  # fractions are kept inside [_EDGE, 1 - _EDGE] while searching
 
 
@@ -97,4 +102,22 @@ def fit_model(
     fitted = _from_params(model, least_squares(residuals, _to_params(model), diff_step=0.03).x)
     if "mean_tokens" in targets:
         fitted = _scale_tokens(fitted, variates, targets["mean_tokens"])
+    if "jmax1_token_share" in targets and "jmax5_token_share" in targets:
+        fitted = _fit_trajectories(fitted, variates, targets, seed)
     return fitted
+
+
+def _fit_trajectories(model: DurationModel, variates: Variates, targets: Mapping[str, float],
+                      seed: int) -> DurationModel:
+    from gyre.formats.trace import Outcome
+    from gyre.sim.traces.model import CODE
+    from gyre.sim.traces.trajectories import fit_trajectory_model
+
+    _, codes, active_s = realize_durations(model, variates)
+    counts = realize_counts(model, variates, active_s)
+    rows = slice(0, TRAJECTORY_QUERIES)
+    trains = (codes == CODE[Outcome.COMPLETED]) | (codes == CODE[Outcome.HARNESS_TIMEOUT])
+    tokens = counts["input_tokens"] + counts["output_tokens"]
+    split = fit_trajectory_model(model.trajectory_model(), counts["call_count"][rows], tokens[rows], trains[rows],
+                                 {1: targets["jmax1_token_share"], 5: targets["jmax5_token_share"]}, seed)
+    return dataclasses.replace(model, calls_per_branch=split.calls_per_branch, branch_weight=split.branch_weight)

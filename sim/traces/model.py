@@ -27,6 +27,10 @@ Per query q and execution j (hours unless stated):
   being the harness's own time (the ceiling for an overall timeout); tokens:
   ``call_count * tokens_per_call * LN``, of which ``output_share`` are output.
   Each LN is a mean-one lognormal factor.
+* trajectories: the execution's tokens split over its candidate
+  trajectories in admission order (``traces.trajectories``:
+  ``calls_per_branch``, ``branch_weight``, ``branch_log_sd``), drawn after
+  all the variates above, so adding them left every other column unchanged.
 
 Invariants: every random number comes from the generator passed in, drawn in
 one fixed order (``draw_variates``), so equal seeds give identical traces; a
@@ -44,6 +48,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from gyre.formats.trace import OUTCOMES, Outcome
+from gyre.sim.traces.trajectories import TrajectoryModel
 
 HOUR_S = 3600.0
 CODE = {name: code for code, name in enumerate(OUTCOMES)}
@@ -67,6 +72,10 @@ class DurationModel:
     output_share: float
     call_log_sd: float = 0.2
     token_log_sd: float = 0.3
+    # trajectory split (traces.trajectories); defaults: the nl2repo-122b fit to SPEC 5.1's J_max shares
+    calls_per_branch: float = 54.91
+    branch_weight: float = 0.2092
+    branch_log_sd: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0 < self.ceiling_h < self.budget_h:
@@ -76,6 +85,11 @@ class DurationModel:
             raise ValueError(f"{', '.join(fractions)} must be fractions (failed_rate < 1)")
         if self.difficulty_log_sd < 0 or self.execution_log_sd < 0:
             raise ValueError("log standard deviations must be >= 0")
+        self.trajectory_model()  # checks the split's parameters
+
+    def trajectory_model(self) -> TrajectoryModel:
+        return TrajectoryModel(calls_per_branch=self.calls_per_branch, branch_weight=self.branch_weight,
+                               branch_log_sd=self.branch_log_sd)
 
 
 @dataclass(frozen=True)

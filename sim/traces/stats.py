@@ -29,7 +29,13 @@ timeout):
 * ``p50/p90/p99_execution_h``: execution duration quantiles (linear);
 * ``mean_tokens`` (input + output), ``mean_input_tokens``,
   ``mean_output_tokens``, ``mean_call_count``: only when the trace has those
-  columns.
+  columns;
+* ``jmax1_token_share``, ``jmax5_token_share``: share of the trained tokens
+  that admission keeps when capped at J_max = 1 or 5 trajectories per
+  execution (SPEC 5.1: 41.4 % and 74.8 % of the uncapped forward-backward
+  time), over the executions that train (completed, harness timeout); only
+  when the trace has ``trajectory_tokens``;
+* ``mean_trajectories``: mean candidate trajectories per execution (same).
 
 Tolerance (the yardstick of the preset tests and of the table): fractions
 (metrics printed in %) must lie within 1.5 percentage points of their target;
@@ -72,9 +78,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "mean_input_tokens": ("mean input tokens", "tokens"),
     "mean_output_tokens": ("mean output tokens", "tokens"),
     "mean_call_count": ("mean call count", "count"),
+    "jmax1_token_share": ("trained tokens kept, J_max = 1", "%"),
+    "jmax5_token_share": ("trained tokens kept, J_max = 5", "%"),
+    "mean_trajectories": ("mean trajectories per execution", "count"),
 }
 
-DURATION_KEYS = tuple(k for k in METRICS if "token" not in k and "call" not in k)
+DURATION_KEYS = tuple(k for k in METRICS if "token" not in k and "call" not in k and "trajector" not in k)
 
 
 def is_fraction(key: str) -> bool:
@@ -144,7 +153,21 @@ def trace_stats(trace: Trace) -> dict[str, float]:
     stats.update(duration_stats(trace.durations_s, trace.outcomes))
     present = {c: trace.column(c) for c in COUNT_COLUMNS if trace.column(c) is not None}
     stats.update(count_stats(present))
+    stats.update(trajectory_stats(trace))
     return stats
+
+
+def trajectory_stats(trace: Trace) -> dict[str, float]:
+    """Kept-token shares under J_max = 1 and 5, and trajectories per execution (empty without the column)."""
+    sizes = trace.trajectory_sizes()
+    if sizes is None:
+        return {}
+    trains = np.isin(trace.outcomes, (Outcome.COMPLETED.value, Outcome.HARNESS_TIMEOUT.value))
+    total = trace.kept_tokens(int(sizes[1].max()))[trains].sum()
+    out = {"mean_trajectories": float(sizes[1].mean())}
+    for j in (1, 5):
+        out[f"jmax{j}_token_share"] = float(trace.kept_tokens(j)[trains].sum() / total) if total else 1.0
+    return out
 
 
 def fit_error(key: str, achieved: float, target: float) -> str:

@@ -26,7 +26,7 @@ def test_every_constant_but_the_distorting_one_is_varied_over_its_stated_range()
 
 @pytest.fixture(scope="module")
 def table() -> pd.DataFrame:
-    return run_sensitivity(["C0", "E0"], steps=3, only=["micro_step_node_s", "publish_s"], jobs=2)
+    return run_sensitivity(["C0", "E0"], steps=3, only=["active_params_b", "publish_s"], jobs=2)
 
 
 def test_rankings_and_ratios_come_from_the_runs_shown(table):
@@ -37,8 +37,11 @@ def test_rankings_and_ratios_come_from_the_runs_shown(table):
     assert list(table[f"{FOCAL}_rank"]) == list(expected_rank)
     assert np.allclose(table[f"{FOCAL}_speedup_over_best_other"], table["C0_h"] / table["E0_h"])
     # slower training hurts the colocated block (training on its critical path) more than E0
-    training = table[table.constant == "micro_step_node_s"].set_index("side")
-    assert training.loc["high", "C0_vs_E0"] > training.loc["low", "C0_vs_E0"]
+    training = table[table.constant == "active_params_b"].set_index("side")  # more FLOPs per trained token
+    # in hours: with load-dependent engines (processor sharing) E0's tail speed-up shrinks as more cells
+    # train, so the ratio C0/E0 need not grow at 3 steps; the extra hours still fall harder on C0
+    assert (training.loc["high", "C0_h"] - training.loc["low", "C0_h"]
+            > training.loc["high", "E0_h"] - training.loc["low", "E0_h"])
 
 
 def test_the_tornado_draws_one_bar_per_side_and_constant(table):

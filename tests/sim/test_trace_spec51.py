@@ -9,7 +9,6 @@ deviations; a bound ("at most 9.51 %") is checked with no tolerance, and the
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pandas as pd
@@ -120,14 +119,3 @@ def test_generation_is_deterministic(name):
     b = generate_trace(name, 300, np.random.default_rng(123))
     pd.testing.assert_frame_equal(a.frame, b.frame)
     assert not a.equals(generate_trace(name, 300, np.random.default_rng(124)))
-
-
-def test_ten_thousand_queries_in_under_a_second():
-    best = min(_timed(lambda: generate_trace("nl2repo-122b", 10_000, np.random.default_rng(0))) for _ in range(2))
-    assert best < 1.0
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start

@@ -10,10 +10,14 @@ from gyre import events as ev
 from gyre.config import SchedulerConfig
 from gyre.sim.costs import CostError, CostModel, parse_cost_overrides
 from gyre.sim.runner import run_simulation
+from gyre.sim.sizes import FALLBACK_EXECUTION_TOKENS
 from gyre.sim.traces.presets import generate_trace
 from gyre.sim.training import SimTrainingPlane
 
-COSTS = CostModel(micro_steps_per_group=2, micro_step_node_s=10.0, warmup_s=5.0, drain_s=1.0,
+# a group of N = 1 trains FALLBACK_EXECUTION_TOKENS (no trace): peak throughput set so its work is 20 node-s,
+# two micro-steps of 10 node-s (6 FLOPs x 1e9 active parameters per token, utilisation 1)
+COSTS = CostModel(micro_steps_per_group=2, active_params_b=1.0, train_utilisation=1.0,
+                  node_peak_tflops=6e9 * FALLBACK_EXECUTION_TOKENS / 20.0 / 1e12, warmup_s=5.0, drain_s=1.0,
                   grad_reduce_s=1.0, optimizer_s=1.0)
 
 
@@ -43,6 +47,8 @@ def test_micro_steps_split_across_cells(members, step_done_at):
 def test_streaming_asks_for_groups_and_a_late_joiner_pays_its_pull():
     env, plane, sent = plane_with(1, streaming=True)
     plane.start_batch(0)
+    assert sent == []  # asked asynchronously: after the instant's claims, as a real plane's ask arrives
+    env.step()  # the ask (a zero-delay event at t = 0)
     assert sent == [ev.GroupWanted(0)]
     plane.feed(0, (0,))
     plane.join(1, delay=12.0)  # cell 1 is free at 12, before cell 0 at 15: it claims micro-step 2
@@ -61,12 +67,15 @@ def test_satellites_join_training_in_an_elastic_run():
 def test_cost_switches_slow_the_run_down():
     trace = generate_trace("nl2repo-122b", 120, np.random.default_rng(0))
     base = run_simulation("E0", trace, steps=6, seed=0).summary["total_hours"]
-    loaded = run_simulation("E0", trace, steps=6, seed=0, costs=CostModel(slowdown_per_load=0.5))
+    # traces recorded at half load: full engines run slower than the trace durations (processor sharing)
+    loaded = run_simulation("E0", trace, steps=6, seed=0, costs=CostModel(engine_reference_load=0.5))
     assert loaded.summary["total_hours"] > base
-    rerouted = run_simulation("E0", trace, steps=6, seed=0, costs=CostModel(reroute_recompute_s=3600.0))
+    # load-independent engines, so the recompute is exactly extra seconds
+    rerouted = run_simulation("E0", trace, steps=6, seed=0,
+                              costs=CostModel(engine_load_alpha=0.0, reroute_recompute_s=3600.0))
     assert rerouted.summary["reroutes"] > 0
     moved = [r for r in rerouted.record.executions.values() if r["reroutes"] and r["end_s"] is not None]
-    plain = run_simulation("E0", trace, steps=6, seed=0).record.executions
+    plain = run_simulation("E0", trace, steps=6, seed=0, costs=CostModel(engine_load_alpha=0.0)).record.executions
     x = moved[0]["execution"]
     assert moved[0]["end_s"] - moved[0]["start_s"] == pytest.approx(
         plain[x]["end_s"] - plain[x]["start_s"] + 3600.0 * moved[0]["reroutes"])
