@@ -3,12 +3,13 @@
 Engines are named by integers: ``0..K-1`` are the cells' rollout engines and
 ``SEPARATE`` (-1) is the separate rollout pool. Actions are frozen dataclasses
 that export themselves as flat dicts, so two drivers' action sequences can be
-compared row by row.
+compared row by row. Their fields are immutable scalars and tuples, so
+``as_dict`` is a shallow copy of the fields (equal to ``dataclasses.asdict``,
+key for key and in the same order, without its recursive deep copy).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -20,7 +21,8 @@ class Action:
     kind: ClassVar[str] = "action"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, **dataclasses.asdict(self)}
+        # a frozen dataclass's __dict__ holds exactly its fields, in declaration order
+        return {"kind": self.kind, **self.__dict__}
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,9 @@
 Every event carries ``now`` (seconds, any epoch): the core never reads a clock,
 so SimPy's ``env.now`` and a wall clock are interchangeable. Events are frozen
 dataclasses that export themselves as flat dicts for event tables and replay.
+Their fields are immutable scalars and tuples, so ``as_dict`` is a shallow
+copy of the fields (equal to ``dataclasses.asdict``, key for key and in the
+same order, without its recursive deep copy: it runs once per event).
 
 Invariant: ``now`` never decreases along the sequence a core receives.
 """
@@ -20,7 +23,8 @@ class Event:
     kind: ClassVar[str] = "event"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, **dataclasses.asdict(self)}
+        # a frozen dataclass's __dict__ holds exactly its fields, in declaration order
+        return {"kind": self.kind, **self.__dict__}
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,15 @@ class RolloutLedger:
         self._capacity[SEPARATE] = cfg.C_s
         self._preference: tuple[int, ...] = (SEPARATE, *range(cfg.K - 1, -1, -1))
         self._accepting: set[int] = {SEPARATE} if cfg.C_s > 0 else set()
+        self._accepting_capacity = sum(self._capacity[e] for e in self._accepting)  # kept by open/close
         self._members: dict[int, set[int]] = {e: set() for e in self._preference}
         self._where: dict[int, int] = {}
 
     # ---- queries ------------------------------------------------------------
     @property
     def capacity(self) -> int:
-        """C_R: total capacity of the accepting engines."""
-        return sum(self._capacity[e] for e in self._accepting)
+        """C_R: total capacity of the accepting engines (a running total: read several times per event)."""
+        return self._accepting_capacity
 
     @property
     def running(self) -> int:
@@ -62,13 +63,17 @@ class RolloutLedger:
     # ---- changes ------------------------------------------------------------
     def open(self, engine: int) -> None:
         """The engine starts accepting work (its cell is back in rollout)."""
-        self._accepting.add(engine)
+        if engine not in self._accepting:
+            self._accepting_capacity += self._capacity[engine]
+            self._accepting.add(engine)
 
     def close(self, engine: int) -> None:
         """The engine stops accepting; it must have been emptied by ``evacuate``."""
         if self._members[engine]:
             raise LedgerError(f"engine {engine} closed while serving {len(self._members[engine])} executions")
-        self._accepting.discard(engine)
+        if engine in self._accepting:
+            self._accepting_capacity -= self._capacity[engine]
+            self._accepting.discard(engine)
 
     def place(self, execution: int, exclude: frozenset[int] = frozenset()) -> int:
         """Put an execution on the most preferred accepting engine with room."""

@@ -94,6 +94,7 @@ class Scheduler:
         self.awaiting_publish = False
         self.supply_since: float | None = None
         self._units = cfg.transition_units()
+        self._core_unit = cfg.core_unit  # read once per event by _open_batch
         self._unit_of = {c: i for i, unit in enumerate(self._units) for c in unit}
         self._returning: set[int] = set()
         self._ledger = RolloutLedger(cfg)
@@ -366,7 +367,7 @@ class Scheduler:
             out.append(act.StartExecutions(tuple(placements)))
 
     def _core_in_training(self) -> bool:
-        return all(self.roles[c] == R.TRAINING for c in self.cfg.core_unit)
+        return all(self.roles[c] == R.TRAINING for c in self._core_unit)
 
     def _open_batch(self, out: list[act.Action]) -> None:
         if self.batch_open or self.awaiting_publish or not self._core_in_training():

@@ -70,7 +70,9 @@ class SimRecord:
                               "end_s": None, "outcome": None, "reroutes": 0}
 
     def execution_finished(self, x: int, now: float, outcome: str) -> None:
-        self.executions[x].update(end_s=now, outcome=outcome)
+        row = self.executions[x]  # once per execution: plain stores, not update(**kw)
+        row["end_s"] = now
+        row["outcome"] = outcome
 
     def reroute(self, x: int, source: int, dest: int, now: float) -> None:
         row = self.executions[x]

@@ -25,7 +25,7 @@ from typing import Any
 from gyre.config import ConfigError, parse_overrides
 
 RESULT_KEYS = ("total_hours", "mean_step_hours", "staleness_mean", "staleness_steady_mean", "staleness_predicted",
-               "staleness_token_weighted_mean", "staleness_max", "transitions", "slack")
+               "staleness_token_weighted_mean", "staleness_max", "transitions", "slack", "events")
 
 
 def parse_sweep(specs: list[str]) -> dict[str, list[Any]]:
@@ -80,5 +80,6 @@ def run_sweep(axes: dict[str, list[Any]], *, preset: str = "E0", trace: str = "n
     work = [(preset, trace, steps, seed, point) for point in points(axes) for seed in range(seeds)]
     if jobs == 1:
         return [_one(job) for job in work]
+    import gyre.sim.runner  # noqa: F401  imported once here, before the workers fork, not once in each
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(_one, work, chunksize=max(1, len(work) // (4 * jobs))))

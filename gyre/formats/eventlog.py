@@ -10,9 +10,17 @@ The schema is derived from ``gyre.events`` and never listed by hand:
 the event types first declare it; each column's parser is the field's
 annotated type. Adding a field to an event adds its column.
 
+Recording is cheap: ``EventLog`` keeps the (frozen) event and action
+objects and builds their dict rows only when ``rows`` / ``actions`` are read,
+extending the rows built so far, so a driver pays two list appends per event
+and a simulation read only for its summary never builds them at all.
+
 Invariants: ``load_events(write(log))`` returns the recorded events (times to
 the microsecond the CSV keeps); ``replay(cfg, events)`` is a pure function of
-its inputs; a malformed row raises ValueError naming its line.
+its inputs; a malformed row raises ValueError naming its line; ``rows`` and
+``actions`` read at any point equal the dicts that recording each event and
+action as it came would have built (``as_dict``, plus ``seq`` and a float
+``now`` for events).
 """
 
 from __future__ import annotations
@@ -51,20 +59,49 @@ class EventLog:
     """Events a core accepted and the actions it returned, in order."""
 
     def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self.actions: list[dict[str, Any]] = []
-        self.action_counts: Counter[str] = Counter()
+        self._events: list[ev.Event] = []
+        self._actions: list[act.Action] = []
+        self._rows: list[dict[str, Any]] = []
+        self._action_rows: list[dict[str, Any]] = []
+        self._counts: Counter[str] = Counter()
+        self._counted = 0
+
+    def __len__(self) -> int:
+        """The number of recorded events."""
+        return len(self._events)
 
     def record_event(self, event: ev.Event) -> None:
-        row = event.as_dict()
-        row["seq"] = len(self.rows)
-        row["now"] = float(row["now"])
-        self.rows.append(row)
+        self._events.append(event)
 
     def record_actions(self, actions: Iterable[act.Action]) -> None:
-        for a in actions:
-            self.action_counts[a.kind] += 1
-            self.actions.append(a.as_dict())
+        self._actions.extend(actions)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per recorded event: ``as_dict()`` with ``seq`` and ``now`` as a float."""
+        rows, events = self._rows, self._events
+        for seq in range(len(rows), len(events)):
+            row = events[seq].as_dict()
+            row["seq"] = seq
+            row["now"] = float(row["now"])
+            rows.append(row)
+        return rows
+
+    @property
+    def actions(self) -> list[dict[str, Any]]:
+        """One ``as_dict()`` per returned action, in order."""
+        out, actions = self._action_rows, self._actions
+        out.extend(a.as_dict() for a in actions[len(out):])
+        return out
+
+    @property
+    def action_counts(self) -> Counter[str]:
+        """How many actions of each kind were returned."""
+        counts, actions = self._counts, self._actions
+        for a in actions[self._counted:]:
+            counts[a.kind] += 1
+        self._counted = len(actions)
+        return counts
 
     def events(self) -> list[ev.Event]:
         """The recorded events as event objects."""
