@@ -50,7 +50,7 @@ run: $(VENV)/.base-installed
 
 # The fast tier: pure core, simulator, analysis and pure trajectory tests,
 # small Hypothesis budget, no heavy stack (tests/conftest.py).
-CHECK_DIRS := tests/core tests/sim tests/analysis tests/trajectory tests/proxy_parse
+CHECK_DIRS := tests/core tests/sim tests/analysis tests/trajectory tests/proxy_parse tests/differential
 check: $(VENV)/.check-installed
 	GYRE_TEST_TIER=check $(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:cacheprovider $(CHECK_DIRS)
 
@@ -62,6 +62,12 @@ figs: $(VENV)/.base-installed
 
 bench: $(VENV)/.dev-installed
 	$(BIN)/python -m bench
+
+# Two bursts of a small-model version of configs/gpu_node_qwen.toml where CUDA is present
+# (CHECKPOINT=folder for a small Qwen checkpoint); says "no GPU" and exits 0 elsewhere.
+.PHONY: gpu-smoke
+gpu-smoke:
+	PY=$(BIN)/python bash tools/gpu_smoke.sh $(CHECKPOINT)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gyre.analysis.theorem_cli",
     "gyre.analysis.sweep",
     "gyre.analysis.sensitivity",
+    "gyre.analysis.sim_vs_real",
     "gyre.paper_figs.cli",
     "gyre.real.proxy.cli",
     "gyre.real.runtime.cli",

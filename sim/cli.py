@@ -1,7 +1,7 @@
 """``gyre sim``: simulate a schedule on a trace, or a grid of schedules.
 
     gyre sim [--preset E0] [--trace nl2repo-122b|PATH] [--steps 12] [--seed 0]
-             [--set key=value ...] [--cost key=value ...] [--out DIR]
+             [--set key=value ...] [--costs FILE] [--cost key=value ...] [--out DIR]
     gyre sim --grid ablation|methods [--steps 12] [--out DIR]
 
 Bad input (unknown preset or field, malformed trace, impossible config) prints
@@ -24,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for generated traces")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a schedule field, e.g. --set phi=0.5")
+    p.add_argument("--costs", dest="cost_file", type=Path, metavar="FILE",
+                   help="a TOML [costs] table, e.g. the costs.toml `gyre calibrate RUN_DIR` writes")
     p.add_argument("--cost", dest="costs", action="append", default=[], metavar="KEY=VALUE",
                    help="override a cost constant, e.g. --cost publish_s=60")
     p.add_argument("--grid", choices=("ablation", "methods"), help="run a grid of presets instead of one")
@@ -38,7 +40,10 @@ def run_command(args: argparse.Namespace) -> int:
 
     try:
         overrides = parse_overrides(args.overrides)
-        costs = CostModel(**parse_cost_overrides(args.costs))
+        from gyre.sim.cost_file import load_cost_file
+
+        base = load_cost_file(args.cost_file) if args.cost_file else {}
+        costs = CostModel(**{**base, **parse_cost_overrides(args.costs)})
         if args.grid:
             return _grid(args, overrides, costs)
         return _single(args, overrides, costs)

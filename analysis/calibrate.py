@@ -1,0 +1,167 @@
+"""``gyre calibrate RUN_DIR``: the simulator's cost constants measured from a real run's records.
+
+A real run (``gyre run``) leaves ``summary.json`` (per-transition, per-publication
+and per-step measurements of the backend and the training cells), ``trace.csv``
+(each execution's measured duration and tokens) and ``log/events.csv``. This
+module turns them into a cost file the simulator reads (``gyre sim --costs``):
+
+| constant              | measured as                                                                |
+|-----------------------|----------------------------------------------------------------------------|
+| to_training_s         | mean of the backend's rollout -> training transitions (drain wait included) |
+| to_rollout_s          | mean of training -> rollout transitions, minus the wait for a publication  |
+|                       | in flight (the simulator models that wait itself)                           |
+| publish_s             | mean publication wall time (export + engines loading it); one run cannot    |
+|                       | split latency from bandwidth, so it is all fixed cost (bandwidth set huge)  |
+| node_peak_tflops      | 6 x parameters x trained tokens / cell compute seconds, at utilisation 1:   |
+|                       | the cells' own forward+backward seconds (``compute_s`` per micro-step) over |
+|                       | the trace's tokens of the groups trained                                    |
+| micro_steps_per_group | micro-steps the packer made per trained group (rounded)                     |
+| optimizer_s           | mean optimizer update seconds of the core cell                              |
+| weight_pull_s         | mean Mooncake pull of a joining satellite (0 when none joined)              |
+
+Set to zero, with the reason: warm-up, drain and gradient reduction (one CPU
+process per cell, no pipeline), broadcast (inside the measured step), sandbox
+start-up and evaluation (inside the measured execution durations), and the
+engine load curve (the durations were measured under the run's own load).
+
+Invariants: a pure function of the run folder's files; every constant written
+is a field of ``gyre.sim.costs.CostModel`` and passes its checks; a folder
+missing a file or a measurement raises ``CalibrationError`` naming it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from gyre.sim.costs import CostModel
+
+COST_FILE = "costs.toml"
+FLOPS_PER_PARAM_TOKEN = 6.0  # forward + backward (the simulator's own formula, gyre.sim.sizes)
+HUGE_GBPS = 1e6
+
+
+class CalibrationError(ValueError):
+    """A run folder without what calibration needs; the message names the file or the field."""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise CalibrationError(f"{path}: missing (is this a `gyre run` folder?)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CalibrationError(f"{path}: not JSON ({exc})") from None
+
+
+def _mean(values: list[float], what: str) -> float:
+    values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not values:
+        raise CalibrationError(f"summary.json: no {what} measured")
+    return statistics.fmean(values)
+
+
+def _group_tokens(trace_path: Path) -> dict[int, float]:
+    """Tokens of each complete group (input + output of its executions) from the run's trace."""
+    if not trace_path.is_file():
+        raise CalibrationError(f"{trace_path}: missing (the run wrote no complete group)")
+    tokens: dict[int, float] = {}
+    with open(trace_path, newline="") as fh:
+        for line, row in enumerate(csv.DictReader(fh), start=2):
+            try:
+                q = int(row["query_id"])
+                tokens[q] = tokens.get(q, 0.0) + float(row["input_tokens"]) + float(row["output_tokens"])
+            except (KeyError, ValueError) as exc:
+                raise CalibrationError(f"{trace_path}: line {line}: no token counts ({exc})") from None
+    return tokens
+
+
+def model_parameters(run_dir: Path) -> int:
+    """Parameters of the model the run trained, read from its engine checkpoint's safetensors headers."""
+    folder = run_dir / "engine-model"
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CalibrationError(f"{folder}: no safetensors files (the model the run served)")
+    total = 0
+    for path in files:
+        with open(path, "rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(size))
+        for name, info in header.items():
+            if name != "__metadata__":
+                total += math.prod(info["shape"])
+    return total
+
+
+def measure(run_dir: str | Path) -> dict[str, Any]:
+    """Every measured quantity calibration uses, with its sample count (for the cost file's comments)."""
+    run_dir = Path(run_dir)
+    s = _read_json(run_dir / "summary.json")
+    reports = s.get("step_reports")
+    if not reports:
+        raise CalibrationError(f"{run_dir / 'summary.json'}: no step_reports (a run from an older gyre?)")
+    transitions = s.get("transitions", [])
+    to_training = [t["total_s"] for t in transitions if t.get("role") == "training"]
+    to_rollout = [t["total_s"] - t.get("publish_wait_s", 0.0) for t in transitions if t.get("role") == "rollout"]
+    compute_s = sum(sum(r.get("compute_s_by_cell", {}).values()) for r in reports)
+    microsteps = sum(int(r.get("microsteps", 0)) for r in reports)
+    fed = [g for groups in s.get("groups_fed", {}).values() for g in groups]
+    tokens_by_group = _group_tokens(run_dir / "trace.csv")
+    trained = [tokens_by_group[g] for g in fed if g in tokens_by_group]
+    if compute_s <= 0 or not trained:
+        raise CalibrationError(f"{run_dir / 'summary.json'}: no training compute or no trained group with tokens")
+    pulls = [j["pull_s"] for r in reports for j in (r.get("joins") or {}).values() if j and "pull_s" in j]
+    return {
+        "to_training_s": (_mean(to_training, "rollout -> training transition"), len(to_training)),
+        "to_rollout_s": (_mean(to_rollout, "training -> rollout transition"), len(to_rollout)),
+        "publish_s": (_mean([p["wall_s"] for p in s.get("publishes", [])], "publication"), len(s.get("publishes", []))),
+        "optimizer_s": (_mean([r.get("update_s") for r in reports], "optimizer update"), len(reports)),
+        "weight_pull_s": (statistics.fmean(pulls) if pulls else 0.0, len(pulls)),
+        "compute_s": (compute_s, microsteps),
+        "trained_tokens": (sum(trained) * len(fed) / len(trained), len(fed)),
+        "groups_trained": (len(fed), len(fed)),
+        "parameters": (model_parameters(run_dir), 1),
+    }
+
+
+def calibrate(run_dir: str | Path) -> dict[str, float | int]:
+    """The ``CostModel`` fields measured from ``run_dir`` (see the module docstring for each)."""
+    m = measure(run_dir)
+    params, tokens, compute_s = m["parameters"][0], m["trained_tokens"][0], m["compute_s"][0]
+    groups, microsteps = m["groups_trained"][0], m["compute_s"][1]
+    fields = {
+        "to_training_s": m["to_training_s"][0], "to_rollout_s": max(0.0, m["to_rollout_s"][0]),
+        "publish_s": m["publish_s"][0], "publish_node_gbps": HUGE_GBPS,
+        "params_b": params / 1e9, "active_params_b": params / 1e9, "bytes_per_param": 4.0,
+        "node_peak_tflops": FLOPS_PER_PARAM_TOKEN * params * tokens / compute_s / 1e12,
+        "train_utilisation": 1.0,
+        "micro_steps_per_group": max(1, round(microsteps / groups)),
+        "optimizer_s": m["optimizer_s"][0], "weight_pull_s": m["weight_pull_s"][0],
+        "warmup_s": 0.0, "drain_s": 0.0, "grad_reduce_s": 0.0, "broadcast_s": 0.0,
+        "sandbox_start_s": 0.0, "evaluation_s": 0.0, "engine_load_alpha": 0.0,
+    }
+    known = CostModel.__dataclass_fields__
+    fields = {k: v for k, v in fields.items() if k in known}
+    CostModel(**fields)  # the simulator's own checks
+    return fields
+
+
+def write_cost_file(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write ``costs.toml`` (default: in ``run_dir``) with each constant and how it was measured."""
+    run_dir = Path(run_dir)
+    fields, m = calibrate(run_dir), measure(run_dir)
+    out = Path(out) if out is not None else run_dir / COST_FILE
+    lines = [f"# gyre calibrate {run_dir}: cost constants measured from a real run (gyre.analysis.calibrate)",
+             f"# trained {m['groups_trained'][0]} groups, {m['compute_s'][1]} micro-steps, "
+             f"{m['compute_s'][0]:.3f} cell compute seconds, {m['trained_tokens'][0]:.0f} tokens, "
+             f"{m['parameters'][0]} parameters", "[costs]"]
+    for key, value in fields.items():
+        samples = m.get(key, (None, None))[1]
+        note = f"  # mean of {samples}" if samples else ""
+        lines.append(f"{key} = {value!r}{note}" if isinstance(value, int) else f"{key} = {float(value)!r}{note}")
+    out.write_text("\n".join(lines) + "\n")
+    return out

@@ -1,0 +1,87 @@
+"""``gyre calibrate``: cost constants computed from a run folder's measurements, errors naming what is missing."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from gyre.analysis.calibrate import CalibrationError, calibrate, model_parameters, write_cost_file
+from gyre.sim.cost_file import load_cost_file
+from gyre.sim.costs import CostModel
+
+
+def _safetensors(path, shapes):
+    header = {name: {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]} for name, shape in shapes.items()}
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw)
+
+
+def _run_folder(tmp_path, *, joins=True):
+    run = tmp_path / "run"
+    (run / "engine-model").mkdir(parents=True)
+    _safetensors(run / "engine-model" / "model.safetensors", {"a": [10, 20], "b": [5]})  # 205 parameters
+    rows = ["query_id,execution_index,duration_s,outcome,input_tokens,output_tokens,call_count"]
+    for q in range(4):
+        for i in range(2):
+            rows.append(f"{q},{i},10.0,completed,{100 + q},{20},2")
+    (run / "trace.csv").write_text("\n".join(rows) + "\n")
+    summary = {
+        "transitions": [{"cell": 0, "role": "training", "total_s": 1.0},
+                        {"cell": 0, "role": "training", "total_s": 3.0},
+                        {"cell": 0, "role": "rollout", "total_s": 5.0, "publish_wait_s": 4.0},
+                        {"cell": 0, "role": "rollout", "total_s": 2.0}],
+        "publishes": [{"version": 2, "wall_s": 2.5}, {"version": 4, "wall_s": 3.5}],
+        "groups_fed": {"0": [0, 1], "1": [2, 3]},
+        "step_reports": [
+            {"version": 0, "microsteps": 3, "compute_s_by_cell": {"0": 0.5, "1": 0.25}, "update_s": 0.1,
+             "joins": {"1": {"pull_s": 0.2}} if joins else {}},
+            {"version": 1, "microsteps": 5, "compute_s_by_cell": {"0": 0.25}, "update_s": 0.3, "joins": {}},
+        ],
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_each_constant_is_the_documented_measure(tmp_path):
+    run = _run_folder(tmp_path)
+    costs = calibrate(run)
+    assert model_parameters(run) == 205
+    assert costs["to_training_s"] == pytest.approx(2.0)
+    assert costs["to_rollout_s"] == pytest.approx(1.5)  # (5 - 4 publication wait + 2) / 2
+    assert costs["publish_s"] == pytest.approx(3.0)
+    assert costs["optimizer_s"] == pytest.approx(0.2)
+    assert costs["weight_pull_s"] == pytest.approx(0.2)
+    assert costs["micro_steps_per_group"] == 2  # 8 micro-steps over 4 groups
+    tokens = sum(2 * (100 + q + 20) for q in range(4))
+    assert costs["node_peak_tflops"] == pytest.approx(6 * 205 * tokens / 1.0 / 1e12)
+    CostModel(**costs)
+
+
+def test_no_join_means_no_pull_cost(tmp_path):
+    assert calibrate(_run_folder(tmp_path, joins=False))["weight_pull_s"] == 0.0
+
+
+def test_the_cost_file_round_trips_through_the_simulators_loader(tmp_path):
+    run = _run_folder(tmp_path)
+    path = write_cost_file(run)
+    assert load_cost_file(path) == pytest.approx(calibrate(run))
+
+
+@pytest.mark.parametrize("breakage, words", [
+    (lambda run: (run / "summary.json").unlink(), ["summary.json", "missing"]),
+    (lambda run: (run / "trace.csv").unlink(), ["trace.csv"]),
+    (lambda run: (run / "summary.json").write_text("{"), ["not JSON"]),
+    (lambda run: (run / "summary.json").write_text("{}"), ["step_reports"]),
+    (lambda run: (run / "engine-model" / "model.safetensors").unlink(), ["safetensors"]),
+    (lambda run: (run / "trace.csv").write_text("query_id,execution_index,duration_s\n0,0,1\n"), ["line 2"]),
+])
+def test_a_broken_run_folder_names_what_is_missing(tmp_path, breakage, words):
+    run = _run_folder(tmp_path)
+    breakage(run)
+    with pytest.raises(CalibrationError) as info:
+        calibrate(run)
+    for word in words:
+        assert word in str(info.value)

@@ -1,0 +1,80 @@
+"""``compare_run``: a run folder simulated under its own schedule, compared step by step.
+
+The "real" folder here is written from a simulation (events.csv, the config,
+the trace and its sidecar), so the simulator under the same costs must
+predict it exactly, and under other costs must not: the comparison's
+plumbing (sidecar -> schedule, both logs read by one function, steps matched
+by version) is checked without the real stack. The real stack's own check is
+the CPU demo's end-to-end test.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+
+from gyre.analysis.sim_vs_real import compare_run, draw_comparison, format_comparison
+from gyre.formats.trace_meta import TraceMeta, write_trace_meta
+from gyre.presets import ClusterShape
+from gyre.sim.runner import run_simulation
+
+SHAPE = ClusterShape(nodes=3, nodes_per_cell=1, per_node_capacity=8, N=4, B=2)
+COSTS = {"to_training_s": 0.9, "to_rollout_s": 0.5, "publish_s": 0.2, "warmup_s": 0.0, "drain_s": 0.0,
+         "grad_reduce_s": 0.0, "optimizer_s": 0.01, "broadcast_s": 0.0, "weight_pull_s": 0.0}
+
+
+def _run_folder(tmp_path, steps=6):
+    rng = np.random.default_rng(7)
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = ["query_id,execution_index,duration_s,outcome,input_tokens,output_tokens,call_count"]
+    for q in range(40):
+        for i in range(SHAPE.N):
+            lines.append(f"{q},{i},{rng.uniform(5, 25):.3f},completed,300,60,2")
+    (run / "trace.csv").write_text("\n".join(lines) + "\n")
+    write_trace_meta(run / "trace.csv", TraceMeta("gyre-1", SHAPE, {"tau": 0.0}, "test"))
+    truth = run_simulation(None, run / "trace.csv", steps=steps, costs=_costs(COSTS))
+    (run / "log").mkdir()
+    truth.record.log.write_csv(run / "log" / "events.csv")
+    (run / "log" / "summary.json").write_text(json.dumps({"config": asdict(truth.cfg)}))
+    return run, truth
+
+
+def _costs(fields):
+    from gyre.sim.costs import CostModel
+
+    known = CostModel.__dataclass_fields__
+    return CostModel(**{k: v for k, v in fields.items() if k in known})
+
+
+def _known(fields):
+    from gyre.sim.costs import CostModel
+
+    return {k: v for k, v in fields.items() if k in CostModel.__dataclass_fields__}
+
+
+def test_the_same_costs_predict_the_run_exactly(tmp_path):
+    run, truth = _run_folder(tmp_path)
+    c = compare_run(run, _known(COSTS))
+    assert [r.version for r in c.rows] == list(range(6))
+    assert c.total_error == pytest.approx(0.0, abs=1e-6) and c.step_error == pytest.approx(0.0, abs=1e-6)  # CSV keeps microseconds
+    assert c.same_cells_share == 1.0
+    assert c.real_total_s == pytest.approx(truth.record.step_rows()[-1]["end_s"], abs=1e-5)
+    assert "total: real" in format_comparison(c)
+    assert all(p.exists() for p in draw_comparison(c, tmp_path / "fig"))
+
+
+def test_other_costs_predict_a_different_run(tmp_path):
+    run, _ = _run_folder(tmp_path)
+    c = compare_run(run, _known(dict(COSTS, publish_s=30.0, to_rollout_s=20.0)))
+    assert c.total_error > 0.05
+
+
+def test_a_sidecar_that_disagrees_with_the_log_is_an_error(tmp_path):
+    run, _ = _run_folder(tmp_path)
+    write_trace_meta(run / "trace.csv", TraceMeta("gyre-1", SHAPE, {"tau": 0.0, "phi": 1.0}, "test"))
+    with pytest.raises(ValueError, match="not the run's"):
+        compare_run(run, _known(COSTS))

@@ -1,0 +1,100 @@
+"""Two real-side fixes the differential test needed, pinned on their own.
+
+- ``close_and_evaluate`` of an execution whose harness ended at or after its
+  overall deadline returns INVALID (excluded, SPEC 4.3) whatever the evaluator
+  answers; it used to raise ``EvaluationError`` ("not pending (invalid)"), so the
+  backend never reported the execution and the run hung.
+- ``RealBackend`` drops a group whose task cannot be set up: it reports
+  ``GroupDropped`` at dispatch, starts no harness for it, and reports its
+  executions "cancelled" when the core cancels them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from gyre import actions as act
+from gyre import events as ev
+from gyre.real.harness.evaluation import close_and_evaluate
+from gyre.real.harness.tasks import EvaluatorFailure, preserved_binding
+from gyre.real.runtime.backend import TaskUnavailable
+from gyre.trajectory.evaluation import EvalState, EvaluationResult
+from gyre.trajectory.groups import TrajectoryBuffer
+
+
+class Evaluator:
+    def __init__(self, answer: str) -> None:
+        self.answer, self.calls = answer, 0
+
+    def evaluate(self, execution_id: str, workspace: Path) -> EvaluationResult | None:
+        self.calls += 1
+        if self.answer == "fails":
+            raise EvaluatorFailure("cannot score")
+        return EvaluationResult(preserved_binding(execution_id, workspace), 1.0, True)
+
+
+@pytest.mark.parametrize("answer", ["fails", "scores"])
+@pytest.mark.parametrize("ended_at", [100.0, 250.0])
+def test_an_execution_closed_past_its_deadline_is_excluded(tmp_path, answer, ended_at):
+    buffer = TrajectoryBuffer(2)
+    buffer.open_group("g0", 0, ["x0", "x1"], deadline=100.0)
+    evaluator = Evaluator(answer)
+    state = asyncio.run(close_and_evaluate(buffer, evaluator, "x0", tmp_path, lambda: ended_at))
+    assert state is EvalState.INVALID
+    assert buffer.evaluation("x0").state is EvalState.INVALID
+
+
+def test_an_execution_closed_before_its_deadline_still_scores(tmp_path):
+    buffer = TrajectoryBuffer(2)
+    buffer.open_group("g0", 0, ["x0", "x1"], deadline=100.0)
+    state = asyncio.run(close_and_evaluate(buffer, Evaluator("scores"), "x0", tmp_path, lambda: 99.0))
+    assert state is EvalState.VALID
+
+
+def test_a_group_whose_task_cannot_be_set_up_is_dropped_and_its_executions_cancelled():
+    from .doubles import TaskDouble
+    from .worlds import EdgeBackend
+
+    reports: list[tuple[type, dict]] = []
+
+    class Recorder:
+        def report(self, kind, **fields):
+            reports.append((kind, fields))
+
+    class Runner:
+        class budgets:
+            overall_timeout_s = 100.0
+
+        async def run(self, *args):
+            raise AssertionError("a dropped group must start no harness")
+
+    class Parts:
+        engine_names = {0: "cell0"}
+        runner = Runner()
+        records_dir = Path("/nonexistent-records")
+        task = TaskDouble(None, frozenset({5}), seed=0)
+
+    class Proxy:
+        def handle(self, method, path, body):
+            return {"api_key": "k"} if path == "/admin/executions" else {"ok": True}
+
+    async def body():
+        from gyre.config import SchedulerConfig
+        cfg = SchedulerConfig(K=1, C_e=8, C_s=0, N=2, B=1, phi=0.0, mu=1, granularity="global")
+        backend = EdgeBackend(cfg, Parts(), seed=0, token_budget=10, clock=lambda: 0.0).bind(Recorder())
+        backend.proxy = Proxy()
+        backend.on_dispatch_groups(act.DispatchGroups((5,), 0))
+        backend.on_start_executions(act.StartExecutions(((10, 0), (11, 0))))
+        await asyncio.sleep(0)
+        assert reports == [(ev.GroupDropped, {"group": 5})]
+        backend.on_cancel_executions(act.CancelExecutions((10, 11)))
+        await asyncio.wait(list(backend.tasks))
+        assert backend.errors == []
+        assert reports[1:] == [(ev.ExecutionFinished, {"execution": x, "outcome": "cancelled"}) for x in (10, 11)]
+
+    with pytest.raises(TaskUnavailable):
+        TaskDouble(None, frozenset({5}), seed=0).task("q5")
+    asyncio.run(body())
