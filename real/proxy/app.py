@@ -62,6 +62,7 @@ HTTP_KINDS = {404: "not_found", 405: "method_not_allowed", 408: "timeout", 413: 
 # kernel send buffer of an event stream: bounds what a client that stops reading can hold (the kernel
 # would autotune it to megabytes), so the write timeout bites after ~200 KB, not after ~3 MB
 STREAM_SEND_BUFFER = 64 * 1024
+DISCONNECT_POLL_S = 0.1  # how often a non-streaming call checks that its client is still connected
 
 
 class ClientGone(Exception):
@@ -231,12 +232,31 @@ class ProxyServer:
 
     @staticmethod
     async def _finish(request: web.Request, first: Any, events: AsyncIterator[Any]) -> Finished:
-        """The ``Finished`` of a non-streaming call; ``ClientGone`` as soon as its client disconnects."""
-        finished = first
-        async for finished in events:
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                raise ClientGone()
+        """The ``Finished`` of a non-streaming call; ``ClientGone`` once its client disconnects.
+
+        The connection is watched every ``DISCONNECT_POLL_S`` while the generation runs, not
+        only when it yields an event: a generation stalled on the engine, or one whose text is
+        held back until its end, must still be aborted when the client goes away."""
+
+        async def last() -> Any:
+            finished = first
+            async for finished in events:
+                pass
+            return finished
+
+        consumer = asyncio.ensure_future(last())
+        try:
+            while not consumer.done():
+                await asyncio.wait({consumer}, timeout=DISCONNECT_POLL_S)
+                transport = request.transport
+                if not consumer.done() and (transport is None or transport.is_closing()):
+                    raise ClientGone()
+            finished = consumer.result()
+        finally:
+            if not consumer.done():
+                consumer.cancel()  # unwinds the generation: its engine request is aborted
+                with contextlib.suppress(asyncio.CancelledError):
+                    await consumer
         assert isinstance(finished, Finished)
         return finished
 

@@ -294,9 +294,6 @@ def test_key_registry_survives_bad_legacy_entries_and_persists_revocations(tmp_p
 
 # -- 5. resources -----------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=False, reason="regressed in this session's proxy changes (group commit / rendering): "
-                   "the engine request of a non-streaming client that disconnects is no longer aborted "
-                   "in this test; open in issue 17's note")
 def test_a_disconnected_non_streaming_client_aborts_its_engine_request(stack):
     engine = stack["engine"]
     stack["script"].set("one two three four five six seven eight nine ten")
