@@ -10,8 +10,11 @@ module turns them into a cost file the simulator reads (``gyre sim --costs``):
 | to_training_s         | mean of the backend's rollout -> training transitions (drain wait included) |
 | to_rollout_s          | mean of training -> rollout transitions, minus the wait for a publication  |
 |                       | in flight (the simulator models that wait itself)                           |
-| publish_s             | mean publication wall time (export + engines loading it); one run cannot    |
-|                       | split latency from bandwidth, so it is all fixed cost (bandwidth set huge)  |
+| publish_s             | mean time from a burst's final StepDone to its PublishDone in the event log |
+|                       | (what the core waited: export, engines loading it, the backend's own        |
+|                       | latency; the backend's narrower ``wall_s`` misses the last), the           |
+|                       | simulator's Publish -> PublishDone; one run cannot split latency from      |
+|                       | bandwidth, so it is all fixed cost (bandwidth set huge)                     |
 | node_peak_tflops      | 6 x parameters x trained tokens / cell compute seconds, at utilisation 1:   |
 |                       | the cells' own forward+backward seconds (``compute_s`` per micro-step) over |
 |                       | the trace's tokens of the groups trained                                    |
@@ -97,6 +100,18 @@ def model_parameters(run_dir: Path) -> int:
     return total
 
 
+def _publication_waits(run_dir: Path) -> list[float]:
+    """Seconds from each Publish (issued at a burst's final StepDone) to its PublishDone, off the event log."""
+    from gyre.analysis.role_timeline import timeline
+    from gyre.formats.eventlog import load_events, run_config
+
+    log = run_dir / "log"
+    if not (log / "events.csv").is_file():
+        raise CalibrationError(f"{log / 'events.csv'}: missing (is this a `gyre run` folder?)")
+    spans = timeline(run_config(log), load_events(log / "events.csv")).publications.values()
+    return [span.end_s - span.start_s for span in spans]
+
+
 def measure(run_dir: str | Path) -> dict[str, Any]:
     """Every measured quantity calibration uses, with its sample count (for the cost file's comments)."""
     run_dir = Path(run_dir)
@@ -114,11 +129,12 @@ def measure(run_dir: str | Path) -> dict[str, Any]:
     trained = [tokens_by_group[g] for g in fed if g in tokens_by_group]
     if compute_s <= 0 or not trained:
         raise CalibrationError(f"{run_dir / 'summary.json'}: no training compute or no trained group with tokens")
+    publications = _publication_waits(run_dir)
     pulls = [j["pull_s"] for r in reports for j in (r.get("joins") or {}).values() if j and "pull_s" in j]
     return {
         "to_training_s": (_mean(to_training, "rollout -> training transition"), len(to_training)),
         "to_rollout_s": (_mean(to_rollout, "training -> rollout transition"), len(to_rollout)),
-        "publish_s": (_mean([p["wall_s"] for p in s.get("publishes", [])], "publication"), len(s.get("publishes", []))),
+        "publish_s": (_mean(publications, "publication"), len(publications)),
         "optimizer_s": (_mean([r.get("update_s") for r in reports], "optimizer update"), len(reports)),
         "weight_pull_s": (statistics.fmean(pulls) if pulls else 0.0, len(pulls)),
         "compute_s": (compute_s, microsteps),

@@ -19,8 +19,25 @@ def _safetensors(path, shapes):
     path.write_bytes(struct.pack("<Q", len(raw)) + raw)
 
 
+PUBLISH_S = 7.5  # the simulated run's publication wait, which calibration must read back off its event log
+
+
+def _event_log(run):
+    """A simulated run's event log and schedule: publication waits are exactly PUBLISH_S."""
+    import dataclasses
+
+    from gyre.sim.costs import CostModel as Costs
+    from gyre.sim.runner import run_simulation
+
+    result = run_simulation("gyre-1", steps=4, costs=Costs(publish_s=PUBLISH_S, publish_node_gbps=1e9))
+    (run / "log").mkdir(parents=True)
+    result.record.log.write_csv(run / "log" / "events.csv")
+    (run / "log" / "summary.json").write_text(json.dumps({"config": dataclasses.asdict(result.cfg)}))
+
+
 def _run_folder(tmp_path, *, joins=True):
     run = tmp_path / "run"
+    _event_log(run)
     (run / "engine-model").mkdir(parents=True)
     _safetensors(run / "engine-model" / "model.safetensors", {"a": [10, 20], "b": [5]})  # 205 parameters
     rows = ["query_id,execution_index,duration_s,outcome,input_tokens,output_tokens,call_count"]
@@ -33,7 +50,7 @@ def _run_folder(tmp_path, *, joins=True):
                         {"cell": 0, "role": "training", "total_s": 3.0},
                         {"cell": 0, "role": "rollout", "total_s": 5.0, "publish_wait_s": 4.0},
                         {"cell": 0, "role": "rollout", "total_s": 2.0}],
-        "publishes": [{"version": 2, "wall_s": 2.5}, {"version": 4, "wall_s": 3.5}],
+        "publishes": [{"version": 2, "wall_s": 2.5}, {"version": 4, "wall_s": 3.5}],  # narrower: not used
         "groups_fed": {"0": [0, 1], "1": [2, 3]},
         "step_reports": [
             {"version": 0, "microsteps": 3, "compute_s_by_cell": {"0": 0.5, "1": 0.25}, "update_s": 0.1,
@@ -51,7 +68,7 @@ def test_each_constant_is_the_documented_measure(tmp_path):
     assert model_parameters(run) == 205
     assert costs["to_training_s"] == pytest.approx(2.0)
     assert costs["to_rollout_s"] == pytest.approx(1.5)  # (5 - 4 publication wait + 2) / 2
-    assert costs["publish_s"] == pytest.approx(3.0)
+    assert costs["publish_s"] == pytest.approx(PUBLISH_S, abs=1e-5)  # off the event log, not "publishes"
     assert costs["optimizer_s"] == pytest.approx(0.2)
     assert costs["weight_pull_s"] == pytest.approx(0.2)
     assert costs["micro_steps_per_group"] == 2  # 8 micro-steps over 4 groups
@@ -72,6 +89,7 @@ def test_the_cost_file_round_trips_through_the_simulators_loader(tmp_path):
 
 @pytest.mark.parametrize("breakage, words", [
     (lambda run: (run / "summary.json").unlink(), ["summary.json", "missing"]),
+    (lambda run: (run / "log" / "events.csv").unlink(), ["events.csv", "missing"]),
     (lambda run: (run / "trace.csv").unlink(), ["trace.csv"]),
     (lambda run: (run / "summary.json").write_text("{"), ["not JSON"]),
     (lambda run: (run / "summary.json").write_text("{}"), ["step_reports"]),
