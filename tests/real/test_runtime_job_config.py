@@ -23,8 +23,8 @@ def test_the_shipped_demo_loads_with_overrides():
     job = load_job_config(DEMO, steps=4, workdir="elsewhere")
     cfg = job.scheduler()
     assert (cfg.K, cfg.N, cfg.B, cfg.mu, job.steps, job.workdir) == (3, 4, 2, 2, 4, "elsewhere")
-    assert (job.preset, cfg.granularity, cfg.streaming, cfg.tau) == ("gyre-1", "fine", True, 0.0)
-    assert cfg.predicted_staleness == pytest.approx(1.0)
+    assert (job.preset, cfg.granularity, cfg.streaming, cfg.tau, cfg.phi) == ("gyre-1", "fine", True, 0.0, 1.0)
+    assert cfg.predicted_staleness == pytest.approx(1.5)
 
 
 @pytest.mark.parametrize("preset, expected", [
