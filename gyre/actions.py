@@ -46,9 +46,10 @@ class StartExecutions(Action):
 class CancelExecutions(Action):
     """Cancel a ready group's surplus executions (oversampling).
 
-    ``executions`` are running: the driver cancels them and reports each as
-    ExecutionFinished. ``dropped`` were still queued: they never start and are
-    already counted as started and terminated.
+    ``executions`` are running (a stopped harness's pending evaluation
+    included): the driver cancels them and reports each as
+    ExecutionFinished. ``dropped`` were still queued: they never start and
+    are already counted as started and terminated.
     """
 
     executions: tuple[int, ...]

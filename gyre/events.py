@@ -51,6 +51,21 @@ class ExecutionFinished(Event):
 
 
 @dataclass(frozen=True)
+class HarnessStopped(Event):
+    """An execution's harness process ended (its model calls are over); its evaluation may still be pending.
+
+    The execution releases its rollout slot here (the evaluation does not use
+    the model engine) but stays outstanding in the waterlevel until its
+    ``ExecutionFinished``. Optional: an execution may finish without it (its
+    evaluation ended with its harness), and then releases its slot at
+    ``ExecutionFinished`` as before.
+    """
+
+    execution: int
+    kind: ClassVar[str] = "harness_stopped"
+
+
+@dataclass(frozen=True)
 class GroupReady(Event):
     """A group's rewards are valid (evaluation done); it may be consumed."""
 
@@ -104,8 +119,8 @@ class PublishDone(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (Begin, Tick, ExecutionFinished, GroupReady, GroupDropped, GroupWanted, TransitionDone, StepDone,
-                PublishDone)
+    for cls in (Begin, Tick, ExecutionFinished, HarnessStopped, GroupReady, GroupDropped, GroupWanted,
+                TransitionDone, StepDone, PublishDone)
 }
 
 

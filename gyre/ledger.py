@@ -4,6 +4,10 @@ Engines are the separate pool (``SEPARATE``, capacity C_s) and each cell's
 rollout engine (capacity C_e). An engine *accepts* work only while its cell is
 in the rollout role (the pool always accepts when C_s > 0).
 
+An execution leaves the ledger at its HarnessStopped or, without one, at its
+ExecutionFinished; one whose harness has stopped is in no engine's members,
+so ``evacuate`` never reroutes it.
+
 Invariants:
 - every placed execution sits on exactly one accepting engine;
 - no engine holds more executions than its capacity;

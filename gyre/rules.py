@@ -14,9 +14,14 @@ def rollout_capacity(cfg: SchedulerConfig, rollout_cells: int) -> int:
     return cfg.C_s + rollout_cells * cfg.C_e
 
 
-def startable(queued: int, running: int, capacity: int) -> int:
-    """Executions to start now: min(d - p, C_R - (p - f)), never negative."""
-    return max(0, min(queued, capacity - running))
+def startable(queued: int, holding: int, capacity: int) -> int:
+    """Executions to start now: min(d - p, C_R - holding), never negative.
+
+    SPEC 3.2 writes C_R - (p - f); ``holding`` is the executions that hold a
+    rollout slot, i.e. p - f less those whose harness has stopped (their
+    evaluation holds no rollout capacity; see ``scheduler.py``).
+    """
+    return max(0, min(queued, capacity - holding))
 
 
 def waterlevel_allows(cfg: SchedulerConfig, waterlevel: int, capacity: int, unit_capacity: int) -> bool:

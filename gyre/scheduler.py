@@ -6,8 +6,10 @@ threads, and does not know whether SimPy or a real controller drives it.
 
 Invariants (each is tested by a Hypothesis state machine):
 - counters d >= p >= f never decrease; queued = d - p, running = p - f;
-- running executions never exceed C_R, and each sits on an engine whose cell
-  is in the rollout role (or the separate pool);
+- running = holding + stopped: every running execution either holds a
+  rollout slot (sits on an engine) or has had its HarnessStopped, never both;
+- executions holding a slot never exceed C_R, and each sits on an engine
+  whose cell is in the rollout role (or the separate pool);
 - under boundary dispatch the waterlevel w = d - f never rises between two
   publications (d only grows at Begin and at PublishDone), except by one
   group's executions per GroupDropped (its replacement); under continuous
@@ -23,6 +25,17 @@ Invariants (each is tested by a Hypothesis state machine):
 Choices where SPEC.md is silent (documented here, tested in tests/):
 - p counts when the core emits StartExecutions (the start decision reserves
   the slot); a driver whose start fails reports ExecutionFinished("failed").
+- Slots are freed when a harness stops. SPEC 3.2 starts
+  min(d - p, C_R - (p - f)) executions; Gyre reads p - f there as the
+  executions *holding a rollout slot*: an execution whose harness has stopped
+  (HarnessStopped) while its evaluation is still pending holds no rollout
+  capacity, so its slot goes to a queued execution at once. It still counts
+  as outstanding in w = d - f until its ExecutionFinished (f counts
+  terminations, unchanged), so Eq. 2 and Eq. 3 see it. Its ExecutionFinished
+  releases nothing more; it is never rerouted (it sits on no engine); a
+  cancellation ends it like any running execution (CancelExecutions, then
+  ExecutionFinished: it counts only in f). HarnessStopped is optional: an
+  execution finishing without it releases its slot at ExecutionFinished.
 - C_R counts engines whose cell is in the rollout role *and ready*: a cell
   switching back to rollout adds capacity only at its TransitionDone.
 - A queued surplus execution cancelled at GroupReady counts as started and
@@ -100,12 +113,14 @@ class Scheduler:
         self._ledger = RolloutLedger(cfg)
         self._queue: deque[int] = deque()
         self._queued: set[int] = set()
+        self._stopped: set[int] = set()  # harness stopped, evaluation pending: running, holding no slot
         self._ready: list[tuple[int, int]] = []
         self._burst_reserve: deque[int] = deque()  # streaming off: the burst's groups, reserved at its start
         self._handlers: dict[type, tuple[Callable, Callable]] = {
             ev.Begin: (self._check_begin, self._on_begin),
             ev.Tick: (_no_check, _no_apply),
             ev.ExecutionFinished: (self._check_finished, self._on_finished),
+            ev.HarnessStopped: (self._check_harness_stopped, self._on_harness_stopped),
             ev.GroupReady: (self._check_group_ready, self._on_group_ready),
             ev.GroupDropped: (self._check_group_dropped, self._on_group_dropped),
             ev.GroupWanted: (self._check_wanted, self._on_wanted),
@@ -142,7 +157,17 @@ class Scheduler:
 
     @property
     def running(self) -> int:
+        """p - f: started and not terminated (holding a slot or with a stopped harness)."""
         return self.p - self.f
+
+    @property
+    def holding(self) -> int:
+        """Running executions that hold a rollout slot (the start rule's occupancy; never above C_R)."""
+        return self._ledger.running
+
+    def stopped_executions(self) -> frozenset[int]:
+        """Running executions whose harness stopped (evaluation pending): they hold no slot."""
+        return frozenset(self._stopped)
 
     @property
     def capacity(self) -> int:
@@ -159,7 +184,7 @@ class Scheduler:
                      if role in (R.TRAINING, R.TO_TRAINING) and c not in self._returning)
 
     def placements(self) -> dict[int, int]:
-        """Running execution -> engine serving it."""
+        """Execution holding a rollout slot -> engine serving it (stopped harnesses hold none)."""
         return self._ledger.placements()
 
     def engine_load(self, engine: int) -> int:
@@ -190,8 +215,19 @@ class Scheduler:
         x = event.execution
         if x in self._queued:
             raise PolicyError(f"execution {x} finished but never started")
-        if not self._ledger.holds(x):
+        if not self._ledger.holds(x) and x not in self._stopped:
             raise PolicyError(f"execution {x} finished but is not running")
+
+    def _check_harness_stopped(self, event: ev.HarnessStopped) -> None:
+        x = event.execution
+        if x < 0 or self.group_of(x) not in self.groups:
+            raise PolicyError(f"harness of execution {x} stopped but it was never dispatched")
+        if x in self._queued:
+            raise PolicyError(f"harness of execution {x} stopped but it never started")
+        if x in self._stopped:
+            raise PolicyError(f"harness of execution {x} stopped twice")
+        if not self._ledger.holds(x):
+            raise PolicyError(f"harness of execution {x} stopped but the execution already finished")
 
     def _dispatched(self, g: int) -> GroupState:
         if g not in self.groups:
@@ -254,9 +290,16 @@ class Scheduler:
         self._dispatch(self.cfg.initial_groups, out)
 
     def _on_finished(self, event: ev.ExecutionFinished, out: list[act.Action]) -> None:
-        self._ledger.release(event.execution)
+        if event.execution in self._stopped:
+            self._stopped.discard(event.execution)  # its slot went back at HarnessStopped
+        else:
+            self._ledger.release(event.execution)
         self.f += 1
         self.groups[self.group_of(event.execution)].closed += 1
+
+    def _on_harness_stopped(self, event: ev.HarnessStopped, out: list[act.Action]) -> None:
+        self._ledger.release(event.execution)
+        self._stopped.add(event.execution)
 
     def _on_group_ready(self, event: ev.GroupReady, out: list[act.Action]) -> None:
         group = self.groups[event.group]
@@ -270,13 +313,13 @@ class Scheduler:
         self._dispatch(1, out)
 
     def _cancel_group(self, g: int, out: list[act.Action]) -> None:
-        """Cancel a group's running executions; its queued ones never start (counted p and f)."""
+        """Cancel a group's running executions (stopped harnesses too); its queued ones never start (p and f)."""
         running, dropped = [], []
         for x in self.executions_of(g):
             if x in self._queued:
                 self._queued.discard(x)
                 dropped.append(x)
-            elif self._ledger.holds(x):
+            elif self._ledger.holds(x) or x in self._stopped:
                 running.append(x)
         self.p += len(dropped)
         self.f += len(dropped)
@@ -355,7 +398,7 @@ class Scheduler:
         out.append(act.DispatchGroups(ids, self.published))
 
     def _start_queued(self, out: list[act.Action]) -> None:
-        n = rules.startable(self.queued, self.running, self.capacity)
+        n = rules.startable(self.queued, self.holding, self.capacity)
         placements = []
         while len(placements) < n:
             x = self._queue.popleft()

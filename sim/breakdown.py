@@ -3,7 +3,9 @@
 Wall-clock breakdown: every instant of ``[0, end_s]`` falls in exactly one
 category, decided in this order (first match wins):
 
-1. ``rollout_full``: executions running fill the rollout capacity C_R(t);
+1. ``rollout_full``: executions running fill the rollout capacity C_R(t)
+   (an execution runs from its start until its harness stops: its
+   evaluation retries after a HarnessStopped hold no rollout slot);
 2. ``rollout_tail``: some executions run, but fewer than C_R(t) (the pool is
    under-used: the heavy tail of a burst);
 3. ``training_exposed``: no execution runs and a training step is in

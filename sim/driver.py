@@ -10,6 +10,14 @@ costs, the training plane (``training.py``) models micro-steps, and every
 resulting event goes back to the core. Supply-timer expiries are delivered as
 ``Tick`` events at exactly ``core.next_deadline()``.
 
+Harness stop: an execution's engine work is its trace ``harness_s`` (the
+duration when the trace has no such column). When its harness stops before
+its duration (evaluation retries after a harness timeout), the driver sends
+``HarnessStopped`` then, the engine stops counting its load, and
+``ExecutionFinished`` follows ``duration_s - harness_s`` wall seconds later
+(evaluation uses no engine, so that tail does not scale with load). A
+cancellation in that tail ends the evaluation at once ("cancelled").
+
 Invariants: every event the core receives is recorded (in order) and
 replaying that log through a fresh core reproduces the same actions; every
 dispatched execution that starts ends exactly once (finished or cancelled);
@@ -38,7 +46,7 @@ from gyre import actions as act
 from gyre import events as ev
 from gyre.actions import SEPARATE
 from gyre.config import SchedulerConfig
-from gyre.formats.trace import Trace
+from gyre.formats.trace import HARNESS_COLUMN, Trace
 from gyre.ids import execution_id
 from gyre.loop import ActionHandler, DriverLoop
 from gyre.scheduler import Scheduler
@@ -72,6 +80,8 @@ class Simulation(ActionHandler):
         self._done = self.env.event()
         self.engines = EngineBank(self.env, costs.engine_curve(), self._capacity, self._execution_done)
         self._durations = self.trace.durations_s.tolist()  # plain lists: read once per execution, hot
+        self._harness = self.trace.harness_s.tolist() if HARNESS_COLUMN in self.trace.frame else None
+        self._evaluating: set[int] = set()  # harness stopped, evaluation tail still running
         self._outcome_grid = self.trace.outcomes.tolist()
         self._outcomes: dict[int, GroupOutcomes] = {}
         self._dropped = frozenset(dropped_groups)
@@ -145,11 +155,24 @@ class Simulation(ActionHandler):
             start(x, engine, duration(x))
             started(x, x // size, engine, now)
 
-    def _duration(self, x: int) -> float:
+    def _cell(self, x: int) -> tuple[int, int]:
+        """The trace row and column of execution ``x``."""
         g, i = divmod(x, self._group_size)
         if i < self.cfg.N:
-            return float(self._durations[g % len(self._durations)][i])
-        return float(self._durations[(g + 1) % len(self._durations)][i % self.cfg.N])  # oversampling surplus
+            return g % len(self._durations), i
+        return (g + 1) % len(self._durations), i % self.cfg.N  # oversampling surplus
+
+    def _duration(self, x: int) -> float:
+        """Engine work of ``x``: seconds until its harness stops, at the reference load."""
+        q, i = self._cell(x)
+        return float((self._durations if self._harness is None else self._harness)[q][i])
+
+    def _evaluation_tail(self, x: int) -> float:
+        """Seconds from ``x``'s harness stop to its end (0 without a ``harness_s`` column)."""
+        if self._harness is None:
+            return 0.0
+        q, i = self._cell(x)
+        return float(self._durations[q][i]) - float(self._harness[q][i])
 
     def _capacity(self, engine: int) -> int:
         return self.cfg.C_s if engine == SEPARATE else self.cfg.C_e
@@ -160,6 +183,22 @@ class Simulation(ActionHandler):
         return float(np.sum(self._tokens[g % self.trace.queries]))
 
     def _execution_done(self, x: int) -> None:
+        """The engine finished ``x``'s harness work: it ends now, or stops its harness and evaluates."""
+        tail = self._evaluation_tail(x)
+        if tail > 0:
+            self._evaluating.add(x)
+            self.record.harness_stopped(x, self.env.now)
+            self.send(ev.HarnessStopped(self.env.now, x))
+            self._after(tail, lambda: self._evaluation_done(x))
+        else:
+            self._finish(x)
+
+    def _evaluation_done(self, x: int) -> None:
+        if x in self._evaluating:  # not cancelled meanwhile
+            self._evaluating.discard(x)
+            self._finish(x)
+
+    def _finish(self, x: int) -> None:
         g, i = divmod(x, self._group_size)
         outcome = str(self._outcome_grid[g % len(self._outcome_grid)][i % self.cfg.N])
         self._close(x, outcome)
@@ -187,6 +226,9 @@ class Simulation(ActionHandler):
         for x in a.executions:
             if x in self.engines:
                 self.engines.remove(x)
+                self._after(0.0, lambda x=x: self._close(x, "cancelled"))
+            elif x in self._evaluating:  # harness already stopped: its evaluation is cancelled
+                self._evaluating.discard(x)
                 self._after(0.0, lambda x=x: self._close(x, "cancelled"))
 
     def on_reroute(self, a: act.Reroute) -> None:

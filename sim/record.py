@@ -69,6 +69,15 @@ class SimRecord:
         self.executions[x] = {"execution": x, "group_id": g, "engine": engine, "start_s": float(now),
                               "end_s": None, "outcome": None, "reroutes": 0}
 
+    def harness_stopped(self, x: int, now: float) -> None:
+        """Its rollout slot is free from ``now`` (kept in memory as ``harness_end_s``, not in executions.csv)."""
+        self.executions[x]["harness_end_s"] = now
+
+    def slot_interval(self, x: int) -> tuple[float, float | None]:
+        """(start, end) of the rollout slot ``x`` held: until its harness stopped, else until it ended."""
+        row = self.executions[x]
+        return row["start_s"], row.get("harness_end_s", row["end_s"])
+
     def execution_finished(self, x: int, now: float, outcome: str) -> None:
         row = self.executions[x]  # once per execution: plain stores, not update(**kw)
         row["end_s"] = now

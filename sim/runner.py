@@ -122,11 +122,12 @@ def where_the_time_goes(cfg: SchedulerConfig, record: SimRecord, training_busy_n
     """The wall-clock breakdown, node-hours per role with busy shares, and the slack (``sim.breakdown``)."""
     roles = [(r["cell"], r["role"], r["start_s"], r["end_s"]) for r in record.roles]
     execs = list(record.executions.values())
-    seconds = time_breakdown(end_s=record.end_s, executions=[(x["start_s"], x["end_s"]) for x in execs],
+    slots = {x: record.slot_interval(x) for x in record.executions}  # a stopped harness frees its slot
+    seconds = time_breakdown(end_s=record.end_s, executions=list(slots.values()),
                              roles=roles, steps=[(s["start_s"], s["end_s"]) for s in record.steps.values()],
                              publications=[tuple(p) for p in record.publications], C_e=cfg.C_e, C_s=cfg.C_s)
     node_s = role_node_seconds(roles, cfg.nodes_per_cell)
-    on_cells = [(x["start_s"], x["end_s"]) for x in execs if x["engine"] != SEPARATE]
+    on_cells = [slots[x["execution"]] for x in execs if x["engine"] != SEPARATE]
     rollout_busy = rollout_busy_share(end_s=record.end_s, executions_on_cells=on_cells, roles=roles, C_e=cfg.C_e)
     training_busy = training_busy_node_s / node_s["training"] if node_s["training"] > 0 else None
     return {

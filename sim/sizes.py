@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gyre.config import SchedulerConfig
-from gyre.formats.trace import Outcome, Trace
+from gyre.formats.trace import HARNESS_COLUMN, Outcome, Trace
 
 if TYPE_CHECKING:
     from gyre.sim.costs import CostModel
@@ -163,6 +163,8 @@ def with_sandbox_start(trace: Trace, seconds: float) -> Trace:
         return trace
     frame = trace.frame.copy()
     frame["duration_s"] = frame["duration_s"] + seconds
+    if HARNESS_COLUMN in frame:  # the sandbox starts before the harness
+        frame[HARNESS_COLUMN] = frame[HARNESS_COLUMN] + seconds
     return Trace(frame, N=trace.N, source=trace.source)
 
 

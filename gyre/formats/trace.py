@@ -10,6 +10,11 @@ query_id           yes       query identifier; integers, or any text
 execution_index    yes       integer >= 0, distinct within a query; orders it
 duration_s         yes       wall-clock seconds from start to termination, >= 0
 outcome            yes       one of ``OUTCOMES`` (see ``Outcome``)
+harness_s          no        seconds from start until the harness stopped (its
+                             model calls over), 0 <= harness_s <= duration_s;
+                             the rest of duration_s is evaluation (e.g. the
+                             retries after a harness timeout), which uses no
+                             rollout engine; absent: harness_s = duration_s
 input_tokens       no        tokens the execution fed the model over its life
 output_tokens      no        tokens the model generated for it
 call_count         no        number of model calls the execution made
@@ -32,7 +37,8 @@ numerically; any other ids stay text and sort lexicographically.
 Invariants of every ``Trace`` (checked when it is built, whatever the source):
 
 * every required column exists and holds a value in every row;
-* durations are finite and non-negative; token and call counts are
+* durations are finite and non-negative, and so is ``harness_s``, never
+  above its row's ``duration_s``; token and call counts are
   non-negative integers; outcomes are known; each ``trajectory_tokens``
   cell is a non-empty list of non-negative integers;
 * no (query_id, execution_index) pair repeats;
@@ -75,6 +81,7 @@ class Outcome(StrEnum):
 
 OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
 REQUIRED_COLUMNS = ("query_id", "execution_index", "duration_s", "outcome")
+HARNESS_COLUMN = "harness_s"
 COUNT_COLUMNS = ("input_tokens", "output_tokens", "call_count")
 CALL_TIMING_COLUMN = "call_durations_s"
 TRAJECTORY_COLUMN = "trajectory_tokens"
@@ -107,6 +114,19 @@ def _numbers(frame: pd.DataFrame, column: str, source: str, *, integer: bool) ->
         if bad.any():
             position = int(np.flatnonzero(bad)[0])
             _fail(source, position + 1, column, f"value {_show(raw.iloc[position])} {problem}")
+    return values
+
+
+def _harness_seconds(frame: pd.DataFrame, source: str) -> np.ndarray:
+    """``harness_s`` as finite floats in [0, duration_s] (``duration_s`` already parsed), or TraceError."""
+    values = _numbers(frame, HARNESS_COLUMN, source, integer=False)
+    durations = frame["duration_s"].to_numpy(dtype=float)
+    beyond = values > durations
+    if beyond.any():
+        position = int(np.flatnonzero(beyond)[0])
+        problem = (f"value {_show(frame[HARNESS_COLUMN].iloc[position])} is above the row's "
+                   f"duration_s {_show(durations[position])}")
+        _fail(source, position + 1, HARNESS_COLUMN, problem)
     return values
 
 
@@ -236,6 +256,8 @@ def validate_frame(
     out["query_id"] = _query_ids(out, source)
     out["execution_index"] = _numbers(out, "execution_index", source, integer=True).astype("int64")
     out["duration_s"] = _numbers(out, "duration_s", source, integer=False)
+    if HARNESS_COLUMN in out.columns:
+        out[HARNESS_COLUMN] = _harness_seconds(out, source)
     out["outcome"] = _outcomes(out, source)
     for column in (c for c in COUNT_COLUMNS if c in out.columns):
         out[column] = _numbers(out, column, source, integer=True).astype("int64")
@@ -307,7 +329,8 @@ class Trace:
         frame, n = validate_frame(self.frame, self.N, self.source, check_trajectories=given is None)
         object.__setattr__(self, "frame", frame)
         object.__setattr__(self, "N", n)
-        grids = {c: _frozen(frame[c].to_numpy(), n) for c in ("duration_s", *COUNT_COLUMNS) if c in frame}
+        grids = {c: _frozen(frame[c].to_numpy(), n) for c in ("duration_s", HARNESS_COLUMN, *COUNT_COLUMNS)
+                 if c in frame}
         grids["outcome"] = _frozen(np.asarray(OUTCOMES)[frame["outcome"].cat.codes.to_numpy()], n)
         object.__setattr__(self, "_grids", grids)
         object.__setattr__(self, "_query_ids", frame["query_id"].to_numpy()[::n].copy())
@@ -325,6 +348,11 @@ class Trace:
     def durations_s(self) -> np.ndarray:
         """Read-only (queries, N) grid of execution durations in seconds."""
         return self._grids["duration_s"]
+
+    @property
+    def harness_s(self) -> np.ndarray:
+        """Read-only (queries, N) grid of seconds until each harness stopped (``durations_s`` without the column)."""
+        return self._grids.get(HARNESS_COLUMN, self._grids["duration_s"])
 
     @property
     def outcomes(self) -> np.ndarray:

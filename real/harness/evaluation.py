@@ -16,6 +16,11 @@ what the real backend does when a harness process ends, whatever its outcome
   total time budget, set when its group was opened); past the deadline it is
   INVALID: excluded, and its group can no longer become ready.
 
+``on_pending`` (optional) is called once, when the execution first waits
+for a retry: its evaluation will outlast the harness, so the backend reports
+``HarnessStopped`` then (the execution's rollout slot is free; see
+``gyre.scheduler``). An evaluation that ends on its first attempt never calls it.
+
 Invariants: the execution is closed exactly once; every failed attempt is in
 its evaluation history; the returned state is VALID or INVALID, never PENDING;
 the evaluator only ever sees the preserved workspace (it is not touched here).
@@ -34,9 +39,10 @@ from gyre.trajectory.groups import TrajectoryBuffer
 
 async def close_and_evaluate(buffer: TrajectoryBuffer, evaluator: Evaluator, execution_id: str, workspace: Path,
                              clock: Callable[[], float], *, backoff_s: float = 0.5,
-                             max_backoff_s: float = 30.0) -> EvalState:
+                             max_backoff_s: float = 30.0,
+                             on_pending: Callable[[], None] | None = None) -> EvalState:
     """Close ``execution_id`` and evaluate it, retrying within its budget; returns VALID or INVALID."""
-    closed, delay = False, backoff_s
+    closed, delay, waited = False, backoff_s, False
     while True:
         try:
             result = await asyncio.to_thread(evaluator.evaluate, execution_id, workspace)
@@ -58,6 +64,9 @@ async def close_and_evaluate(buffer: TrajectoryBuffer, evaluator: Evaluator, exe
             state = buffer.evaluator_failed(execution_id, clock(), reason or "no evaluable work on a retry")
         if state is not EvalState.PENDING:
             return state
+        if on_pending is not None and not waited:
+            on_pending()
+        waited = True
         await asyncio.sleep(delay)
         delay = min(2 * delay, max_backoff_s)
         state = buffer.evaluation(execution_id).tick(clock())  # no evaluator call past the deadline

@@ -13,10 +13,11 @@ an asyncio task whose completion is reported back with
 | DispatchGroups                 | set up each group's task and open the group in the        | GroupDropped      |
 |                                | trajectory buffer (v_d recorded); a task that cannot be   |                   |
 |                                | set up (``TaskUnavailable``) drops its group              |                   |
-| StartExecutions                | proxy key + route (admin API), HarnessRunner task; at     | ExecutionFinished,|
-|                                | exit: records -> tree, close + evaluate with retries       | GroupReady        |
-|                                | (``harness.evaluation``) within the execution's budget     |                   |
-| CancelExecutions               | ``runner.cancel`` (the run then reports as cancelled)     | ExecutionFinished |
+| StartExecutions                | proxy key + route (admin API), HarnessRunner task; at     | HarnessStopped,   |
+|                                | exit: records -> tree, close + evaluate with retries       | ExecutionFinished,|
+|                                | (``harness.evaluation``) within the execution's budget     | GroupReady        |
+| CancelExecutions               | ``runner.cancel`` (the run then reports as cancelled);    | ExecutionFinished |
+|                                | an evaluation in retries is cancelled                     |                   |
 | Reroute                        | proxy route change (in-flight requests move)              |                   |
 | BeginTransition(c, training)   | drain c's engine, wait idle, quiesce, release_memory,      | TransitionDone   |
 |                                | enter_training                                             |                  |
@@ -40,6 +41,17 @@ core cancels them; ``on_step(version)`` (live metrics: ``runtime.metrics``)
 runs once per step, after its report is in ``metrics`` and before ``StepDone``
 is reported. Every time the backend reads comes from its ``clock``
 (default ``time.monotonic``; the differential tests pass a virtual one).
+
+Harness stop: the evaluator runs after the harness process has exited. When
+its first attempt leaves the execution pending (evaluator failure: retries
+within the budget follow), the backend reports ``HarnessStopped`` then and
+``ExecutionFinished`` when the evaluation ends, so the core hands the
+execution's rollout slot to a queued execution meanwhile: the simulator's
+rule for a trace row with ``harness_s < duration_s``. An evaluation that
+ends on its first attempt reports only ``ExecutionFinished`` (the slot is
+held through that one attempt). Cancelling an execution whose evaluation is
+retrying cancels the evaluation: it reports ExecutionFinished("cancelled"),
+as the simulator does.
 
 Streaming (SPEC 3.6): the stream packing buffer pulls one group at a time
 when it runs short, by the simulator's rule (``sim.training``): with no ask
@@ -164,6 +176,7 @@ class RealBackend(ActionHandler):
         self._tasks: dict[int, Any] = {}  # group -> its task, set up once at dispatch
         self.dropped: set[int] = set()    # groups whose task could not be set up (GroupDropped)
         self._unstarted_futures: dict[int, asyncio.Future] = {}
+        self._evaluating: dict[int, asyncio.Future] = {}  # harness stopped, retrying: set to cancel
         self.errors: list[str] = []
         self.errors_after_stop: list[str] = []  # waits abandoned when the run ended (not failures of the run)
         self._stopped = False
@@ -233,8 +246,10 @@ class RealBackend(ActionHandler):
         if group_id(g) in self.buffer._groups and g not in self._ready_reported:
             for call in calls:
                 self.buffer.add(call)
-            state = await close_and_evaluate(self.buffer, self.parts.task, eid, result.workspace, self.clock)
-            if state is EvalState.INVALID:  # SPEC 4.3: excluded, and its group still becomes ready
+            state = await self._evaluate(x, result.workspace)
+            if state is None:  # cancelled by the core while its evaluation was retrying
+                outcome = "cancelled"
+            elif state is EvalState.INVALID:  # SPEC 4.3: excluded, and its group still becomes ready
                 outcome = "overall_timeout"
                 self.metrics.excluded.append(x)
                 self.progress(f"execution {eid} excluded: {self.buffer.evaluation(eid).exclusion_reason}")
@@ -247,10 +262,30 @@ class RealBackend(ActionHandler):
             self._ready_reported.add(g)
             self._report(ev.GroupReady, group=g)
 
+    async def _evaluate(self, x: int, workspace: Path) -> EvalState | None:
+        """Close and evaluate ``x``; report HarnessStopped if it goes into retries. None: cancelled then."""
+        cancelled = asyncio.get_running_loop().create_future()
+
+        def harness_stopped() -> None:
+            self._evaluating[x] = cancelled
+            self._report(ev.HarnessStopped, execution=x)
+
+        evaluation = self._spawn(close_and_evaluate(self.buffer, self.parts.task, execution_id(x), workspace,
+                                                    self.clock, on_pending=harness_stopped))
+        try:
+            await asyncio.wait({evaluation, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._evaluating.pop(x, None)
+            if not evaluation.done():
+                evaluation.cancel()
+        return evaluation.result() if evaluation.done() else None
+
     def on_cancel_executions(self, a: act.CancelExecutions) -> None:
         for x in a.executions:
             if x // self.cfg.group_size in self.dropped:
                 self._unstarted(x).set_result(None)
+            elif x in self._evaluating:  # harness stopped, evaluation retrying: cancel the evaluation
+                self._evaluating.pop(x).set_result(None)
             else:
                 self._spawn(self.parts.runner.cancel(x))
 

@@ -18,14 +18,15 @@ A record (``step_record``) holds: ``step`` (1-based) and ``version``, the
 transitions done so far (``transitions``, ``transition_mean_s``), the
 publications done so far and the last one's wall time (``publications``,
 ``publication_s``), ``breakdown_s`` (seconds per category so far), the
-``roles`` of the cells, ``running`` executions and ``engine_load`` (running
-executions per engine), and ``problems`` (values that were missing or not
-finite; each such value is null).
+``roles`` of the cells, ``running`` executions (holding a rollout slot),
+``evaluating`` ones (harness stopped, evaluation retrying: no slot),
+``engine_load`` (running executions per engine), and ``problems`` (values
+that were missing or not finite; each such value is null).
 
 The time breakdown uses the categories of ``sim/breakdown.py`` (first match
-wins: executions fill the rollout capacity; some run; a step is in progress;
-a publication is; a cell switches roles; waiting). It is rebuilt from the
-controller's event log alone: ``Timeline`` replays the accepted events through
+wins: executions holding rollout slots fill the rollout capacity; some hold
+one; a step is in progress; a publication is; a cell switches roles;
+waiting). It is rebuilt from the controller's event log alone: ``Timeline`` replays the accepted events through
 a shadow core and integrates the category of the core's state between events.
 
 Invariants: ``step_record`` never raises on a malformed or missing value (it
@@ -55,8 +56,8 @@ CATEGORIES = ("rollout_full", "rollout_tail", "training_exposed", "publication",
 
 def category(core: Scheduler) -> str:
     """The breakdown category of the core's state now (``sim/breakdown.py``'s order)."""
-    if core.running > 0:
-        return "rollout_full" if core.running >= core.capacity else "rollout_tail"
+    if core.holding > 0:  # executions holding rollout slots (a stopped harness's evaluation holds none)
+        return "rollout_full" if core.holding >= core.capacity else "rollout_tail"
     if core.batch_open:
         return "training_exposed"
     if core.awaiting_publish:
@@ -145,7 +146,7 @@ def step_record(timeline: Timeline, metrics: Any, version: int, *, rows: list[di
         if metrics.publishes else None,
         "breakdown_s": {k: _number(v, f"breakdown_s.{k}", problems) for k, v in breakdown.items()},
         "roles": {str(c): role for c, role in enumerate(core.roles)},
-        "running": core.running, "engine_load": load,
+        "running": core.holding, "evaluating": len(core.stopped_executions()), "engine_load": load,
     }
     record["problems"] = problems
     return record

@@ -18,6 +18,9 @@ Per query q and execution j (hours unless stated):
   ``overall_share`` its evaluation never returns a valid reward inside the
   budget: outcome overall_timeout, duration ``budget_h``, no reward. Other
   stopped executions end as harness_timeout at ``ceiling_h`` (still scored).
+  Either way the harness stops at ``ceiling_h``: ``active_s`` (the trace's
+  ``harness_s``) is the ceiling, and an overall timeout's duration adds its
+  ``budget_h - ceiling_h`` of evaluation retries, which use no rollout engine.
   Executions that end before the ceiling have hours of budget left and are
   assumed always to get a valid reward (ours: SPEC gives no split).
 * failure: first of all, an execution fails outright with probability
@@ -35,7 +38,8 @@ Per query q and execution j (hours unless stated):
 Invariants: every random number comes from the generator passed in, drawn in
 one fixed order (``draw_variates``), so equal seeds give identical traces; a
 harness timeout lasts exactly ``ceiling_h``, an overall timeout exactly
-``budget_h > ceiling_h``, a completed or failed execution strictly less than
+``budget_h > ceiling_h`` with its harness stopped at ``ceiling_h``;
+``active_s <= durations_s``, equal except for overall timeouts; a completed or failed execution strictly less than
 ``ceiling_h`` and with a continuous distribution (no pile-up at one value);
 only hard queries hold stuck executions.
 """

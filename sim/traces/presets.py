@@ -34,7 +34,7 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from gyre.formats.trace import OUTCOMES, TRAJECTORY_COLUMN, Trace
+from gyre.formats.trace import HARNESS_COLUMN, OUTCOMES, TRAJECTORY_COLUMN, Trace
 from gyre.sim.traces.model import (  # re-exported: the generator's public surface
     HOUR_S,
     DurationModel,
@@ -124,6 +124,7 @@ def generate_trace(preset: str | TracePreset, queries: int, rng: np.random.Gener
             "query_id": np.repeat(np.arange(queries, dtype=np.int64), N),
             "execution_index": np.tile(np.arange(N, dtype=np.int64), queries),
             "duration_s": durations_s.ravel(),
+            HARNESS_COLUMN: active_s.ravel(),  # the ceiling for an overall timeout; else its duration
             "outcome": pd.Categorical.from_codes(codes.ravel(), categories=OUTCOMES),
             **{k: v.ravel() for k, v in counts.items()},
             TRAJECTORY_COLUMN: split.as_json(),

@@ -5,7 +5,9 @@ executions run, which cells are switching, which batch is open) and checks the
 SPEC.md invariants of ``gyre.scheduler`` after every step. It is an
 ``ActionHandler`` driven through the shared ``gyre.loop.DriverLoop``, like the
 simulator and the real controller; its event log must replay to the same
-actions at every step.
+actions at every step. ``running`` holds the executions that hold a rollout
+slot, ``stopped`` those whose harness stopped (HarnessStopped) before they
+finished: they hold no slot but stay in the waterlevel.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def snapshot(s: Scheduler) -> dict:
         "groups": copy.deepcopy(s.groups),
         "batch": (s.batch_open, s.fed, s.wants, s.awaiting_publish, s.supply_since),
         "placements": s.placements(),
+        "stopped": s.stopped_executions(),
         "ready": s.ready_unclaimed,
     }
 
@@ -68,6 +71,8 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
         self.now = 0.0
         self.queued: set[int] = set()
         self.running: set[int] = set()
+        self.stopped: set[int] = set()
+        self.ended: set[int] = set()
         self.closed: dict[int, int] = {}
         self.ready_sent: set[int] = set()
         self.ready_unfed: dict[int, int] = {}  # group -> v_d
@@ -88,6 +93,7 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
 
     # ---- the driver side: apply actions to the model -------------------------
     def send(self, event: ev.Event) -> None:
+        self.last_started = 0
         self.loop.feed(event)
 
     def on_dispatch_groups(self, a: act.DispatchGroups) -> None:
@@ -103,15 +109,16 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
             self.queued.discard(x)
             self.running.add(x)
             self.started += 1
+            self.last_started += 1
 
     def on_cancel_executions(self, a: act.CancelExecutions) -> None:
-        assert set(a.executions) <= self.running, "cancelled an execution that is not running"
+        assert set(a.executions) <= self.running | self.stopped, "cancelled an execution that is not running"
         for x in a.dropped:
             self.queued.discard(x)
             self.dropped += 1
 
     def on_reroute(self, a: act.Reroute) -> None:
-        assert a.execution in self.running and a.source != a.dest
+        assert a.execution in self.running and a.source != a.dest, "rerouted a stopped or finished execution"
 
     def on_begin_transition(self, a: act.BeginTransition) -> None:
         assert a.cell not in self.switching
@@ -175,26 +182,42 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
         self.now = self.s.next_deadline()
         self.send(ev.Tick(self.now))
 
-    @precondition(lambda self: self.running)
-    @rule(data=st.data(), outcome=st.sampled_from(["completed", "failed", "harness_timeout"]))
-    def finish(self, data, outcome: str) -> None:
-        x = data.draw(st.sampled_from(sorted(self.running)))
+    def close(self, x: int) -> None:
         self.running.discard(x)
+        self.stopped.discard(x)
+        self.ended.add(x)
         g = self.s.group_of(x)
         self.closed[g] = self.closed.get(g, 0) + 1
         self.finished += 1
-        self.send(ev.ExecutionFinished(self.now, x, outcome))
 
-    @precondition(lambda self: self.running)
+    @precondition(lambda self: self.running or self.stopped)
+    @rule(data=st.data(), outcome=st.sampled_from(["completed", "failed", "harness_timeout"]))
+    def finish(self, data, outcome: str) -> None:
+        x = data.draw(st.sampled_from(sorted(self.running | self.stopped)))
+        was_stopped, holding = x in self.stopped, self.s.holding
+        self.close(x)
+        self.send(ev.ExecutionFinished(self.now, x, outcome))
+        if was_stopped:  # no double release: its slot went back at HarnessStopped
+            assert self.s.holding == holding + self.last_started, "a stopped execution released a slot again"
+
+    @precondition(lambda self: self.running or self.stopped)
     @rule(data=st.data(), k=st.integers(2, 12))
     def finish_several(self, data, k: int) -> None:
-        chosen = data.draw(st.permutations(sorted(self.running)))[:k]
+        chosen = data.draw(st.permutations(sorted(self.running | self.stopped)))[:k]
         for x in chosen:
-            self.running.discard(x)
-            g = self.s.group_of(x)
-            self.closed[g] = self.closed.get(g, 0) + 1
-            self.finished += 1
+            self.close(x)
             self.send(ev.ExecutionFinished(self.now, x))
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def harness_stops(self, data) -> None:
+        x = data.draw(st.sampled_from(sorted(self.running)))
+        w, holding = self.s.waterlevel, self.s.holding
+        self.running.discard(x)
+        self.stopped.add(x)
+        self.send(ev.HarnessStopped(self.now, x))
+        assert self.s.waterlevel == w, "HarnessStopped changed the waterlevel"
+        assert self.s.holding == holding - 1 + self.last_started, "HarnessStopped did not free exactly one slot"
 
     @precondition(lambda self: self.closable_groups())
     @rule()
@@ -266,6 +289,11 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
                       ev.TransitionDone(self.now, self.cfg.K, "training"),
                       ev.ExecutionFinished(self.now, 10**7)]
         candidates += [ev.ExecutionFinished(self.now, x) for x in sorted(self.queued)[:2]]
+        candidates += [ev.HarnessStopped(self.now, 10**7)]
+        candidates += [ev.HarnessStopped(self.now, x) for x in sorted(self.queued)[:2]]
+        candidates += [ev.HarnessStopped(self.now, x) for x in sorted(self.stopped)[:2]]
+        candidates += [ev.HarnessStopped(self.now, x) for x in sorted(self.ended)[:2]]
+        candidates += [ev.ExecutionFinished(self.now, x) for x in sorted(self.ended)[:2]]
         candidates += [ev.GroupReady(self.now, g) for g in sorted(self.ready_sent)[:2]]
         candidates += [ev.GroupDropped(self.now, g) for g in sorted(self.ready_sent)[:2]]
         candidates += [ev.GroupDropped(self.now, g) for g in sorted(self.dropped_groups)[:2]]
@@ -299,18 +327,24 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
         assert all(now >= prev for now, prev in zip((s.d, s.p, s.f), self.prev_counters))
         self.prev_counters = (s.d, s.p, s.f)
         assert (s.d, s.p, s.f) == (self.dispatched, self.started + self.dropped, self.finished + self.dropped)
-        assert s.queued == len(self.queued) and s.running == len(self.running)
+        assert s.queued == len(self.queued) and s.running == len(self.running) + len(self.stopped)
+        assert s.holding == len(self.running) and s.stopped_executions() == self.stopped
 
     @invariant()
     def capacity_respected(self) -> None:
         placements = self.s.placements()
         assert set(placements) == self.running
-        assert self.s.running <= self.s.capacity
+        assert self.s.holding <= self.s.capacity, "slots held exceed C_R"
         for x, engine in placements.items():
             if engine != SEPARATE:
                 assert self.s.roles[engine] == "rollout", f"execution {x} routed to cell {engine} ({self.s.roles[engine]})"
             load = sum(1 for e in placements.values() if e == engine)
             assert load <= (self.cfg.C_s if engine == SEPARATE else self.cfg.C_e)
+
+    @invariant()
+    def free_slots_go_to_queued_executions(self) -> None:
+        """After every event: nothing queued, or every slot of C_R held (a stopped harness's slot reused)."""
+        assert self.s.queued == 0 or self.s.holding == self.s.capacity
 
     @invariant()
     def waterlevel_never_rises_inside_a_burst(self) -> None:

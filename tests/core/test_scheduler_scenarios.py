@@ -220,3 +220,52 @@ def test_streaming_off_reserves_the_whole_burst_then_trains_back_to_back():
     assert d.kinds(act.StartBatch) == [act.StartBatch(1, final=True)]
     assert d.kinds(act.FeedGroups) == [act.FeedGroups(1, (2,))]
     assert d.s.ready_unclaimed == 1
+
+
+# ---- a stopped harness frees its slot (HarnessStopped) -----------------------------------------------
+def test_a_stopped_harness_frees_its_slot_but_stays_in_the_waterlevel():
+    """C_e = 2 on one rollout cell, one group of 3: two start; the third starts when a harness stops,
+    while w = d - f stays 3; the execution's ExecutionFinished later releases nothing more."""
+    d = Drive(K=1, C_e=2, C_s=0, N=3, B=1, phi=0.0, mu=1, granularity="fine")
+    assert d.s.placements() == {0: 0, 1: 0} and (d.s.d, d.s.p, d.s.f) == (3, 2, 0)
+    d.send(ev.HarnessStopped(10.0, 0))
+    assert d.kinds(act.StartExecutions) == [act.StartExecutions(((2, 0),))]
+    assert d.s.placements() == {1: 0, 2: 0} and d.s.waterlevel == 3
+    assert (d.s.running, d.s.holding, d.s.stopped_executions()) == (3, 2, frozenset({0}))
+    d.send(ev.ExecutionFinished(40.0, 0, "harness_timeout"))
+    assert d.last == [] and d.s.placements() == {1: 0, 2: 0}  # no second release, nothing to start
+    assert (d.s.waterlevel, d.s.running, d.s.holding, d.s.stopped_executions()) == (2, 2, 2, frozenset())
+    assert d.s.engine_load(0) == 2
+
+
+def test_a_stopped_harness_is_never_rerouted_and_is_cancelled_into_f_only():
+    d = Drive(K=2, C_e=2, C_s=0, N=2, B=1, phi=0.0, mu=1, oversample=1, rho_min=1.0, tau=0.0,
+              granularity="fine")
+    assert d.s.placements() == {0: 1, 1: 1, 2: 0}  # a group of 3; cell 1 first
+    d.send(ev.HarnessStopped(1.0, 2))  # the only execution on cell 0 (the core)
+    d.send(ev.ExecutionFinished(2.0, 0))
+    d.send(ev.ExecutionFinished(2.0, 1))
+    d.send(ev.GroupReady(3.0, 0))  # w = 1 <= C_R - C_e = 2: the core may switch; 2 is the surplus
+    assert d.kinds(act.CancelExecutions) == [act.CancelExecutions((2,), ())]
+    assert d.kinds(act.BeginTransition) == [act.BeginTransition(0, "training")]
+    assert not d.kinds(act.Reroute)  # execution 2 sits on no engine: nothing moves
+    p, f = d.s.p, d.s.f
+    d.send(ev.ExecutionFinished(4.0, 2, "cancelled"))
+    assert (d.s.p, d.s.f, d.s.holding) == (p, f + 1, 0)
+
+
+def test_illegal_harness_stops_raise_and_change_nothing():
+    d = Drive(K=1, C_e=1, N=2, B=1, phi=0.0, mu=1, granularity="fine")
+    with pytest.raises(PolicyError, match="never dispatched"):
+        d.send(ev.HarnessStopped(1.0, 99))
+    with pytest.raises(PolicyError, match="never started"):
+        d.send(ev.HarnessStopped(1.0, 1))
+    d.send(ev.HarnessStopped(1.0, 0))
+    with pytest.raises(PolicyError, match="stopped twice"):
+        d.send(ev.HarnessStopped(2.0, 0))
+    d.send(ev.ExecutionFinished(3.0, 0))
+    with pytest.raises(PolicyError, match="already finished"):
+        d.send(ev.HarnessStopped(4.0, 0))
+    with pytest.raises(PolicyError, match="not running"):
+        d.send(ev.ExecutionFinished(4.0, 0))
+    assert (d.s.p, d.s.f, d.s.placements(), d.s.now) == (2, 1, {1: 0}, 3.0)

@@ -18,15 +18,18 @@ The doubles stand in for what would be processes or remote services:
 - ``EngineDouble``: SGLang engines; memory calls answer at once, a weight load takes
   ``to_rollout_s`` (where the simulator charges a return to rollout: after the
   publication it waits for).
-- ``RunnerDouble``: harness processes. An execution runs for its trace duration
-  (the simulator's rule, oversampling surplus included), then writes one model
+- ``RunnerDouble``: harness processes. An execution's harness runs for its trace
+  ``harness_s`` (its duration without the column; the simulator's rule,
+  oversampling surplus included), then writes one model
   call to the record store (as the proxy would) and ends with the harness outcome
   a real runner gives for the trace's outcome (an overall timeout is a killed
   harness: ``harness_timeout``, excluded later by its evaluation budget).
 - ``TaskDouble``: the task source and evaluator. Groups listed as dropped cannot
   be set up (``TaskUnavailable``); an execution whose trace outcome is
   ``overall_timeout`` cannot be scored (``EvaluatorFailure``), ``failed`` leaves no
-  evaluable work (``None``), the rest score a seeded reward.
+  evaluable work (``None``), the rest score a seeded reward. An execution whose
+  ``harness_s`` is below its duration is evaluated in retries: the first attempt
+  fails, the retry answers at start + ``duration_s`` (the simulator's end).
 - ``ProxyDouble``: the proxy's admin API (keys, routes, drain, in-flight counts).
 
 Invariant: every double answers only through the virtual clock (``VirtualLoop``),
@@ -279,19 +282,24 @@ class RunnerDouble:
         self.budgets = budgets
         self.active: dict[int, tuple[asyncio.Future, asyncio.TimerHandle]] = {}
         self.trace_outcome: dict[str, str] = {}
+        self.evaluation_ends: dict[str, float] = {}  # executions evaluated in retries: when the evaluation ends
         self.started: list[tuple[float, int]] = []
 
-    def _duration_outcome(self, x: int) -> tuple[float, str]:
+    def _duration_outcome(self, x: int) -> tuple[float, float, str]:
+        """(harness seconds, duration, trace outcome) of execution ``x``."""
         g, i = divmod(x, self.cfg.group_size)
-        query = self.trace.query_at(g) if i < self.cfg.N else self.trace.query_at(g + 1)  # surplus: sim's rule
-        return float(query.durations_s[i % self.cfg.N]), str(query.outcomes[i % self.cfg.N])
+        q = (g if i < self.cfg.N else g + 1) % self.trace.queries  # surplus: the simulator's rule
+        j = i % self.cfg.N
+        return float(self.trace.harness_s[q, j]), float(self.trace.durations_s[q, j]), str(self.trace.outcomes[q, j])
 
     async def run(self, execution: int, task: Task, key: str) -> ExecutionResult:
-        duration, outcome = self._duration_outcome(execution)
+        harness, duration, outcome = self._duration_outcome(execution)
         started = self.loop.time()
         self.started.append((started, execution))
+        if duration > harness:
+            self.evaluation_ends[execution_id(execution)] = started + duration
         done = self.loop.create_future()
-        timer = self.loop.call_later(duration, done.set_result, outcome)
+        timer = self.loop.call_later(harness, done.set_result, outcome)
         self.active[execution] = (done, timer)
         ended_as = await done
         del self.active[execution]
@@ -327,6 +335,7 @@ class TaskDouble:
         self.runner, self.seed = runner, seed
         self.unavailable = {query_id(g) for g in dropped}
         self.evaluations = 0
+        self.attempts: dict[str, int] = {}
 
     def task(self, task_id: str) -> Task:
         if task_id in self.unavailable:
@@ -335,13 +344,20 @@ class TaskDouble:
 
     def evaluate(self, eid: str, workspace: Path) -> EvaluationResult | None:
         self.evaluations += 1
+        self.attempts[eid] = self.attempts.get(eid, 0) + 1
         outcome = self.runner.trace_outcome[eid]
         if outcome == "overall_timeout":
             raise EvaluatorFailure("the workspace cannot be scored within the budget (test double)")
         if outcome == "failed":
             return None
         score = float(np.random.default_rng([self.seed, int(eid[1:])]).random())
-        return EvaluationResult(preserved_binding(eid, workspace), score, True)
+        result = EvaluationResult(preserved_binding(eid, workspace), score, True)
+        ends = self.runner.evaluation_ends.get(eid)
+        if ends is None:
+            return result
+        if self.attempts[eid] == 1:  # evaluated in retries: the first attempt fails at the harness's end
+            raise EvaluatorFailure("the evaluator is not available yet (test double)")
+        raise Pending(self.runner.loop.future_at(max(0.0, ends - self.runner.loop.time()), result))
 
 
 @dataclass

@@ -7,6 +7,9 @@
 - ``RealBackend`` drops a group whose task cannot be set up: it reports
   ``GroupDropped`` at dispatch, starts no harness for it, and reports its
   executions "cancelled" when the core cancels them.
+- ``RealBackend`` reports ``HarnessStopped`` when an execution's evaluation
+  goes into retries after its harness exited, and cancelling it then cancels
+  the evaluation (ExecutionFinished "cancelled", no further evaluator call).
 """
 
 from __future__ import annotations
@@ -98,3 +101,68 @@ def test_a_group_whose_task_cannot_be_set_up_is_dropped_and_its_executions_cance
     with pytest.raises(TaskUnavailable):
         TaskDouble(None, frozenset({5}), seed=0).task("q5")
     asyncio.run(body())
+
+
+def test_an_evaluation_in_retries_reports_harness_stopped_and_is_cancelled(tmp_path):
+    from gyre.config import SchedulerConfig
+    from gyre.real.harness.runner import ExecutionResult, Task
+
+    from .virtual_loop import VirtualLoop
+    from .worlds import EdgeBackend
+
+    loop, reports = VirtualLoop(), []
+
+    class Recorder:
+        def report(self, kind, **fields):
+            reports.append((kind, fields))
+
+    class Runner:
+        class budgets:
+            overall_timeout_s = 1000.0
+
+        async def run(self, x, task, key):
+            return ExecutionResult(x, "harness_timeout", 0, tmp_path, 0.0, loop.time())
+
+        async def cancel(self, x):
+            raise AssertionError("the harness has exited: nothing to cancel there")
+
+    class Tasks:
+        calls = 0
+
+        def task(self, task_id):
+            return Task(task_id=task_id, prompt="-")
+
+        def evaluate(self, execution_id, workspace):
+            Tasks.calls += 1
+            raise EvaluatorFailure("evaluator down")
+
+    class Parts:
+        engine_names = {0: "cell0"}
+        runner = Runner()
+        records_dir = tmp_path / "records"
+        task = Tasks()
+
+    class Proxy:
+        def handle(self, method, path, body):
+            return {"api_key": "k"} if path == "/admin/executions" else {"ok": True}
+
+    cfg = SchedulerConfig(K=1, C_e=8, C_s=0, N=2, B=1, phi=0.0, mu=1, granularity="global")
+    backend = EdgeBackend(cfg, Parts(), seed=0, token_budget=10, clock=loop.time).bind(Recorder())
+    backend.proxy = Proxy()
+
+    async def body():
+        backend.on_dispatch_groups(act.DispatchGroups((0,), 0))
+        backend.on_start_executions(act.StartExecutions(((0, 0),)))
+        await asyncio.sleep(10.0)  # virtual seconds: the first attempt failed, retries follow
+        assert reports == [(ev.HarnessStopped, {"execution": 0})]
+        calls = Tasks.calls
+        assert calls >= 3
+        backend.on_cancel_executions(act.CancelExecutions((0,)))
+        await asyncio.wait(list(backend.tasks))
+        assert reports[1:] == [(ev.ExecutionFinished, {"execution": 0, "outcome": "cancelled"})]
+        assert backend.errors == [] and Tasks.calls == calls
+
+    try:
+        loop.run_until_complete(body())
+    finally:
+        loop.close()

@@ -42,17 +42,24 @@ OVERALL_TIMEOUT_S = 4000.0  # above every completed execution's end, below every
 DROPPED = frozenset({3, 9})
 
 
-def scripted_trace(queries: int, seed: int, timeout_share: float = 0.0) -> Trace:
-    """Seeded durations (60-900 s, so no two events coincide); timed-out executions run 5000 s."""
+def scripted_trace(queries: int, seed: int, timeout_share: float = 0.0, retry_share: float = 0.0) -> Trace:
+    """Seeded durations (60-900 s, so no two events coincide); timed-out executions run 5000 s.
+
+    With ``retry_share`` > 0 the trace has a ``harness_s`` column and that share of executions
+    stop their harness 300-1500 s before they end (evaluation retries, outcome harness_timeout).
+    """
     rng = np.random.default_rng(seed)
     rows = []
     for q in range(queries):
         for i in range(SHAPE.N):
             timed_out = rng.random() < timeout_share
             duration = 5000.0 + rng.random() if timed_out else float(rng.uniform(60, 900))
-            rows.append({"query_id": q, "execution_index": i, "duration_s": duration,
+            rows.append({"query_id": q, "execution_index": i, "duration_s": duration, "harness_s": duration,
                          "outcome": "overall_timeout" if timed_out else "completed"})
-    return Trace(pd.DataFrame(rows), N=SHAPE.N, source="differential")
+            if retry_share and not timed_out and rng.random() < retry_share:
+                rows[-1].update(duration_s=duration + float(rng.uniform(300, 1500)), outcome="harness_timeout")
+    frame = pd.DataFrame(rows)
+    return Trace(frame if retry_share else frame.drop(columns=["harness_s"]), N=SHAPE.N, source="differential")
 
 
 def both(preset: str, trace: Trace, dropped: frozenset[int] = frozenset(), backend_class=EdgeBackend):
@@ -120,6 +127,19 @@ def test_excluded_executions_and_dropped_groups_are_identical(preset):
     consumed_with_exclusions = {x // cfg.group_size for x in backend.metrics.excluded} & set(real.staleness)
     assert consumed_with_exclusions, "no consumed group had an excluded execution"
     assert not DROPPED & set(real.staleness)
+
+
+@pytest.mark.parametrize("preset", ["async-1.5", "gyre-1.5"])
+def test_stopped_harnesses_free_their_slots_identically(preset):
+    """HarnessStopped: the simulator at harness_s, the real backend when the evaluation goes into retries."""
+    cfg, sim, real, backend = both(preset, scripted_trace(40, seed=2, retry_share=0.3))
+    assert_identical(cfg, sim, real)
+    stops = kinds(real.log).count("harness_stopped")
+    assert stops >= 10 and kinds(sim.log).count("harness_stopped") == stops
+    # a freed slot was used: some execution started at a HarnessStopped
+    lines = transcript(cfg, real.log)
+    assert any("harness_stopped" in line and "start_executions" in line for line in lines), \
+        "no queued execution started in a freed slot"
 
 
 # ---- the comparison can fail: one perturbed double, one perturbed backend ---------------------------

@@ -32,7 +32,7 @@ def sim(request):
 
 def sim_breakdown(result, end_s: float) -> dict[str, float]:
     rec, cfg = result.record, result.cfg
-    return time_breakdown(end_s=end_s, executions=[(x["start_s"], x["end_s"]) for x in rec.executions.values()],
+    return time_breakdown(end_s=end_s, executions=[rec.slot_interval(x) for x in rec.executions],
                           roles=[(r["cell"], r["role"], r["start_s"], r["end_s"]) for r in rec.roles],
                           steps=[(s["start_s"], s["end_s"]) for s in rec.steps.values()],
                           publications=[tuple(p) for p in rec.publications], C_e=cfg.C_e, C_s=cfg.C_s)
@@ -118,13 +118,13 @@ def test_a_malformed_or_missing_value_becomes_null_and_is_named(sim):
 
 
 @pytest.mark.parametrize("state, expected", [
-    (dict(running=4, capacity=4, batch_open=True, awaiting_publish=True), "rollout_full"),
-    (dict(running=3, capacity=4, batch_open=True, awaiting_publish=False), "rollout_tail"),
-    (dict(running=0, capacity=4, batch_open=True, awaiting_publish=True), "training_exposed"),
-    (dict(running=0, capacity=4, batch_open=False, awaiting_publish=True), "publication"),
-    (dict(running=0, capacity=4, batch_open=False, awaiting_publish=False, roles=[R.ROLLOUT, R.TO_ROLLOUT]),
+    (dict(holding=4, capacity=4, batch_open=True, awaiting_publish=True), "rollout_full"),
+    (dict(holding=3, capacity=4, batch_open=True, awaiting_publish=False), "rollout_tail"),
+    (dict(holding=0, capacity=4, batch_open=True, awaiting_publish=True), "training_exposed"),
+    (dict(holding=0, capacity=4, batch_open=False, awaiting_publish=True), "publication"),
+    (dict(holding=0, capacity=4, batch_open=False, awaiting_publish=False, roles=[R.ROLLOUT, R.TO_ROLLOUT]),
      "transitions"),
-    (dict(running=0, capacity=0, batch_open=False, awaiting_publish=False), "waiting"),
+    (dict(holding=0, capacity=0, batch_open=False, awaiting_publish=False), "waiting"),
 ])
 def test_the_categories_take_the_first_match_in_the_simulators_order(state, expected):
     assert category(SimpleNamespace(**{"roles": [R.ROLLOUT, R.TRAINING], **state})) == expected
