@@ -38,7 +38,9 @@ bare connection error; ``shutdown`` kills the whole process group (SIGTERM,
 then SIGKILL) and is idempotent; ``exited`` lists exactly the engines whose
 process ended without ``shutdown``; ``restart`` refuses an engine that is
 still running or was shut down, and keeps the dead process's log beside the
-new one (``ID.log.N``); no address other than 127.0.0.1 is used.
+new one (``ID.log.N``); no address other than 127.0.0.1 is used; an engine's
+process group ends with the job that launched it, even a job killed by SIGKILL
+(``engines.reaper`` leads the group, armed with ``runtime.lifetime.die_with_parent``).
 """
 
 from __future__ import annotations
@@ -47,12 +49,15 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gyre.real.runtime.lifetime import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: real/engines/manager.py -> ../../
 HOST = "127.0.0.1"
@@ -160,8 +165,11 @@ class EngineManager:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{spec.engine_id}.log"
         with open(log_path, "w") as sink:
-            process = subprocess.Popen(launch_command(spec, self.python), stdout=sink, stderr=subprocess.STDOUT,
-                                       env=launch_env(spec), start_new_session=True)
+            # the reaper leads the engine's process group and ends all of it with the job (engines.reaper)
+            reaper = [sys.executable, "-m", "gyre.real.engines.reaper", "--"]
+            process = subprocess.Popen(reaper + launch_command(spec, self.python), stdout=sink,
+                                       stderr=subprocess.STDOUT, env=launch_env(spec), start_new_session=True,
+                                       preexec_fn=die_with_parent)
         engine = Engine(spec, process, log_path)
         self.engines[spec.engine_id] = engine
         return engine

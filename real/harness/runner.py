@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from gyre.real.runtime.lifetime import die_with_parent
+
 from gyre.real.harness.sandbox import (HostBridge, choose_isolation, hidden_paths, mountns_problem,
                                        require_executable, sandbox_argv)
 
@@ -213,7 +215,8 @@ class HarnessRunner:
             # stdin closed: ``codex exec`` reads a piped stdin to its end before it starts
             proc = await asyncio.create_subprocess_exec(*command, cwd=workspace, env=env,
                                                         stdin=asyncio.subprocess.DEVNULL, stdout=log,
-                                                        stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+                                                        stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+                                                        preexec_fn=die_with_parent)
         except OSError as exc:
             log.write(f"could not start {argv[0]}: {exc}\n".encode())
             log.close()

@@ -41,8 +41,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         print(f"gyre run: error: {exc}", file=sys.stderr)
         return 2
+    from gyre.real.runtime.lifetime import terminate_on_sigterm
     from gyre.real.runtime.progress import RunDisplay
 
+    terminate_on_sigterm()  # `kill PID` stops engines, cells and harnesses in order, as Ctrl-C does
     display = RunDisplay(job.steps, sys.stderr)  # a bar on a terminal, plain lines otherwise
     try:
         summary = run_job(job, progress=display.line, watch=display.record)

@@ -42,13 +42,16 @@ from gyre.real.train.core import CoreCell
 from gyre.real.train.publish import publish_from_disk, save_hf_tensors
 from gyre.real.train.satellite import Interrupted, SatelliteCell
 from gyre.real.train import keys
+from gyre.real.runtime.lifetime import die_with_parent
 
 IDLE_POLL_S = 0.01  # command polling while not training (a satellite in training polls at poll_s)
 
 
 def cell_main(cfg: CellConfig, cell: int, rank: int = 0) -> None:
     """Process entry point of rank ``rank`` of ``cell`` (picklable target for multiprocessing): the
-    leader (rank 0) serves the driver's commands, the other ranks follow it (``train.ranks``)."""
+    leader (rank 0) serves the driver's commands, the other ranks follow it (``train.ranks``).
+    It dies with the forkserver that started it, which ends with the job (``runtime.lifetime``)."""
+    die_with_parent()
     ctx = build_context(cfg, cell, rank)
     try:
         if rank == 0:

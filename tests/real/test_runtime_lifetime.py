@@ -1,0 +1,171 @@
+"""``runtime.lifetime``: what a job starts dies with it, and ``kill PID`` runs the job's cleanup.
+
+Each test starts a stand-in job as its own Python process (the parent), so the
+test can kill it the way a user or a scheduler would:
+- a child started with ``preexec_fn=die_with_parent`` ends when its parent is
+  SIGKILLed; the same child started without it survives (the control: the
+  mechanism, not the test, ends it);
+- a job that called ``terminate_on_sigterm`` runs its ``finally`` on SIGTERM and
+  exits 128 + 15;
+- a real SGLang engine launched by ``EngineManager`` from a parent that is
+  SIGKILLed disappears with its whole process group (scheduler included),
+  which is what left orphaned engines behind a killed ``gyre run`` before.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gyre.real.engines.manager import sglang_python
+
+try:
+    from proxy_fixtures import free_port, shared_tiny_dir
+except ImportError:
+    from .proxy_fixtures import free_port, shared_tiny_dir
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def _group(pgid: int) -> list[int]:
+    """Live processes whose process group is ``pgid``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
+def _wait(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def _parent(script: str) -> tuple[subprocess.Popen, int]:
+    """Start ``script`` as a stand-in job; it prints one pid on its first line."""
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdout=subprocess.PIPE, text=True)
+    line = parent.stdout.readline()
+    assert line.strip().isdigit(), f"the stand-in job printed {line!r}"
+    return parent, int(line)
+
+
+CHILD = """
+    import subprocess, time
+    from gyre.real.runtime.lifetime import die_with_parent
+    kwargs = {{"preexec_fn": die_with_parent}} if {guarded} else {{}}
+    child = subprocess.Popen(["sleep", "120"], start_new_session=True, **kwargs)
+    print(child.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_child_dies_with_its_killed_parent_only_when_asked(guarded):
+    parent, child = _parent(CHILD.format(guarded=guarded))
+    try:
+        assert _alive(child)
+        parent.kill()
+        parent.wait(10)
+        gone = _wait(lambda: not _alive(child), 5.0)
+        assert gone == guarded, f"child {'survived' if not gone else 'died'} with guarded={guarded}"
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_sigterm_runs_the_jobs_cleanup(tmp_path):
+    marker = tmp_path / "cleaned"
+    parent, pid = _parent(f"""
+        import os, time
+        from gyre.real.runtime.lifetime import terminate_on_sigterm
+        assert terminate_on_sigterm()
+        try:
+            print(os.getpid(), flush=True)
+            time.sleep(120)
+        finally:
+            open({str(marker)!r}, "w").write("stopped engines")
+    """)
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(10) == 128 + signal.SIGTERM
+    assert marker.read_text() == "stopped engines"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not sglang_python().exists(), reason=f"SGLang CPU venv not found at {sglang_python()}")
+def test_a_real_engine_group_dies_with_a_killed_job(tmp_path_factory):
+    from gyre.real.toy.tiny_model import build_tiny_qwen2
+
+    model = build_tiny_qwen2(shared_tiny_dir(tmp_path_factory, "tiny-qwen2"))
+    logs = tmp_path_factory.mktemp("engine-logs")
+    parent, pgid = _parent(f"""
+        import time
+        from gyre.real.engines.manager import EngineManager, EngineSpec
+        manager = EngineManager({str(logs)!r})
+        spec = EngineSpec(engine_id="orphan-check", model_path={str(model)!r}, port={free_port()},
+                          extra_args=("--mem-fraction-static", "0.05", "--max-total-tokens", "32768",
+                                      "--skip-server-warmup"))
+        print(manager.launch(spec).process.pid, flush=True)
+        time.sleep(300)
+    """)
+    try:
+        # wait until SGLang has started its scheduler beside the launcher: the group is more than one process
+        assert _wait(lambda: len(_group(pgid)) >= 2, 180), \
+            f"the engine never started its scheduler: {_group(pgid)}; log: {(logs / 'orphan-check.log').read_text()[-2000:]}"
+        parent.kill()
+        parent.wait(10)
+        assert _wait(lambda: not _group(pgid), 60), f"orphaned engine processes: {_group(pgid)}"
+    finally:
+        for pid in _group(pgid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("code, status", [("raise SystemExit(3)", 3),
+                                          ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -9)])
+def test_the_reaper_ends_like_its_command(code, status):
+    """The manager reads an engine's own exit status through the reaper: same code, or death by the same signal."""
+    done = subprocess.run([sys.executable, "-m", "gyre.real.engines.reaper", "--", sys.executable, "-c", code],
+                          timeout=60, start_new_session=True)
+    assert done.returncode == status
+
+
+def test_a_killed_reaper_takes_its_whole_group(tmp_path):
+    """SIGTERM to the reaper (what a dying job sends through the parent-death signal) ends every process
+    its command started, even one that ignores SIGTERM (after the grace period: SIGKILL)."""
+    stubborn = "import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
+               "subprocess.Popen(['sleep', '120']); print('up', flush=True); time.sleep(120)"
+    reaper = subprocess.Popen([sys.executable, "-m", "gyre.real.engines.reaper", "--", sys.executable, "-c", stubborn],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert reaper.stdout.readline().strip() == "up"
+        assert len(_group(reaper.pid)) == 3  # reaper, the stubborn command, its sleep
+        reaper.send_signal(signal.SIGTERM)
+        assert reaper.wait(30) == -signal.SIGKILL  # the grace ran out: the group, reaper included, was killed
+        assert _wait(lambda: not _group(reaper.pid), 5.0), _group(reaper.pid)
+    finally:
+        for pid in _group(reaper.pid):
+            os.kill(pid, signal.SIGKILL)
