@@ -200,8 +200,10 @@ class Scheduler:
 
     def next_deadline(self) -> float | None:
         """When a Tick could trigger a transition (supply timer expiry), else None."""
+        if self.supply_since is None:
+            return None
         unit = self._candidate_unit()
-        if unit is None or self.supply_since is None or not self._eq2_holds(unit):
+        if unit is None or not self._eq2_holds(unit):
             return None
         deadline = self.supply_since + self.cfg.tau
         return deadline if self.now is None or deadline > self.now else None
@@ -486,10 +488,10 @@ class Scheduler:
         return rules.waterlevel_allows(self.cfg, self.waterlevel, self.capacity, unit_capacity)
 
     def _maybe_transition(self, out: list[act.Action]) -> None:
+        if not rules.timer_elapsed(self.cfg, self.supply_since, self.now):
+            return  # checked first: it is cheap, and false after most events
         unit = self._candidate_unit()
-        if unit is None or not rules.timer_elapsed(self.cfg, self.supply_since, self.now):
-            return
-        if self._eq2_holds(unit):
+        if unit is not None and self._eq2_holds(unit):
             self._begin_transition(unit, R.TRAINING, out)
 
     def _begin_transition(self, cells: tuple[int, ...], role: str, out: list[act.Action]) -> None:

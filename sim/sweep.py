@@ -64,7 +64,7 @@ def _one(job: tuple[str, str, int, int, dict[str, Any]]) -> dict[str, Any]:
     preset, trace, steps, seed, point = job
     row: dict[str, Any] = {**point, "seed": seed, "error": None}
     try:
-        summary = run_simulation(preset, trace, steps=steps, seed=seed, overrides=point).summary
+        summary = run_simulation(preset, trace, steps=steps, seed=seed, overrides=point, breakdown=False).summary
     except (ConfigError, ValueError) as exc:
         row["error"] = str(exc)
         return row

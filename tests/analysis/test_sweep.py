@@ -64,3 +64,17 @@ def test_the_command_writes_the_table_and_the_steady_staleness_map_is_the_identi
     assert (out / "sweep.png").stat().st_size > 0
     assert gyre_main(["sweep", "--sweep", "mu=x", "--out", str(out)]) == 2
     assert "gyre sweep: error" in capsys.readouterr().err
+
+
+def test_a_sweep_row_reports_what_the_full_run_reports():
+    """Sweeps skip the wall-clock breakdown for speed; the figures they keep, the slack included, are unchanged."""
+    from gyre.sim.runner import run_simulation
+
+    point = {"phi": 1.0, "mu": 2, "K": 4}
+    row = run_sweep({k: [v] for k, v in point.items()}, steps=3, jobs=1)[0]
+    full = run_simulation("E0", "nl2repo-122b", steps=3, overrides=point).summary
+    lean = run_simulation("E0", "nl2repo-122b", steps=3, overrides=point, breakdown=False).summary
+    assert full["slack"] is not None and row["slack"] == full["slack"] == lean["slack"]
+    assert (row["total_hours"], row["staleness_mean"], row["events"]) == \
+           (full["total_hours"], full["staleness_mean"], full["events"])
+    assert "time_breakdown_hours" in full and "time_breakdown_hours" not in lean
