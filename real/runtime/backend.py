@@ -177,6 +177,7 @@ class RealBackend(ActionHandler):
         self.dropped: set[int] = set()    # groups whose task could not be set up (GroupDropped)
         self._unstarted_futures: dict[int, asyncio.Future] = {}
         self._evaluating: dict[int, asyncio.Future] = {}  # harness stopped, retrying: set to cancel
+        self._stopped_at: dict[int, float] = {}  # when HarnessStopped was reported (clock), for the trace
         self.errors: list[str] = []
         self.errors_after_stop: list[str] = []  # waits abandoned when the run ended (not failures of the run)
         self._stopped = False
@@ -243,10 +244,15 @@ class RealBackend(ActionHandler):
         calls = await asyncio.to_thread(self.store.read, eid) if self.store.path_for(eid).exists() else []
         self.metrics.move_stalls_ms += [float(v) for c in calls
                                         for v in c.role_hints.get("move_stalls_ms", "").split(",") if v]
+        evaluated_s, stopped_s = 0.0, None  # evaluation time, and when its retries began (both after the exit)
         if group_id(g) in self.buffer._groups and g not in self._ready_reported:
             for call in calls:
                 self.buffer.add(call)
+            before = self.clock()
             state = await self._evaluate(x, result.workspace)
+            evaluated_s = self.clock() - before
+            stopped_s = self._stopped_at.pop(x, None)
+            stopped_s = None if stopped_s is None else stopped_s - before
             if state is None:  # cancelled by the core while its evaluation was retrying
                 outcome = "cancelled"
             elif state is EvalState.INVALID:  # SPEC 4.3: excluded, and its group still becomes ready
@@ -255,7 +261,8 @@ class RealBackend(ActionHandler):
                 self.progress(f"execution {eid} excluded: {self.buffer.evaluation(eid).exclusion_reason}")
         self.metrics.outcomes[x] = outcome
         self.metrics.trace.append(TraceResult(query_id=g, execution_index=x - g * self.cfg.group_size,
-                                              start_s=result.started_at, end_s=result.ended_at,
+                                              start_s=result.started_at, end_s=result.ended_at + evaluated_s,
+                                              harness_end_s=None if stopped_s is None else result.ended_at + stopped_s,
                                               outcome=outcome, **counts_from_calls(calls)))
         self._report(ev.ExecutionFinished, execution=x, outcome=outcome)
         if g not in self._ready_reported and group_id(g) in self.buffer.ready_group_ids():
@@ -268,6 +275,7 @@ class RealBackend(ActionHandler):
 
         def harness_stopped() -> None:
             self._evaluating[x] = cancelled
+            self._stopped_at[x] = self.clock()
             self._report(ev.HarnessStopped, execution=x)
 
         evaluation = self._spawn(close_and_evaluate(self.buffer, self.parts.task, execution_id(x), workspace,

@@ -14,6 +14,15 @@ reported with ``outcome="cancelled"`` (``CANCELLED``) and never reaches the
 trace. Kept executions keep their original ``execution_index`` (indices may
 have gaps; the format needs them distinct, not contiguous).
 
+Evaluation: ``end_s`` is when the execution ended, its evaluation included
+(what the core saw as ExecutionFinished). ``harness_end_s`` is set only for
+an execution whose harness stopped well before that, i.e. whose evaluation
+went into retries (the backend then reports ``HarnessStopped``): the trace
+then has a ``harness_s`` column (``harness_end_s - start_s``, or the duration
+where unset), and the simulator frees the slot at that time as the real core
+did. A first evaluation attempt is folded into the duration, as the real core
+holds the slot through it.
+
 Invariants: ``duration_s = end_s - start_s``; every kept result has an outcome
 in ``gyre.formats.trace.OUTCOMES``, finite times with ``end_s >= start_s``,
 and non-negative integer counts; an optional count column is written only
@@ -33,7 +42,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from gyre.formats.trace import OUTCOMES, Trace, TraceError, save_trace
+from gyre.formats.trace import HARNESS_COLUMN, OUTCOMES, Trace, TraceError, save_trace
 
 CANCELLED = "cancelled"
 COUNT_FIELDS = ("input_tokens", "output_tokens", "call_count")
@@ -51,6 +60,7 @@ class ExecutionResult:
     input_tokens: int | None = None
     output_tokens: int | None = None
     call_count: int | None = None
+    harness_end_s: float | None = None  # the harness stopped, evaluation retries followed (see the module doc)
 
     @property
     def name(self) -> str:
@@ -81,6 +91,10 @@ def check_result(result: ExecutionResult) -> None:
         raise TraceError(f"{result.name}: start_s={result.start_s!r} and end_s={result.end_s!r} must be finite")
     if result.end_s < result.start_s:
         raise TraceError(f"{result.name}: negative duration (start_s={result.start_s}, end_s={result.end_s})")
+    stop = result.harness_end_s
+    if stop is not None and not (math.isfinite(stop) and result.start_s <= stop <= result.end_s):
+        raise TraceError(f"{result.name}: harness_end_s={stop!r} must lie between start_s={result.start_s} "
+                         f"and end_s={result.end_s}")
     for field in COUNT_FIELDS:
         value = getattr(result, field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
@@ -112,6 +126,9 @@ def trace_from_results(results: Iterable[ExecutionResult], N: int | None = None,
     columns = _count_columns(kept)
     rows = [{"query_id": r.query_id, "execution_index": r.execution_index, "duration_s": r.end_s - r.start_s,
              "outcome": r.outcome, **{c: getattr(r, c) for c in columns}} for r in kept]
+    if any(r.harness_end_s is not None for r in kept):
+        for row, r in zip(rows, kept):
+            row[HARNESS_COLUMN] = (r.end_s if r.harness_end_s is None else r.harness_end_s) - r.start_s
     return Trace(pd.DataFrame(rows), N=N, source=source)
 
 

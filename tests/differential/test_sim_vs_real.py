@@ -140,6 +140,24 @@ def test_stopped_harnesses_free_their_slots_identically(preset):
     lines = transcript(cfg, real.log)
     assert any("harness_stopped" in line and "start_executions" in line for line in lines), \
         "no queued execution started in a freed slot"
+    # the real run's own trace records the stops: harness_s where retries followed, the evaluation in duration_s
+    from collections import Counter
+
+    from gyre.real.runtime.trace import trace_from_results
+
+    results = [r for r in backend.metrics.trace if r.outcome != "cancelled"]
+    done = Counter(r.query_id for r in results)
+    results = [r for r in results if done[r.query_id] == cfg.N]  # groups still running at the end are left out
+    written = trace_from_results(results).frame.set_index(["query_id", "execution_index"])
+    script = scripted_trace(40, seed=2, retry_share=0.3).frame.set_index(["query_id", "execution_index"])
+    sandbox = costs_for_differential().sandbox_start_s  # both worlds start each execution in a fresh sandbox
+    stopped = 0
+    for (g, i), row in written.iterrows():
+        want = script.loc[(int(g) % 40, int(i))]
+        assert row["duration_s"] == pytest.approx(want["duration_s"] + sandbox, abs=1e-6), (g, i)
+        assert row["harness_s"] == pytest.approx(want["harness_s"] + sandbox, abs=1e-6), (g, i)
+        stopped += row["harness_s"] < row["duration_s"]
+    assert stopped >= 10
 
 
 # ---- the comparison can fail: one perturbed double, one perturbed backend ---------------------------

@@ -86,3 +86,25 @@ def test_group_short_of_n_after_dropping_is_rejected():
     results = [r for r in _results() if not (r.query_id == 1 and r.execution_index == 0)]
     with pytest.raises(TraceError, match=r"query 1 has 2 executions, expected N=3"):
         trace_from_results(results, N=N)
+
+
+def test_evaluation_retries_are_written_as_harness_stops(tmp_path):
+    """An execution whose evaluation went into retries has harness_s < duration_s; the others harness_s = duration_s."""
+    results = [ExecutionResult(query_id=0, execution_index=0, start_s=10.0, end_s=110.0, outcome="completed",
+                               harness_end_s=40.0),
+               ExecutionResult(query_id=0, execution_index=1, start_s=10.0, end_s=60.0, outcome="completed"),
+               ExecutionResult(query_id=0, execution_index=2, start_s=12.0, end_s=70.0, outcome="completed")]
+    trace = load_trace(write_trace(results, tmp_path / "t.csv", N=N))
+    assert trace.durations_s[0].tolist() == [100.0, 50.0, 58.0]
+    assert trace.harness_s[0].tolist() == [30.0, 50.0, 58.0]
+    plain = trace_from_results(results[1:] + [ExecutionResult(query_id=0, execution_index=0, start_s=0.0, end_s=1.0,
+                                                               outcome="completed")], N=N)
+    assert "harness_s" not in plain.frame.columns  # no retries: the column is left out, as before
+
+
+@pytest.mark.parametrize("stop", [9.0, 111.0, float("nan"), float("inf")])
+def test_a_harness_stop_outside_the_execution_is_named(stop):
+    bad = ExecutionResult(query_id=7, execution_index=0, start_s=10.0, end_s=110.0, outcome="completed",
+                          harness_end_s=stop)
+    with pytest.raises(TraceError, match=r"query_id=7.*harness_end_s"):
+        trace_from_results([bad])
