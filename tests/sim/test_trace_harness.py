@@ -76,6 +76,18 @@ def test_sandbox_start_shifts_the_harness_stop_too():
     np.testing.assert_array_equal(trace.harness_s, Trace(frame_with_harness()).harness_s + 7.0)
 
 
+def test_a_shifted_trace_is_built_once_per_trace_and_shift():
+    """Sweeps shift one trace hundreds of times: the same (trace, seconds) gives the same object, any other a new one."""
+    base, other = Trace(frame_with_harness()), Trace(frame_with_harness())
+    first = with_sandbox_start(base, 7.0)
+    assert with_sandbox_start(base, 7.0) is first
+    assert with_sandbox_start(other, 7.0) is not first and with_sandbox_start(other, 7.0).equals(first)
+    longer = with_sandbox_start(base, 9.0)
+    np.testing.assert_allclose(longer.durations_s, base.durations_s + 9.0)
+    np.testing.assert_allclose(first.durations_s, base.durations_s + 7.0)
+    assert with_sandbox_start(base, 0.0) is base
+
+
 def test_the_generator_writes_the_harness_ceiling_and_is_deterministic():
     preset = get_preset("nl2repo-122b")
     trace = generate_trace(preset, 3000, np.random.default_rng(11))
