@@ -38,6 +38,10 @@ from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 
+from gyre.real.proxy.ids_json import IdsJson, encode_ids
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+
 from gyre.real.proxy.config import EngineSpec, RetryPolicy
 
 
@@ -83,6 +87,13 @@ def _retryable_error(error: Any) -> bool:
 def generate_payload(rid: str, input_ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
     return {"rid": rid, "input_ids": input_ids, "sampling_params": sampling,
             "return_logprob": True, "stream": True}
+
+
+def generate_body(rid: str, ids_text: str, sampling: dict[str, Any]) -> bytes:
+    """``generate_payload`` as JSON bytes, with ``input_ids`` given as ready JSON text (``proxy.ids_json``)."""
+    return (f'{{"rid":{json.dumps(rid)},"input_ids":{ids_text},'
+            f'"sampling_params":{json.dumps(sampling, separators=(",", ":"))},'
+            f'"return_logprob":true,"stream":true}}').encode()
 
 
 class ChunkDecoder:
@@ -155,13 +166,17 @@ class EngineClient:
             self._session = None
 
     async def stream(self, engine: EngineSpec, rid: str, input_ids: list[int], sampling: dict[str, Any],
-                     attach: Callable[[Any], None] | None = None) -> AsyncIterator[TokenChunk]:
-        """Yield the new tokens of one submission until its finish reason."""
+                     attach: Callable[[Any], None] | None = None,
+                     ids_json: IdsJson | None = None) -> AsyncIterator[TokenChunk]:
+        """Yield the new tokens of one submission until its finish reason.
+
+        ``ids_json``: the execution's cache of encoded id lists (only the new tail is encoded)."""
         assert self._session is not None, "EngineClient.start() was not awaited"
         decoder = ChunkDecoder(engine.id)
+        ids_text = ids_json.encode(input_ids) if ids_json is not None else encode_ids(input_ids)
         try:
-            async with self._session.post(f"{engine.url}/generate",
-                                          json=generate_payload(rid, input_ids, sampling)) as resp:
+            async with self._session.post(f"{engine.url}/generate", data=generate_body(rid, ids_text, sampling),
+                                          headers=JSON_HEADERS) as resp:
                 if attach is not None:
                     attach(resp)
                 if resp.status != 200:

@@ -39,6 +39,7 @@ from typing import Any, AsyncIterator
 
 from gyre.real.proxy.config import RetryPolicy
 from gyre.real.proxy.engine_client import EngineClient, EngineCallError, TokenChunk
+from gyre.real.proxy.ids_json import IdsJson
 from gyre.real.proxy.request import EngineRejected, Overloaded
 from gyre.real.proxy.routing import Flight, Router
 
@@ -67,10 +68,12 @@ class Generation:
     """Async iterator of ``TokenChunk``s for one call; see the module invariants."""
 
     def __init__(self, router: Router, client: EngineClient, retry: RetryPolicy, *, execution_id: str,
-                 request_id: str, input_ids: list[int], sampling: dict[str, Any]) -> None:
+                 request_id: str, input_ids: list[int], sampling: dict[str, Any],
+                 ids_json: IdsJson | None = None) -> None:
         self.router, self.client, self.retry = router, client, retry
         self.flight = Flight(execution_id, request_id)
         self.input_ids = list(input_ids)
+        self.ids_json = ids_json  # the execution's encoded id lists (``proxy.ids_json``)
         self.sampling = dict(sampling)
         self.max_new = int(sampling["max_new_tokens"])
         self.output_ids: list[int] = []
@@ -118,7 +121,7 @@ class Generation:
     async def _submit(self, engine, rid: str) -> AsyncIterator[TokenChunk]:
         sampling = dict(self.sampling, max_new_tokens=self.max_new - len(self.output_ids))
         stream = self.client.stream(engine, rid, self.input_ids + self.output_ids, sampling,
-                                    attach=self.flight.attach)
+                                    attach=self.flight.attach, ids_json=self.ids_json)
         try:
             async for chunk in stream:
                 if self.flight.moved:

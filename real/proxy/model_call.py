@@ -178,7 +178,8 @@ class ChatService:
         """Stream the call's events, then commit its record and yield ``Finished``."""
         generation = Generation(self.router, self.client, self.config.retry, execution_id=prepared.execution_id,
                                 request_id=prepared.request_id, input_ids=prepared.input_ids,
-                                sampling=self.sampling(prepared.request))
+                                sampling=self.sampling(prepared.request),
+                                ids_json=self.recorder.state(prepared.execution_id).ids_json)
         decoder = self.chat.decoder()
         holdback = StopHoldback(prepared.request.stop)
         splitter = OutputSplitter(in_thinking=prepared.in_thinking)

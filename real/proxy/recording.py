@@ -47,6 +47,7 @@ from gyre.trajectory.tool_calls import ToolCallCache
 from gyre.trajectory.tree import TrajectoryTree
 from gyre.trajectory.tree_stats import tree_stats
 from gyre.real.proxy.config import check_id, valid_id
+from gyre.real.proxy.ids_json import IdsJson
 from gyre.real.proxy.rendering import RenderCache
 from gyre.real.proxy.tokenize import ChatTokenizer, PrefixCache
 from gyre.real.proxy.toolcalls import parse_output, trim_stop
@@ -83,6 +84,7 @@ class ExecutionState:
         self.tool_cache = ToolCallCache()
         self.prefix = PrefixCache(self.tree.request_sequence)
         self.rendered = RenderCache()
+        self.ids_json = IdsJson()  # the JSON of the id lists sent to the engine, extended call to call
         self.echo: dict[Any, str] = {}
         self.lock = asyncio.Lock()
         self.requests = 0

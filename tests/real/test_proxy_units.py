@@ -97,7 +97,7 @@ class FakeClient:
     def __init__(self, answer, plan):
         self.answer, self.plan, self.submissions, self.aborted = answer, list(plan), [], []
 
-    async def stream(self, engine, rid, input_ids, sampling, attach=None):
+    async def stream(self, engine, rid, input_ids, sampling, attach=None, ids_json=None):
         action = self.plan.pop(0) if self.plan else "ok"
         self.submissions.append((engine.id, list(input_ids)))
         done = len(input_ids) - 2  # the prompt is two tokens

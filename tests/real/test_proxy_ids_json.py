@@ -1,0 +1,62 @@
+"""``proxy.ids_json``: an execution's id lists are encoded once and extended, always equal to a fresh encoding.
+
+Generated call sequences (Hypothesis) mimic what executions send: follow-ups
+that extend the previous context, sub-agent contexts that alternate with the
+main one, contexts that shrink (compaction) and lists that share nothing.
+Whatever the sequence, every text equals ``json.dumps`` of its list, and the
+body sent to the engine parses to ``generate_payload``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings, strategies as st
+
+from gyre.real.proxy.engine_client import generate_body, generate_payload
+from gyre.real.proxy.ids_json import KEEP, IdsJson
+
+ids = st.lists(st.integers(min_value=0, max_value=200_000), max_size=40)
+# each step: start a new context (or pick one of the known contexts) and extend, cut or keep it
+steps = st.lists(st.tuples(st.integers(min_value=0, max_value=5), st.sampled_from(["extend", "cut", "same", "new"]),
+                           ids), min_size=1, max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps)
+def test_every_encoding_equals_a_fresh_one(sequence):
+    cache, contexts = IdsJson(), [[]]
+    for pick, change, more in sequence:
+        base = contexts[pick % len(contexts)]
+        if change == "extend":
+            current = base + more
+        elif change == "cut":
+            current = base[: len(base) // 2] + more
+        elif change == "same":
+            current = list(base)
+        else:
+            current = list(more)
+        contexts.append(current)
+        assert cache.encode(current) == json.dumps(current, separators=(",", ":"))
+        assert len(cache._entries) <= KEEP
+
+
+def test_a_follow_up_encodes_only_its_new_tail(monkeypatch):
+    import gyre.real.proxy.ids_json as module
+
+    encoded: list[int] = []
+    original = module.encode_ids
+    monkeypatch.setattr(module, "encode_ids", lambda values: encoded.append(len(values)) or original(values))
+    cache = IdsJson()
+    context = list(range(30_000))
+    cache.encode(context)
+    cache.encode(context + [7, 8, 9])
+    cache.encode(list(range(5)))          # a sub-agent's own context
+    cache.encode(context + [7, 8, 9, 10])  # the main context again: still extended
+    assert encoded == [30_000, 3, 5, 1]
+
+
+def test_the_engine_body_is_the_payload():
+    sampling = {"max_new_tokens": 16, "temperature": 0.7, "stop": ["\u2028", "</s>"]}
+    body = generate_body("r-1.0", IdsJson().encode([1, 2, 3]), sampling)
+    assert json.loads(body) == generate_payload("r-1.0", [1, 2, 3], sampling)
