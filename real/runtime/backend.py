@@ -42,6 +42,14 @@ runs once per step, after its report is in ``metrics`` and before ``StepDone``
 is reported. Every time the backend reads comes from its ``clock``
 (default ``time.monotonic``; the differential tests pass a virtual one).
 
+Engine deaths: with an engine watch (``Parts.watch``, ``runtime.engine_watch``)
+a transition's engine calls run through ``watch.engine_ops`` (serialised with
+the watch's restart of that engine; a dead engine is revived first, one whose
+restart failed is skipped), a publish skips the engines the watch reports
+unavailable (they are revived with the newest weights), and when an engine dies
+while the core cell loads the new checkpoint into it, the backend loads it into
+the engines still alive itself.
+
 Harness stop: the evaluator runs after the harness process has exited. When
 its first attempt leaves the execution pending (evaluator failure: retries
 within the budget follow), the backend reports ``HarnessStopped`` then and
@@ -70,6 +78,7 @@ never asks.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 import json
 import time
 import urllib.request
@@ -128,6 +137,7 @@ class Parts:
     records_dir: Path
     checkpoint_dir: Path
     task: Any                         # has .task(task_id) and .evaluate(execution_id, workspace)
+    watch: Any = None                 # runtime.engine_watch.EngineWatch (dead engines revived), or None
 
 
 @dataclass
@@ -167,6 +177,7 @@ class RealBackend(ActionHandler):
         self.latest: tuple[int, str] | None = None               # newest published (version, path)
         self._publishing: asyncio.Task | None = None
         self._ready_reported: set[int] = set()
+        self._closed: Counter[int] = Counter()  # ExecutionFinished reported, per group
         self._step_sent: dict[int, float] = {}
         self._packed = 0  # groups packed into the open batch
         # the stream packing buffer's asking rule (SPEC 3.6, the simulator's sim.training rule):
@@ -237,6 +248,7 @@ class RealBackend(ActionHandler):
             self.running.pop(x, None)
             self.metrics.outcomes[x] = "cancelled"
             self._report(ev.ExecutionFinished, execution=x, outcome="cancelled")
+            self._closed[g] += 1
             return
         result = await self.parts.runner.run(x, self._tasks[g], key)
         self.running.pop(x, None)
@@ -265,7 +277,12 @@ class RealBackend(ActionHandler):
                                               harness_end_s=None if stopped_s is None else result.ended_at + stopped_s,
                                               outcome=outcome, **counts_from_calls(calls)))
         self._report(ev.ExecutionFinished, execution=x, outcome=outcome)
-        if g not in self._ready_reported and group_id(g) in self.buffer.ready_group_ids():
+        self._closed[g] += 1
+        # Ready only once every execution's finish is reported: evaluations run as tasks, so a group's
+        # buffer can turn ready while another execution's ExecutionFinished is still to come (the core
+        # refuses a GroupReady before N of its executions closed).
+        if g not in self._ready_reported and self._closed[g] >= self.cfg.N \
+                and group_id(g) in self.buffer.ready_group_ids():
             self._ready_reported.add(g)
             self._report(ev.GroupReady, group=g)
 
@@ -325,8 +342,8 @@ class RealBackend(ActionHandler):
         while any(e["id"] == name and e["in_flight"] for e in self.admin("GET", "/admin/engines")["engines"]):
             await asyncio.sleep(0.05)
         t_idle = self.clock()
-        await asyncio.to_thread(self.parts.engines.quiesce, name)  # idle by construction: release cannot race
-        await asyncio.to_thread(self.parts.engines.release_memory, name)
+        # idle by construction: release cannot race
+        await self._engine_ops(name, "training", self.parts.engines.quiesce, self.parts.engines.release_memory)
         satellite = cell not in self.cfg.core_unit and cell >= self.cfg.static_train_cells
         # a satellite holds until the core has acted on its TransitionDone: if its burst ended
         # meanwhile the core sends it straight back, and it must not join the next burst's step
@@ -347,20 +364,29 @@ class RealBackend(ActionHandler):
     async def _to_rollout(self, cell: int, ticket) -> None:
         t0, name = self.clock(), self.parts.engine_names[cell]
         await asyncio.to_thread(ticket.result)
-        await asyncio.to_thread(self.parts.engines.resume_memory, name)
+        await self._engine_ops(name, "rollout", self.parts.engines.resume_memory)
         t_wait = self.clock()
         if self._publishing is not None:
             await asyncio.shield(self._publishing)
         publish_wait_s = self.clock() - t_wait  # the simulator models this wait itself, not as transition cost
         if self.latest is not None:
             version, path = self.latest
-            await asyncio.to_thread(self.parts.engines.update_weights_from_disk, name, path,
-                                    weight_version=str(version))
+            await self._engine_ops(name, "rollout", lambda engine: self.parts.engines.update_weights_from_disk(
+                engine, path, weight_version=str(version)))
         self.admin("POST", f"/admin/engines/{name}/undrain")
         self.rollout_ready.add(cell)
         self.metrics.transitions.append({"cell": cell, "role": "rollout", "total_s": self.clock() - t0,
                                          "publish_wait_s": publish_wait_s})
         self._report(ev.TransitionDone, cell=cell, role="rollout")
+
+    async def _engine_ops(self, name: str, role: str, *ops: Callable[[str], Any]) -> None:
+        """Blocking engine calls ``op(name)``, in order, off the loop; with an engine watch, serialised with
+        its restarts of ``name`` (a dead engine is revived first; a lost one is skipped)."""
+        if self.parts.watch is not None:
+            await self.parts.watch.engine_ops(name, role, *ops)
+            return
+        for op in ops:
+            await asyncio.to_thread(op, name)
 
     # ---- training ---------------------------------------------------------------------
     def on_start_batch(self, a: act.StartBatch) -> None:
@@ -446,18 +472,39 @@ class RealBackend(ActionHandler):
         """The core cell broadcasts to its seated satellites at the end of every non-final step."""
 
     def on_publish(self, a: act.Publish) -> None:
-        endpoints = [self.parts.engines.engines[self.parts.engine_names[c]].url for c in sorted(self.rollout_ready)]
-        ticket = self.parts.plane.send(0, "publish", version=a.version, endpoints=endpoints,
+        skip = self.parts.watch.unavailable() if self.parts.watch is not None else set()  # dead: revived later
+        names = [n for n in (self.parts.engine_names[c] for c in sorted(self.rollout_ready)) if n not in skip]
+        ticket = self.parts.plane.send(0, "publish", version=a.version,
+                                       endpoints=[self.parts.engines.engines[n].url for n in names],
                                        directory=str(self.parts.checkpoint_dir))
-        self._publishing = self._spawn(self._await_publish(a.version, ticket, len(endpoints)))
+        self._publishing = self._spawn(self._await_publish(a.version, ticket, names))
 
-    async def _await_publish(self, version: int, ticket, n: int) -> None:
-        t0 = self.clock()
-        answer = await asyncio.to_thread(ticket.result, 600.0)
+    async def _await_publish(self, version: int, ticket, names: list[str]) -> None:
+        t0, n = self.clock(), len(names)
+        try:
+            answer = await asyncio.to_thread(ticket.result, 600.0)
+        except Exception as exc:  # an engine died while the cell loaded the checkpoint into it: load the rest here
+            answer = await self._publish_past_dead_engine(version, names, exc)
         self.latest = (version, answer["path"])
         self.metrics.publishes.append({"version": version, "engines": n, "wall_s": self.clock() - t0})
         self.admin("POST", "/admin/policy_version", {"version": version})
         self._report(ev.PublishDone, version=version)
+
+    async def _publish_past_dead_engine(self, version: int, names: list[str], error: Exception) -> dict:
+        """The checkpoint of ``version`` is written; load it into the engines still alive (the engine watch
+        revives the dead one with it). Re-raises the publish's error when no engine of ``names`` died."""
+        from gyre.real.train.publish import checkpoint_folder
+
+        watch, path = self.parts.watch, checkpoint_folder(self.parts.checkpoint_dir, version)
+        if watch is None or not path.is_dir() or not set(names) & watch.unavailable():
+            raise error
+        self.progress(f"publish {version}: engine(s) {sorted(set(names) & watch.unavailable())} died during the "
+                      f"load; loading the rest from {path}")
+        for name in names:
+            if name not in watch.unavailable():
+                await asyncio.to_thread(self.parts.engines.update_weights_from_disk, name, str(path),
+                                        weight_version=str(version))
+        return {"path": str(path)}
 
     # ---- shutdown -----------------------------------------------------------------------
     async def stop(self) -> None:
