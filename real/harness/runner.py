@@ -92,12 +92,13 @@ class ScriptedHarness:
     compact_every: int = 3
     subagent_at: tuple[int, ...] = (2,)
     sleep_s: float = 0.0
+    retries: int = 5  # per call, on 429/5xx/connection errors (backoff doubling to 1 s: ~1.5 s for 5)
     name: str = "scripted"
 
     def command(self, task: Task, base_url: str, key: str, home: Path) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, "-m", "gyre.real.harness.scripted", "--base-url", base_url,
                 "--calls", str(self.calls), "--compact-every", str(self.compact_every),
-                "--sleep", str(self.sleep_s), "--task-file", "TASK.md"]
+                "--sleep", str(self.sleep_s), "--retries", str(self.retries), "--task-file", "TASK.md"]
         if self.subagent_at:
             argv += ["--subagent-at", *map(str, self.subagent_at)]
         return argv, {"OPENAI_API_KEY": key}

@@ -493,10 +493,13 @@ class RealBackend(ActionHandler):
     async def _publish_past_dead_engine(self, version: int, names: list[str], error: Exception) -> dict:
         """The checkpoint of ``version`` is written; load it into the engines still alive (the engine watch
         revives the dead one with it). Re-raises the publish's error when no engine of ``names`` died."""
+        watch = self.parts.watch
+        if watch is None or not set(names) & watch.unavailable():
+            raise error
         from gyre.real.train.publish import checkpoint_folder
 
-        watch, path = self.parts.watch, checkpoint_folder(self.parts.checkpoint_dir, version)
-        if watch is None or not path.is_dir() or not set(names) & watch.unavailable():
+        path = checkpoint_folder(self.parts.checkpoint_dir, version)
+        if not path.is_dir():
             raise error
         self.progress(f"publish {version}: engine(s) {sorted(set(names) & watch.unavailable())} died during the "
                       f"load; loading the rest from {path}")
@@ -515,6 +518,7 @@ class RealBackend(ActionHandler):
         # Commands the finished run will never see answered (e.g. a step opened for the next
         # burst's batch) must not hold the process up: their waits end now (errors_after_stop).
         self.parts.plane.abandon()
+        self._open = None  # and the queue watcher of that batch stops polling (else it ran to the timeout)
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=120)
         await self.parts.runner.close()

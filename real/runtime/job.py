@@ -27,6 +27,12 @@ run: ``runtime.metrics``), ``log/`` (events.csv + summary.json, replayable by
 format, with ``trace.json`` naming the preset, cluster and schedule it ran
 under), ``summary.json`` and ``run.png``/``run.svg`` (reward and staleness per
 step, ``gyre.analysis.real_run``).
+An engine that dies during the run is restarted with the newest published
+weights by ``runtime.engine_watch`` (meanwhile the proxy moves its calls to a
+live engine in the rollout role, or, with none, answers them with its overload
+error, which harnesses retry); ``engines.json`` names each engine's process
+group, and the summary's ``engine_restarts`` lists every restart (a failed one
+is in ``backend_errors`` and the run goes on without that engine).
 
 Invariants: everything binds 127.0.0.1 on ports chosen at run time; every
 process started here is stopped in ``finally`` (harnesses, engines, cells,
@@ -57,6 +63,7 @@ from gyre.formats.trace_meta import TraceMeta, write_trace_meta
 from gyre.presets import ClusterShape, build_preset
 from gyre.real.runtime.backend import Parts, RealBackend
 from gyre.real.runtime.controller import Controller
+from gyre.real.runtime.engine_watch import EngineWatch
 from gyre.real.runtime.metrics import LiveMetrics
 from gyre.real.engines.manager import EngineManager, EngineSpec, free_port
 from gyre.real.harness.plugins import resolve_harness
@@ -315,7 +322,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
                                       device=job.device, tp=tp, pp=layout.pipeline_parallel if layout else 1),
                           work / "plane")
     engines = EngineManager(work / "engine-logs")
-    proxy = runner = None
+    proxy = runner = supervisor = None
     try:
         say(f"schedule {job.preset}: K={cfg.K} cells, C_s={cfg.C_s}, phi={cfg.phi}, mu={cfg.mu}, "
             f"{cfg.granularity} transitions, streaming {'on' if cfg.streaming else 'off'}")
@@ -336,6 +343,9 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
         for name in names.values():
             engines.wait_healthy(name, timeout=300)
         timings["startup_s"] = time.monotonic() - t0
+        # from here on a dead engine is restarted with the newest published weights (runtime.engine_watch)
+        supervisor = EngineWatch(engines, latest=lambda: backend.latest, publishing=lambda: backend._publishing,
+                                 progress=say, roster=work / "engines.json").start()
         say(f"ready after {timings['startup_s']:.1f} s; running {job.steps} steps, {cfg.mu} per burst")
         proxy_cfg = ProxyConfig(model_path=str(model), records_dir=str(work / "records"), admin_token=ADMIN_TOKEN,
                                 engines=tuple(ProxyEngine(id=n, url=engines.engines[n].url) for n in names.values()),
@@ -348,7 +358,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
                                hide=[work / "records", work / "records" / "keys.json"])  # records, key digests
         parts = Parts(proxy_url=proxy_url, admin_token=ADMIN_TOKEN, engines=engines, engine_names=names,
                       plane=plane, runner=runner, records_dir=work / "records",
-                      checkpoint_dir=work / "checkpoints", task=tasks)
+                      checkpoint_dir=work / "checkpoints", task=tasks, watch=supervisor)
         backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget,
                               progress=say, steps=job.steps)
         controller = Controller(cfg, backend)
@@ -357,6 +367,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
         backend.on_step = live.on_step  # metrics.jsonl + tb/, one record per step, during the run
 
         async def main() -> None:
+            supervising = asyncio.ensure_future(supervisor.supervise())
             try:
                 run = asyncio.ensure_future(controller.run(job.steps, timeout_s=job.timeout_s,
                                                            finish_publication=True))
@@ -367,6 +378,8 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
                         raise RuntimeError(f"backend task failed: {backend.errors}")
                 run.result()
             finally:
+                supervisor.stop()  # the run is over: nothing waits for an engine still coming back
+                supervising.cancel()
                 await backend.stop()
 
         t_run = time.monotonic()
@@ -377,16 +390,18 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
             log_dir = controller.write_log(work / "log")
         timings["run_s"] = time.monotonic() - t_run
         return _summarise(job, cfg, controller, backend, log_dir, replay_run(log_dir), write_trace, work, timings,
-                          cells)
+                          cells, supervisor)
     finally:
         if proxy is not None:
             proxy.stop()
+        if supervisor is not None:
+            supervisor.close()  # restarts nothing more; stops every engine, then the thread that launched restarts
         engines.shutdown_all()
         plane.close()
 
 
 def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, work, timings,
-               cells=()) -> dict[str, Any]:
+               cells=(), supervisor=None) -> dict[str, Any]:
     m = backend.metrics
     complete = {}
     for r in m.trace:
@@ -415,7 +430,8 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
         "cells": list(cells),
         "executions_in_flight_at_transitions": m.in_flight_at_transition,
         "outcomes": {o: finished.count(o) for o in sorted(set(finished))},
-        "backend_errors": backend.errors, "trace": str(trace_path) if trace_path else None,
+        "backend_errors": backend.errors + (supervisor.errors if supervisor else []),
+        "engine_restarts": supervisor.restarts if supervisor else [], "trace": str(trace_path) if trace_path else None,
         "log": str(log_dir), "timings": timings, "config": dataclasses.asdict(job),
     }
     if summary["reward_curve"]:

@@ -66,13 +66,18 @@ def save_hf_checkpoint(directory: str | os.PathLike, named: list[tuple[str, torc
     return save_hf_tensors(directory, hf_state_dict(named, cfg), cfg, version)
 
 
+def checkpoint_folder(directory: str | os.PathLike, version: int) -> Path:
+    """Where ``save_hf_tensors`` puts version ``version`` under ``directory``."""
+    return Path(directory) / f"v{version:06d}"
+
+
 def save_hf_tensors(directory: str | os.PathLike, tensors: dict[str, torch.Tensor], cfg: ModelConfig,
                     version: int) -> Path:
     """Write Hugging Face ``tensors`` (already converted, e.g. gathered from TP shards by
     ``train.bridge.export_hf_model``) as ``directory/v{version:06d}`` atomically; returns its path."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"v{version:06d}"
+    final = checkpoint_folder(root, version)
     if final.exists():
         raise FileExistsError(f"checkpoint of version {version} already exists at {final}")
     tmp = Path(tempfile.mkdtemp(prefix=f".v{version:06d}-", dir=root))
