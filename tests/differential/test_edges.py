@@ -28,6 +28,13 @@ from gyre.trajectory.evaluation import EvalState, EvaluationResult
 from gyre.trajectory.groups import TrajectoryBuffer
 
 
+class Reports(list):
+    """What a backend reported to its controller: (event type, fields), in order."""
+
+    def report(self, kind, **fields):
+        self.append((kind, fields))
+
+
 class Evaluator:
     def __init__(self, answer: str) -> None:
         self.answer, self.calls = answer, 0
@@ -61,11 +68,7 @@ def test_a_group_whose_task_cannot_be_set_up_is_dropped_and_its_executions_cance
     from .doubles import TaskDouble
     from .worlds import EdgeBackend
 
-    reports: list[tuple[type, dict]] = []
-
-    class Recorder:
-        def report(self, kind, **fields):
-            reports.append((kind, fields))
+    reports = Reports()
 
     class Runner:
         class budgets:
@@ -87,7 +90,7 @@ def test_a_group_whose_task_cannot_be_set_up_is_dropped_and_its_executions_cance
     async def body():
         from gyre.config import SchedulerConfig
         cfg = SchedulerConfig(K=1, C_e=8, C_s=0, N=2, B=1, phi=0.0, mu=1, granularity="global")
-        backend = EdgeBackend(cfg, Parts(), seed=0, token_budget=10, clock=lambda: 0.0).bind(Recorder())
+        backend = EdgeBackend(cfg, Parts(), seed=0, token_budget=10, clock=lambda: 0.0).bind(reports)
         backend.proxy = Proxy()
         backend.on_dispatch_groups(act.DispatchGroups((5,), 0))
         backend.on_start_executions(act.StartExecutions(((10, 0), (11, 0))))
@@ -110,11 +113,7 @@ def test_an_evaluation_in_retries_reports_harness_stopped_and_is_cancelled(tmp_p
     from .virtual_loop import VirtualLoop
     from .worlds import EdgeBackend
 
-    loop, reports = VirtualLoop(), []
-
-    class Recorder:
-        def report(self, kind, **fields):
-            reports.append((kind, fields))
+    loop, reports = VirtualLoop(), Reports()
 
     class Runner:
         class budgets:
@@ -147,7 +146,7 @@ def test_an_evaluation_in_retries_reports_harness_stopped_and_is_cancelled(tmp_p
             return {"api_key": "k"} if path == "/admin/executions" else {"ok": True}
 
     cfg = SchedulerConfig(K=1, C_e=8, C_s=0, N=2, B=1, phi=0.0, mu=1, granularity="global")
-    backend = EdgeBackend(cfg, Parts(), seed=0, token_budget=10, clock=loop.time).bind(Recorder())
+    backend = EdgeBackend(cfg, Parts(), seed=0, token_budget=10, clock=loop.time).bind(reports)
     backend.proxy = Proxy()
 
     async def body():
