@@ -7,9 +7,17 @@ module turns them into a cost file the simulator reads (``gyre sim --costs``):
 
 | constant              | measured as                                                                |
 |-----------------------|----------------------------------------------------------------------------|
-| to_training_s         | mean of the backend's rollout -> training transitions (drain wait included) |
-| to_rollout_s          | mean of training -> rollout transitions, minus the wait for a publication  |
-|                       | in flight (the simulator models that wait itself)                           |
+| to_training_s         | mean time of the core unit's rollout -> training transitions, BeginTransition |
+|                       | to TransitionDone in the event log (drain wait included)                     |
+| to_rollout_s          | mean time of the core unit's training -> rollout transitions, from the later |
+|                       | of BeginTransition and the PublishDone of a publication then in flight to   |
+|                       | TransitionDone: the simulator waits for that publication itself. (The      |
+|                       | backend's own per-transition timer cannot be used: the core cell leaves     |
+|                       | training only after exporting the publication, a wait it does not see.)     |
+| satellite_to_*_s      | the same two means over the satellites' transitions (omitted when no       |
+|                       | satellite moved): the core enters training with the optimizer state, a      |
+|                       | satellite holds weights only, so one mean over both mispredicts either      |
+|                       | (measured here: core 1.4-3.3 s, satellites 0.1-1.5 s into training)         |
 | publish_s             | mean time from a burst's final StepDone to its PublishDone in the event log |
 |                       | (what the core waited: export, engines loading it, the backend's own        |
 |                       | latency; the backend's narrower ``wall_s`` misses the last), the           |
@@ -46,6 +54,7 @@ from gyre.sim.costs import CostModel
 COST_FILE = "costs.toml"
 FLOPS_PER_PARAM_TOKEN = 6.0  # forward + backward (the simulator's own formula, gyre.sim.sizes)
 HUGE_GBPS = 1e6
+EVENTS = "log/events.csv"
 
 
 class CalibrationError(ValueError):
@@ -61,10 +70,10 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise CalibrationError(f"{path}: not JSON ({exc})") from None
 
 
-def _mean(values: list[float], what: str) -> float:
+def _mean(values: list[float], what: str, source: str = "summary.json") -> float:
     values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not values:
-        raise CalibrationError(f"summary.json: no {what} measured")
+        raise CalibrationError(f"{source}: no {what} measured")
     return statistics.fmean(values)
 
 
@@ -100,16 +109,34 @@ def model_parameters(run_dir: Path) -> int:
     return total
 
 
-def _publication_waits(run_dir: Path) -> list[float]:
-    """Seconds from each Publish (issued at a burst's final StepDone) to its PublishDone, off the event log."""
+def _timeline(run_dir: Path):
     from gyre.analysis.role_timeline import timeline
     from gyre.formats.eventlog import load_events, run_config
 
     log = run_dir / "log"
-    if not (log / "events.csv").is_file():
-        raise CalibrationError(f"{log / 'events.csv'}: missing (is this a `gyre run` folder?)")
-    spans = timeline(run_config(log), load_events(log / "events.csv")).publications.values()
-    return [span.end_s - span.start_s for span in spans]
+    for name in ("events.csv", "summary.json"):
+        if not (log / name).is_file():
+            raise CalibrationError(f"{log / name}: missing (is this a `gyre run` folder?)")
+    cfg = run_config(log)
+    return cfg, timeline(cfg, load_events(log / "events.csv"))
+
+
+def _transition_times(cfg, tl) -> dict[tuple[bool, str], list[float]]:
+    """(satellite?, destination role) -> the completed transitions' costs, as the simulator models them."""
+    from gyre.roles import DESTINATION, TO_ROLLOUT
+
+    publications = list(tl.publications.values())
+    out: dict[tuple[bool, str], list[float]] = {}
+    for cell, spans in tl.roles.items():
+        for span, _ in zip(spans, spans[1:]):  # a transition still open at the run's end is no sample
+            if span.label not in DESTINATION:
+                continue
+            start = span.start_s
+            if span.label == TO_ROLLOUT:  # the simulator starts the cost once the publication in flight is done
+                start = max([start, *(p.end_s for p in publications if p.start_s <= span.start_s < p.end_s)])
+            out.setdefault((cell not in cfg.core_unit, DESTINATION[span.label]), []).append(
+                max(0.0, span.end_s - start))
+    return out
 
 
 def measure(run_dir: str | Path) -> dict[str, Any]:
@@ -119,9 +146,11 @@ def measure(run_dir: str | Path) -> dict[str, Any]:
     reports = s.get("step_reports")
     if not reports:
         raise CalibrationError(f"{run_dir / 'summary.json'}: no step_reports (a run from an older gyre?)")
-    transitions = s.get("transitions", [])
-    to_training = [t["total_s"] for t in transitions if t.get("role") == "training"]
-    to_rollout = [t["total_s"] - t.get("publish_wait_s", 0.0) for t in transitions if t.get("role") == "rollout"]
+    cfg, tl = _timeline(run_dir)
+    transitions = _transition_times(cfg, tl)
+    to_training, to_rollout = transitions.get((False, "training"), []), transitions.get((False, "rollout"), [])
+    satellite = {f"satellite_to_{role}_s": (statistics.fmean(values), len(values))
+                 for role in ("training", "rollout") if (values := transitions.get((True, role)))}
     compute_s = sum(sum(r.get("compute_s_by_cell", {}).values()) for r in reports)
     microsteps = sum(int(r.get("microsteps", 0)) for r in reports)
     fed = [g for groups in s.get("groups_fed", {}).values() for g in groups]
@@ -129,12 +158,13 @@ def measure(run_dir: str | Path) -> dict[str, Any]:
     trained = [tokens_by_group[g] for g in fed if g in tokens_by_group]
     if compute_s <= 0 or not trained:
         raise CalibrationError(f"{run_dir / 'summary.json'}: no training compute or no trained group with tokens")
-    publications = _publication_waits(run_dir)
+    publications = [span.end_s - span.start_s for span in tl.publications.values()]  # final StepDone -> PublishDone
     pulls = [j["pull_s"] for r in reports for j in (r.get("joins") or {}).values() if j and "pull_s" in j]
     return {
-        "to_training_s": (_mean(to_training, "rollout -> training transition"), len(to_training)),
-        "to_rollout_s": (_mean(to_rollout, "training -> rollout transition"), len(to_rollout)),
-        "publish_s": (_mean(publications, "publication"), len(publications)),
+        "to_training_s": (_mean(to_training, "core rollout -> training transition", EVENTS), len(to_training)),
+        "to_rollout_s": (_mean(to_rollout, "core training -> rollout transition", EVENTS), len(to_rollout)),
+        **satellite,
+        "publish_s": (_mean(publications, "publication", EVENTS), len(publications)),
         "optimizer_s": (_mean([r.get("update_s") for r in reports], "optimizer update"), len(reports)),
         "weight_pull_s": (statistics.fmean(pulls) if pulls else 0.0, len(pulls)),
         "compute_s": (compute_s, microsteps),
@@ -151,6 +181,7 @@ def calibrate(run_dir: str | Path) -> dict[str, float | int]:
     groups, microsteps = m["groups_trained"][0], m["compute_s"][1]
     fields = {
         "to_training_s": m["to_training_s"][0], "to_rollout_s": max(0.0, m["to_rollout_s"][0]),
+        **{k: max(0.0, m[k][0]) for k in ("satellite_to_training_s", "satellite_to_rollout_s") if k in m},
         "publish_s": m["publish_s"][0], "publish_node_gbps": HUGE_GBPS,
         "params_b": params / 1e9, "active_params_b": params / 1e9, "bytes_per_param": 4.0,
         "node_peak_tflops": FLOPS_PER_PARAM_TOKEN * params * tokens / compute_s / 1e12,

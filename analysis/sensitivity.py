@@ -38,7 +38,7 @@ from scipy.stats import kendalltau
 
 FOCAL = "E0"
 STEM = "sensitivity"
-SKIPPED = ("slowdown_per_load",)
+SKIPPED = ("slowdown_per_load", "satellite_to_training_s", "satellite_to_rollout_s")  # None: the core's
 FIXED_RANGES = {"micro_steps_per_group": (2, 8), "j_max": (1, 10), "evaluation_s": (0.0, 600.0), "reroute_recompute_s": (0.0, 60.0)}
 
 

@@ -3,6 +3,12 @@
 Times are seconds. Defaults and where they come from:
 - ``to_training_s`` 8.52 and ``to_rollout_s`` 3.46: the paper's measured mean
   role-transition costs (SPEC.md 3.5).
+- ``satellite_to_training_s`` / ``satellite_to_rollout_s``: a satellite's own
+  transition costs where they differ from the core unit's (the core enters
+  training with the optimizer state and leaves it after exporting the
+  publication; a satellite holds weights only). ``None`` (the default, and
+  SPEC 3.5 gives one figure) means the same as ``to_training_s`` /
+  ``to_rollout_s``; ``gyre calibrate`` measures both from a real run.
 - Training follows the tokens a group trains (``gyre.sim.sizes`` states the
   formulas): each execution's first ``j_max`` trajectories (SPEC 4.4,
   default 5) at ``6 x active_params_b`` FLOPs per token, on nodes of
@@ -54,7 +60,8 @@ Times are seconds. Defaults and where they come from:
   a rerouted execution pays when KV migration is off, added to its remaining
   work on the destination engine.
 
-Invariant: every field is a finite number >= 0 (``micro_steps_per_group`` and
+Invariant: every field is a finite number >= 0 (the satellite transition
+costs may also be ``None``; ``micro_steps_per_group`` and
 ``j_max`` integers >= 1; model sizes, throughput, utilisation and bandwidth
 > 0; ``train_utilisation`` <= 1; ``active_params_b`` <= ``params_b``).
 """
@@ -76,6 +83,9 @@ REMOVED = {"micro_step_node_s": "micro_step_node_s was removed: training work fo
            "processor sharing; set engine_load_alpha (0 = load-independent) and engine_reference_load instead"}
 
 
+OPTIONAL = ("satellite_to_training_s", "satellite_to_rollout_s")  # None: the core unit's value
+
+
 class CostError(ValueError):
     """An impossible cost constant; the message names the field."""
 
@@ -84,6 +94,8 @@ class CostError(ValueError):
 class CostModel:
     to_training_s: float = 8.52
     to_rollout_s: float = 3.46
+    satellite_to_training_s: float | None = None
+    satellite_to_rollout_s: float | None = None
     micro_steps_per_group: int = 4
     j_max: int = 5
     params_b: float = 122.0
@@ -108,6 +120,8 @@ class CostModel:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if value is None and f.name in OPTIONAL:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise CostError(f"{f.name} must be a finite number, got {value!r}")
             if value < 0:
@@ -126,6 +140,13 @@ class CostModel:
         if self.engine_reference_load <= 0:
             raise CostError(f"engine_reference_load must be > 0 (a fraction of engine capacity), "
                             f"got {self.engine_reference_load}")
+
+    def transition_s(self, role: str, satellite: bool) -> float:
+        """Seconds a cell's transition into ``role`` ("training" or "rollout") costs, by the cell's kind."""
+        own = self.satellite_to_training_s if role == "training" else self.satellite_to_rollout_s
+        if satellite and own is not None:
+            return own
+        return self.to_training_s if role == "training" else self.to_rollout_s
 
     def engine_curve(self) -> EngineCurve:
         """The per-engine processor-sharing curve these constants describe."""

@@ -238,12 +238,13 @@ class Simulation(ActionHandler):
 
     def on_begin_transition(self, a: act.BeginTransition) -> None:
         self.record.role(a.cell, "to_" + a.role, self.env.now)
+        satellite = a.cell not in self.cfg.core_unit
         if a.role == "rollout":
             self.plane.leave(a.cell)
             start = max(self.env.now, self._publish_until)
-            delay = start - self.env.now + self.costs.to_rollout_s
+            delay = start - self.env.now + self.costs.transition_s("rollout", satellite)
         else:
-            delay = self.costs.to_training_s
+            delay = self.costs.transition_s("training", satellite)
         self._after(delay, lambda: self._transition_done(a.cell, a.role))
 
     def _transition_done(self, cell: int, role: str) -> None:

@@ -189,6 +189,7 @@ class RealBackend(ActionHandler):
         self._unstarted_futures: dict[int, asyncio.Future] = {}
         self._evaluating: dict[int, asyncio.Future] = {}  # harness stopped, retrying: set to cancel
         self._stopped_at: dict[int, float] = {}  # when HarnessStopped was reported (clock), for the trace
+        self._start_s: dict[int, float] = {}  # when StartExecutions was applied (runner's clock), for the trace
         self.errors: list[str] = []
         self.errors_after_stop: list[str] = []  # waits abandoned when the run ended (not failures of the run)
         self._stopped = False
@@ -236,7 +237,11 @@ class RealBackend(ActionHandler):
             self.buffer.open_group(group_id(g), a.version, ids, deadline=deadline)
 
     def on_start_executions(self, a: act.StartExecutions) -> None:
+        # the core's start instant, on the runner's clock (the event loop's: time.monotonic() for asyncio's own):
+        # the trace's durations count the backend's start latency (key, route, workspace, spawn) as the simulator does
+        started = asyncio.get_running_loop().time()
         for x, engine in a.placements:
+            self._start_s[x] = started
             key = self.admin("POST", "/admin/executions", {"execution_id": execution_id(x)})["api_key"]
             self.admin("POST", "/admin/routes", {"execution_id": execution_id(x), "engine": self.parts.engine_names[engine]})
             self.running[x] = self._spawn(self._execute(x, key))
@@ -244,6 +249,7 @@ class RealBackend(ActionHandler):
     async def _execute(self, x: int, key: str) -> None:
         g = x // self.cfg.group_size
         if g in self.dropped:  # nothing to run: wait for the core's CancelExecutions
+            self._start_s.pop(x, None)
             await self._unstarted(x)
             self.running.pop(x, None)
             self.metrics.outcomes[x] = "cancelled"
@@ -273,7 +279,8 @@ class RealBackend(ActionHandler):
                 self.progress(f"execution {eid} excluded: {self.buffer.evaluation(eid).exclusion_reason}")
         self.metrics.outcomes[x] = outcome
         self.metrics.trace.append(TraceResult(query_id=g, execution_index=x - g * self.cfg.group_size,
-                                              start_s=result.started_at, end_s=result.ended_at + evaluated_s,
+                                              start_s=self._start_s.pop(x, result.started_at),
+                                              end_s=result.ended_at + evaluated_s,
                                               harness_end_s=None if stopped_s is None else result.ended_at + stopped_s,
                                               outcome=outcome, **counts_from_calls(calls)))
         self._report(ev.ExecutionFinished, execution=x, outcome=outcome)

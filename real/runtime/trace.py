@@ -14,6 +14,13 @@ reported with ``outcome="cancelled"`` (``CANCELLED``) and never reaches the
 trace. Kept executions keep their original ``execution_index`` (indices may
 have gaps; the format needs them distinct, not contiguous).
 
+Start: ``start_s`` is when the backend was told to start the execution (the
+core's StartExecutions), not when its process came up: the simulator starts
+an execution at that action, so the backend's own start latency (issuing the
+key, routing, building the workspace, spawning the process; 0.1-5 s per
+execution measured in the CPU demo, as starts queue behind each other) must be
+inside the duration for the simulator to predict when groups become ready.
+
 Evaluation: ``end_s`` is when the execution ended, its evaluation included
 (what the core saw as ExecutionFinished). ``harness_end_s`` is set only for
 an execution whose harness stopped well before that, i.e. whose evaluation

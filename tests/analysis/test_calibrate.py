@@ -20,24 +20,28 @@ def _safetensors(path, shapes):
 
 
 PUBLISH_S = 7.5  # the simulated run's publication wait, which calibration must read back off its event log
+# ... and its transition costs, distinct for the core unit and the satellites (read back the same way)
+TRANSITIONS = {"to_training_s": 3.25, "to_rollout_s": 2.5, "satellite_to_training_s": 0.75,
+               "satellite_to_rollout_s": 1.25}
 
 
-def _event_log(run):
+def _event_log(run, **transitions):
     """A simulated run's event log and schedule: publication waits are exactly PUBLISH_S."""
     import dataclasses
 
     from gyre.sim.costs import CostModel as Costs
     from gyre.sim.runner import run_simulation
 
-    result = run_simulation("gyre-1", steps=4, costs=Costs(publish_s=PUBLISH_S, publish_node_gbps=1e9))
+    result = run_simulation("gyre-1", steps=6, costs=Costs(publish_s=PUBLISH_S, publish_node_gbps=1e9,
+                                                           **(transitions or TRANSITIONS)))
     (run / "log").mkdir(parents=True)
     result.record.log.write_csv(run / "log" / "events.csv")
     (run / "log" / "summary.json").write_text(json.dumps({"config": dataclasses.asdict(result.cfg)}))
 
 
-def _run_folder(tmp_path, *, joins=True):
+def _run_folder(tmp_path, *, joins=True, **transitions):
     run = tmp_path / "run"
-    _event_log(run)
+    _event_log(run, **transitions)
     (run / "engine-model").mkdir(parents=True)
     _safetensors(run / "engine-model" / "model.safetensors", {"a": [10, 20], "b": [5]})  # 205 parameters
     rows = ["query_id,execution_index,duration_s,outcome,input_tokens,output_tokens,call_count"]
@@ -45,11 +49,9 @@ def _run_folder(tmp_path, *, joins=True):
         for i in range(2):
             rows.append(f"{q},{i},10.0,completed,{100 + q},{20},2")
     (run / "trace.csv").write_text("\n".join(rows) + "\n")
-    summary = {
-        "transitions": [{"cell": 0, "role": "training", "total_s": 1.0},
-                        {"cell": 0, "role": "training", "total_s": 3.0},
-                        {"cell": 0, "role": "rollout", "total_s": 5.0, "publish_wait_s": 4.0},
-                        {"cell": 0, "role": "rollout", "total_s": 2.0}],
+    summary = {  # the backend's own transition timers: not used (the core cell's miss the publication export)
+        "transitions": [{"cell": 0, "role": "training", "total_s": 100.0},
+                        {"cell": 0, "role": "rollout", "total_s": 100.0, "publish_wait_s": 4.0}],
         "publishes": [{"version": 2, "wall_s": 2.5}, {"version": 4, "wall_s": 3.5}],  # narrower: not used
         "groups_fed": {"0": [0, 1], "1": [2, 3]},
         "step_reports": [
@@ -66,8 +68,8 @@ def test_each_constant_is_the_documented_measure(tmp_path):
     run = _run_folder(tmp_path)
     costs = calibrate(run)
     assert model_parameters(run) == 205
-    assert costs["to_training_s"] == pytest.approx(2.0)
-    assert costs["to_rollout_s"] == pytest.approx(1.5)  # (5 - 4 publication wait + 2) / 2
+    for name, value in TRANSITIONS.items():  # off the event log, the publication wait left out of to_rollout
+        assert costs[name] == pytest.approx(value, abs=1e-5), name
     assert costs["publish_s"] == pytest.approx(PUBLISH_S, abs=1e-5)  # off the event log, not "publishes"
     assert costs["optimizer_s"] == pytest.approx(0.2)
     assert costs["weight_pull_s"] == pytest.approx(0.2)
@@ -79,6 +81,14 @@ def test_each_constant_is_the_documented_measure(tmp_path):
 
 def test_no_join_means_no_pull_cost(tmp_path):
     assert calibrate(_run_folder(tmp_path, joins=False))["weight_pull_s"] == 0.0
+
+
+def test_without_satellite_moves_the_satellite_costs_are_left_to_the_core_values(tmp_path):
+    """A static split moves no cell: no transition is measured at all, and that is named."""
+    costs = calibrate(_run_folder(tmp_path, to_training_s=2.0, to_rollout_s=1.0, satellite_to_training_s=2.0,
+                                  satellite_to_rollout_s=1.0))
+    assert costs["to_training_s"] == pytest.approx(2.0, abs=1e-5)
+    assert costs.get("satellite_to_training_s", 2.0) == pytest.approx(2.0, abs=1e-5)
 
 
 def test_the_cost_file_round_trips_through_the_simulators_loader(tmp_path):

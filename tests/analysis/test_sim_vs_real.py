@@ -26,7 +26,7 @@ COSTS = {"to_training_s": 0.9, "to_rollout_s": 0.5, "publish_s": 0.2, "warmup_s"
          "grad_reduce_s": 0.0, "optimizer_s": 0.01, "broadcast_s": 0.0, "weight_pull_s": 0.0}
 
 
-def _run_folder(tmp_path, steps=6):
+def _run_folder(tmp_path, steps=6, costs=None):
     rng = np.random.default_rng(7)
     run = tmp_path / "run"
     run.mkdir()
@@ -36,7 +36,7 @@ def _run_folder(tmp_path, steps=6):
             lines.append(f"{q},{i},{rng.uniform(5, 25):.3f},completed,300,60,2")
     (run / "trace.csv").write_text("\n".join(lines) + "\n")
     write_trace_meta(run / "trace.csv", TraceMeta("gyre-1", SHAPE, {"tau": 0.0}, "test"))
-    truth = run_simulation(None, run / "trace.csv", steps=steps, costs=_costs(COSTS))
+    truth = run_simulation(None, run / "trace.csv", steps=steps, costs=_costs(costs or COSTS))
     (run / "log").mkdir()
     truth.record.log.write_csv(run / "log" / "events.csv")
     (run / "log" / "summary.json").write_text(json.dumps({"config": asdict(truth.cfg)}))
@@ -71,6 +71,19 @@ def test_other_costs_predict_a_different_run(tmp_path):
     run, _ = _run_folder(tmp_path)
     c = compare_run(run, _known(dict(COSTS, publish_s=30.0, to_rollout_s=20.0)))
     assert c.total_error > 0.05
+
+
+def test_one_transition_cost_for_core_and_satellites_mispredicts_the_run(tmp_path):
+    """Why calibration measures the core unit's and the satellites' transitions apart."""
+    split = dict(COSTS, to_training_s=4.0, to_rollout_s=3.0, satellite_to_training_s=0.2, satellite_to_rollout_s=0.3)
+    run, truth = _run_folder(tmp_path, steps=12, costs=split)
+    assert truth.record.log.action_counts["begin_transition"] > 2  # satellites did move
+    pooled = {k: v for k, v in split.items() if not k.startswith("satellite_")}
+    pooled["to_training_s"] = (split["to_training_s"] + split["satellite_to_training_s"]) / 2
+    pooled["to_rollout_s"] = (split["to_rollout_s"] + split["satellite_to_rollout_s"]) / 2
+    exact, mispredicted = compare_run(run, _known(split)), compare_run(run, _known(pooled))
+    assert exact.step_error == pytest.approx(0.0, abs=1e-4) and exact.same_cells_share == 1.0
+    assert mispredicted.same_cells_share < 1.0 and mispredicted.step_error > 1e-3  # a satellite's join is missed
 
 
 def test_a_sidecar_that_disagrees_with_the_log_is_an_error(tmp_path):

@@ -193,3 +193,41 @@ def test_a_group_whose_executions_end_together_is_ready_after_all_their_finishes
         elif row["kind"] == "group_ready":
             assert closed.get(row["group"], 0) >= cfg.N, row
     assert sum(1 for row in real.log.rows if row["kind"] == "group_ready") >= cfg.mu * cfg.B
+
+
+def test_the_backends_start_latency_is_inside_the_durations_it_writes():
+    """A real backend starts an execution some time after the core's StartExecutions (key, route, workspace,
+    process spawn: 0.1-5 s per execution in the CPU demo). The simulator starts it at the action, so the
+    trace the real run writes must count that latency, or the simulator sees every group ready early.
+    Here each start takes 7 s more (virtual): every written duration is the script's plus 7 s, and the
+    script with 7 s added, simulated, gives the real run's transcript, actions and staleness exactly."""
+    from collections import Counter
+
+    from gyre.formats.trace import Trace
+    from gyre.presets import build_preset
+
+    from .doubles import RunnerDouble
+    from .test_sim_vs_real import SHAPE, STEPS, assert_identical, scripted_trace
+    from .worlds import costs_for_differential, run_real, run_sim
+
+    latency = 7.0
+
+    class SlowStart(RunnerDouble):
+        async def run(self, execution, task, key):
+            await asyncio.sleep(latency)
+            return await super().run(execution, task, key)
+
+    cfg = build_preset("gyre-1.5", SHAPE)
+    costs = costs_for_differential(micro_steps_per_group=SHAPE.N)
+    script = scripted_trace(40, seed=1)
+    real, backend = run_real(cfg, script, costs, STEPS, runner_class=SlowStart)
+    done = Counter(r.query_id for r in backend.metrics.trace if r.outcome != "cancelled")
+    want = script.frame.set_index(["query_id", "execution_index"])["duration_s"]
+    written = [r for r in backend.metrics.trace if done[r.query_id] == cfg.N]
+    assert len(written) >= STEPS * cfg.B * cfg.N
+    sandbox = costs.bind(cfg, script).trace.durations_s[0, 0] - float(want.loc[(0, 0)])  # the doubles' start-up
+    for r in written:
+        assert r.end_s - r.start_s == pytest.approx(want.loc[(r.query_id % 40, r.execution_index)] + sandbox
+                                                    + latency, abs=1e-6), r
+    later = script.frame.assign(duration_s=script.frame["duration_s"] + latency)
+    assert_identical(cfg, run_sim(cfg, Trace(later, N=cfg.N, source="later"), costs, STEPS), real)

@@ -81,7 +81,8 @@ def run_sim(cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
 
 def run_real(cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
              dropped: frozenset[int] = frozenset(), *, overall_timeout_s: float = 1e6,
-             backend_class: type[EdgeBackend] = EdgeBackend) -> tuple[World, EdgeBackend]:
+             backend_class: type[EdgeBackend] = EdgeBackend,
+             runner_class: type[RunnerDouble] = RunnerDouble) -> tuple[World, EdgeBackend]:
     if costs.micro_steps_per_group != cfg.N:
         raise ValueError(f"micro_steps_per_group must equal N={cfg.N}: the doubles pack one micro-step per "
                          f"execution, got {costs.micro_steps_per_group}")
@@ -96,7 +97,7 @@ def run_real(cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
         if cfg.C_s > 0:
             names[SEPARATE] = "separate"
         budgets = Budgets(harness_timeout_s=overall_timeout_s, overall_timeout_s=overall_timeout_s)
-        runner = RunnerDouble(loop, cfg, trace, root / "records", root / "workspace", budgets)
+        runner = runner_class(loop, cfg, trace, root / "records", root / "workspace", budgets)
         parts = Parts(proxy_url="http://proxy.invalid", admin_token="-", engines=EngineDouble(loop, names, costs),
                       engine_names=names, plane=PlaneDouble(loop, cfg, costs), runner=runner,
                       records_dir=root / "records", checkpoint_dir=root / "checkpoints",

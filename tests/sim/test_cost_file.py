@@ -22,7 +22,23 @@ def test_a_cost_file_sets_the_fields_it_names(tmp_path):
     assert CostModel(**fields).to_training_s == 1.5
 
 
+def test_satellite_transition_costs_default_to_the_core_units():
+    shared = CostModel(to_training_s=3.0, to_rollout_s=2.0)
+    assert shared.transition_s("training", satellite=True) == 3.0
+    assert shared.transition_s("rollout", satellite=True) == 2.0
+    split = CostModel(to_training_s=3.0, to_rollout_s=2.0, satellite_to_training_s=0.5, satellite_to_rollout_s=0.25)
+    assert (split.transition_s("training", satellite=False), split.transition_s("rollout", satellite=False)) == (3.0, 2.0)
+    assert (split.transition_s("training", satellite=True), split.transition_s("rollout", satellite=True)) == (0.5, 0.25)
+
+
+def test_a_cost_file_may_set_the_satellites_transitions(tmp_path):
+    path = tmp_path / "costs.toml"
+    path.write_text("[costs]\nsatellite_to_training_s = 0.5\n")
+    assert CostModel(**load_cost_file(path)).transition_s("training", satellite=True) == 0.5
+
+
 @pytest.mark.parametrize("text, words", [
+    ("[costs]\nsatellite_to_rollout_s = -0.5\n", ["satellite_to_rollout_s"]),
     ("[costs]\nwarp_s = 1\n", ["warp_s"]),
     ("[costs]\nto_training_s = -1\n", ["to_training_s"]),
     ("[costs]\nto_training_s = \"fast\"\n", ["to_training_s", "number"]),
