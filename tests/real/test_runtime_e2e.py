@@ -18,17 +18,16 @@ under tmp_path. Checked:
   every burst, is in configs/cpu_demo.toml's header);
 - the simulator predicts the run (``gyre calibrate``, run by ``gyre run`` at its end): on the
   run's own trace under the cost constants measured from it, the predicted total is within
-  20% of the measured one, the per-step wall times within 50% (mean absolute step error over
-  the mean step), and the same cells train in the same steps in most steps. The total is off
-  only by the spread of each transition and publication around its mean and the
-  controller's own latency (runs here: -9% to +0.1%). A step can be off by much more: at each
-  burst's end the core stays in training only if a group is already ready (SPEC 3.4), which
-  here turns on sub-second timing, and one flip moves a step by a core round trip (to
-  rollout and back, ~4 s, half a mean step). One calibration gap adds to it: the core enters
-  training in 1.4-2.6 s but a satellite in 0.1-0.5 s, and the simulator has one
-  ``to_training_s`` for both (their mean). Runs here: 5%, 7%, 13%, 16%, 26%, 34% per step on
-  a quiet machine, 37% with a second e2e run beside it; 50% is a loose bound, held until
-  per-role transition costs are calibrated (issue 13's note), not the aim of 20%;
+  10% of the measured one, the per-step wall times within 35% (mean absolute step error over
+  the mean step), and the same cells train in the same steps in most steps. Two fresh runs
+  here on the current code: per step 14% and 16%, total 0.0% and -0.3%, same cells 90% and
+  75% (six older runs re-derived the same way: 9-26% per step, -1% to +1% total). What is
+  left is decision flips: at each burst's end the core stays in training only if a group is
+  already ready (SPEC 3.4), which here turns on sub-second timing, and one flip moves a step
+  by a core round trip (~4.4 s, half a mean step); 35% leaves room for a few more flips on a
+  slower machine. (The two causes of the earlier 26-37%: the backend's start latency, 0.1-5 s
+  per execution, was outside the trace's durations, and one transition cost stood for the
+  core and the satellites; ``runtime.trace`` and ``analysis.calibrate`` now measure both.)
 - measured staleness equals phi + (mu - 1)/2 within 0.25 (all steps, warm-up included);
 - the recorded event log replays through the simulator's driver to the identical
   action sequence (differential test), and the run's executions form a valid trace;
@@ -119,7 +118,7 @@ def test_gyre_run_cpu_demo_end_to_end(tmp_path):
     p = s["prediction"]
     assert "error" not in p, p
     print((work / "prediction.csv").read_text(), {k: p[k] for k in ("total_error", "step_error", "same_cells_share")})
-    assert abs(p["total_error"]) <= 0.20 and p["step_error"] <= 0.50, p
+    assert abs(p["total_error"]) <= 0.10 and p["step_error"] <= 0.35, p
     assert p["same_cells_share"] > 0.5, p
     assert (work / "costs.toml").exists() and (work / "sim_vs_real.png").stat().st_size
     curve = s["reward_curve"]
