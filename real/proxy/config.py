@@ -33,6 +33,7 @@ readable by its owner only (0600). Execution and engine ids follow one rule
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import tomllib
@@ -85,6 +86,13 @@ class RetryPolicy:
     ``attempts`` counts engine submissions of one call (first try, retries
     after failures, not reroutes ordered by the admin API); ``budget_s`` bounds
     the wall time spent retrying; ``backoff_s`` is the pause between tries.
+    ``hold_s``: a call that finds no engine to take it (every engine draining,
+    or every other one failed for it) waits up to that long for one, trying
+    again every ``hold_poll_s`` (an engine undrained, added, or restarted under
+    its id), each time with a fresh ``attempts``/``budget_s``, before the
+    overload answer. 0 (the default): answer at once, as agent CLIs retry
+    overload themselves; a training job holds, since an engine restart can
+    outlast a harness's own retries (``gyre run`` sets it).
     """
 
     attempts: int = 4
@@ -92,15 +100,22 @@ class RetryPolicy:
     backoff_s: float = 0.05
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 120.0
+    hold_s: float = 0.0
+    hold_poll_s: float = 0.25
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+                raise ProxyConfigError(f"retry.{f.name} must be a number, got {value!r}")
         if self.attempts < 1:
             raise ProxyConfigError("retry.attempts must be >= 1")
-        for name in ("budget_s", "connect_timeout_s", "read_timeout_s"):
+        for name in ("budget_s", "connect_timeout_s", "read_timeout_s", "hold_poll_s"):
             if getattr(self, name) <= 0:
                 raise ProxyConfigError(f"retry.{name} must be > 0")
-        if self.backoff_s < 0:
-            raise ProxyConfigError("retry.backoff_s must be >= 0")
+        for name in ("backoff_s", "hold_s"):
+            if getattr(self, name) < 0:
+                raise ProxyConfigError(f"retry.{name} must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,13 @@ output tokens as they stream in. Two things can interrupt a submission:
   values, too long for its context) raises ``EngineRejected`` at once (a 400,
   not counted as an engine failure).
 
+With ``RetryPolicy.hold_s`` > 0, a call that finds no engine to take it (all
+draining, or all others failed for it) is held instead of answered with the
+overload error: every ``hold_poll_s`` it tries again, every engine included
+(a dead engine may be back under its id), with a fresh failure budget, until
+``hold_s`` has passed without a token (then ``Overloaded``). ``log.holds``
+counts the waits, ``log.held_s`` their total.
+
 Invariants:
 - the consumer sees one continuous token sequence: tokens are yielded once,
   in order, and a resubmission continues exactly after the last yielded token;
@@ -44,6 +51,7 @@ from gyre.real.proxy.request import EngineRejected, Overloaded
 from gyre.real.proxy.routing import Flight, Router
 
 __all__ = ["EngineRejected", "Generation", "GenerationLog", "Overloaded"]
+FAILURES_KEPT = 20
 
 
 @dataclass
@@ -56,6 +64,8 @@ class GenerationLog:
     move_stalls_s: list[float] = field(default_factory=list)  # per move: last token before -> first after
     finish: dict[str, Any] | None = None
     weight_version: str | None = None
+    holds: int = 0
+    held_s: float = 0.0
 
 
 async def _abort_later(client: EngineClient, router: Router, engine_id: str, rid: str) -> None:
@@ -82,9 +92,12 @@ class Generation:
         self._background: set[asyncio.Task] = set()
         self._last_token_at = time.monotonic()  # the call's start until its first token
         self._stall_from: float | None = None   # set by a move, closed by the next token
+        self._failed = 0  # engine failures since the call's start or its last hold (the ``attempts`` budget)
+        self._deadline = 0.0  # end of the current retry budget (``budget_s``)
+        self._hold_until: float | None = None  # a hold's end; cleared when a token arrives
 
     async def __aiter__(self) -> AsyncIterator[TokenChunk]:
-        deadline = time.monotonic() + self.retry.budget_s
+        self._deadline = time.monotonic() + self.retry.budget_s
         excluded: set[str] = set()
         submission = 0
         while self.log.finish is None:
@@ -93,8 +106,10 @@ class Generation:
                 break
             engine = self.router.engine_for(self.flight.execution_id, excluded)
             if engine is None:
+                if await self._hold(excluded):
+                    continue
                 raise Overloaded(f"no engine available for execution {self.flight.execution_id} "
-                                 f"(failures: {'; '.join(self.log.failures) or 'none'})")
+                                 f"({self._held()}failures: {'; '.join(self.log.failures[-3:]) or 'none'})")
             rid = f"{self.flight.request_id}.{submission}"
             submission += 1
             self.router.begin(self.flight, engine)
@@ -109,7 +124,7 @@ class Generation:
                     self._on_move(engine.spec.id, rid)
                     continue
                 failed, rejected = exc.retryable, not exc.retryable  # a rejection is the client's fault
-                self._on_failure(exc, engine.spec.id, excluded, deadline)
+                self._on_failure(exc, engine.spec.id, excluded)
                 await asyncio.sleep(self.retry.backoff_s)
             finally:
                 self.router.end(self.flight, failed=failed, finished=finished)
@@ -148,9 +163,31 @@ class Generation:
         return TokenChunk(chunk.ids[:room], chunk.logprobs[:room], {"type": "length", "length": self.max_new},
                           chunk.weight_version)
 
+    async def _hold(self, excluded: set[str]) -> bool:
+        """No engine can take the call: wait ``hold_poll_s`` and let it try every engine again (False: the
+        hold is off or over)."""
+        now = time.monotonic()
+        if self.retry.hold_s <= 0:
+            return False
+        if self._hold_until is None:
+            self._hold_until = now + self.retry.hold_s
+            self.log.holds += 1
+        if now >= self._hold_until:
+            return False
+        pause = min(self.retry.hold_poll_s, self._hold_until - now)
+        await asyncio.sleep(pause)
+        self.log.held_s += pause
+        excluded.clear()
+        self._failed, self._deadline = 0, time.monotonic() + self.retry.budget_s
+        return True
+
+    def _held(self) -> str:
+        return f"held {self.log.held_s:.1f} s, " if self.log.holds else ""
+
     def _mark_delivery(self) -> None:
         """A chunk reaches the consumer: close the stall a move opened (the wait a harness sees)."""
         now = time.monotonic()
+        self._hold_until = None  # served again: a later outage gets a whole hold
         if self._stall_from is not None:
             self.log.move_stalls_s.append(now - self._stall_from)
             self._stall_from = None
@@ -168,13 +205,19 @@ class Generation:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _on_failure(self, exc: EngineCallError, engine_id: str, excluded: set[str], deadline: float) -> None:
+    def _on_failure(self, exc: EngineCallError, engine_id: str, excluded: set[str]) -> None:
         self.log.failures.append(str(exc))
+        del self.log.failures[:-FAILURES_KEPT]  # a long hold on a dead engine fails every poll
         if not exc.retryable:  # the engine found the request itself invalid: a client error
             raise EngineRejected(str(exc)) from None
         excluded.add(engine_id)
-        if len(self.log.failures) >= self.retry.attempts or time.monotonic() >= deadline:
-            raise Overloaded(f"gave up after {len(self.log.failures)} engine failures: {exc}") from None
+        self._failed += 1
+        if self._failed >= self.retry.attempts or time.monotonic() >= self._deadline:
+            if self.retry.hold_s > 0 and (self._hold_until is None or time.monotonic() < self._hold_until):
+                excluded.update(self.router.engines)  # nothing left to try now: the call holds
+                return
+            raise Overloaded(f"gave up after {self._failed} engine failures ({self._held()}"
+                             f"{len(self.log.failures)} in all): {exc}") from None
         if len(excluded) >= len(self.router.engines):
             excluded.clear()  # every engine failed once: try them again while budget remains
             excluded.add(engine_id)

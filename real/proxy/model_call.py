@@ -230,6 +230,8 @@ class ChatService:
                      reused_ids=str(prepared.reused_ids), finish=str((generation.log.finish or {}).get("type")),
                      sampling=json.dumps(self.sampling(prepared.request), sort_keys=True),
                      requested=json.dumps(prepared.request.sampling_record(), sort_keys=True))
+        if generation.log.holds:  # waited for an engine (RetryPolicy.hold_s): the stall the harness saw
+            hints["held_ms"] = f"{generation.log.held_s * 1e3:.1f}"
         matched = _matched_stop(generation)
         if matched:
             hints["stop_sequence"] = matched

@@ -6,8 +6,9 @@ task asks the engine manager every ``poll_s`` which engines exited
 names it and its exit status, it is marked down (publishes skip it: the
 backend asks ``unavailable()``), ``EngineManager.restart`` relaunches it on
 the same port (the proxy's engine entry stays valid; meanwhile the proxy
-moves its calls to a live engine in the rollout role, or, with none, answers
-them with its overload error, which harnesses retry; the core, which knows
+moves its calls to a live engine in the rollout role, or, with none, holds
+them until one answers (``RetryPolicy.hold_s``, ``runtime.job.ENGINE_HOLD_S``);
+the core, which knows
 nothing of the death, keeps placing work on the engine's cell), and it is
 brought back into the state the backend left it in.
 

@@ -29,8 +29,8 @@ under), ``summary.json`` and ``run.png``/``run.svg`` (reward and staleness per
 step, ``gyre.analysis.real_run``).
 An engine that dies during the run is restarted with the newest published
 weights by ``runtime.engine_watch`` (meanwhile the proxy moves its calls to a
-live engine in the rollout role, or, with none, answers them with its overload
-error, which harnesses retry); ``engines.json`` names each engine's process
+live engine in the rollout role, or, with none, holds them until one is back:
+``ENGINE_HOLD_S``); ``engines.json`` names each engine's process
 group, and the summary's ``engine_restarts`` lists every restart (a failed one
 is in ``backend_errors`` and the run goes on without that engine).
 
@@ -75,6 +75,9 @@ from gyre.real.toy.tasks import EmitCharTask
 from gyre.real.toy.tiny_model import build_tiny_tokenizer
 
 ADMIN_TOKEN = "gyre-job-admin"
+# a model call that finds no engine in the rollout role (the only one died and restarts, or every cell
+# trains) waits this long for one in the proxy (RetryPolicy.hold_s) instead of failing the execution
+ENGINE_HOLD_S = 600.0
 SMALL_ENGINE = ("--mem-fraction-static", "0.05", "--max-total-tokens", "16384", "--skip-server-warmup")
 
 
@@ -286,7 +289,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
     """Run ``job`` to its last step; ``progress`` gets one line per phase and per trained step,
     ``watch`` each step's metrics record (``runtime.metrics``) as it is written."""
     from gyre.real.proxy.config import EngineSpec as ProxyEngine
-    from gyre.real.proxy.config import Limits, ProxyConfig
+    from gyre.real.proxy.config import Limits, ProxyConfig, RetryPolicy
     from gyre.real.runtime.trace import write_trace
     from gyre.real.train.plane import PlaneConfig, TrainingPlane
     from gyre.real.train.state import OptimConfig
@@ -349,7 +352,8 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
         say(f"ready after {timings['startup_s']:.1f} s; running {job.steps} steps, {cfg.mu} per burst")
         proxy_cfg = ProxyConfig(model_path=str(model), records_dir=str(work / "records"), admin_token=ADMIN_TOKEN,
                                 engines=tuple(ProxyEngine(id=n, url=engines.engines[n].url) for n in names.values()),
-                                port=free_port(), fsync=False, limits=Limits(default_max_tokens=job.max_tokens))
+                                port=free_port(), fsync=False, limits=Limits(default_max_tokens=job.max_tokens),
+                                retry=RetryPolicy(hold_s=ENGINE_HOLD_S))
         proxy = ProxyThread(proxy_cfg).start()
         proxy_url = f"http://127.0.0.1:{proxy_cfg.port}"
         runner = HarnessRunner(work / "executions", proxy_url, adapter,

@@ -213,3 +213,91 @@ def test_proxy_killed_and_restarted_keeps_records(model, tmp_path):
         records = check_records(tmp_path / "records", "restart", model)
         assert len(records) == 2 and stats["leaves"] == 1 and stats["requests"] == 2
         assert int(records[1].role_hints["reused_ids"]) == len(records[0].sequence)
+
+
+# ---- holding calls while no engine can take them (RetryPolicy.hold_s) -------------------------------------------
+@pytest.fixture
+def held(model, tmp_path):
+    """Two scripted engines behind a proxy that holds calls up to 20 s (a training job's setting)."""
+    from gyre.real.proxy.config import RetryPolicy
+
+    engines = [ScriptedEngine(model, long_script, engine_id=f"e{i}", token_delay=0.002) for i in range(2)]
+    threads = [ServerThread(e.application).start() for e in engines]
+    config = proxy_config(model, tmp_path / "records", {f"e{i}": t.url for i, t in enumerate(threads)},
+                          retry=RetryPolicy(attempts=3, budget_s=10, backoff_s=0.01, read_timeout_s=1.0,
+                                            hold_s=20.0, hold_poll_s=0.1))
+    proxy_thread, server = start_proxy(config)
+    yield {"url": proxy_thread.url, "server": server, "engines": engines, "records": tmp_path / "records"}
+    proxy_thread.stop()
+    for thread in threads:
+        thread.stop()
+
+
+def _in_background(call):
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(result=call()), daemon=True)
+    thread.start()
+    return thread, box
+
+
+def test_a_call_with_every_engine_drained_is_held_until_one_is_back(held, model):
+    """Every engine in training (drained): the call waits, and is served once an engine returns to rollout."""
+    for name in ("e0", "e1"):
+        assert admin(held["url"], "POST", f"/admin/engines/{name}/drain", {"evacuate": False})[0] == 200
+    key = new_key(held["url"], "held-drained")
+    body = {"model": "m", "max_tokens": 400, "messages": [{"role": "user", "content": "go"}]}
+    thread, box = _in_background(lambda: _raw_post(held["url"], "/v1/messages", key, body))
+    time.sleep(1.0)
+    assert thread.is_alive(), box  # held, not answered with the overload error
+    assert admin(held["url"], "POST", "/admin/engines/e1/undrain")[0] == 200
+    thread.join(30)
+    status, text = box["result"]
+    assert status == 200 and json.loads(text)["content"][0]["text"] == long_script("go")
+    (record,) = check_records(held["records"], "held-drained", model)
+    assert float(record.role_hints["held_ms"]) >= 900 and record.role_hints["engines"] == "e1"
+
+
+def test_a_call_whose_engines_fail_is_held_until_one_answers(held, model):
+    """Both engines refuse far more submissions than the retry budget (an engine restarting): held, then served
+    as one call with one record; without the hold the same outage is the overload error."""
+    for engine in held["engines"]:
+        engine.fail_next = [503] * 12
+    client = anthropic.Anthropic(base_url=held["url"], api_key=new_key(held["url"], "held-failing"), max_retries=0)
+    text, message = _stream_text(client)
+    assert text == long_script("go") and message.stop_reason == "end_turn"
+    refused = 24 - sum(len(engine.fail_next) for engine in held["engines"])
+    assert refused >= 12 > 3  # one engine's whole outage was sat out, four times the retry budget (attempts=3)
+    (record,) = check_records(held["records"], "held-failing", model)
+    assert float(record.role_hints["held_ms"]) > 0
+
+
+def test_a_hold_that_runs_out_answers_with_the_overload_error(model, tmp_path):
+    from gyre.real.proxy.config import RetryPolicy
+
+    engine = ScriptedEngine(model, long_script, engine_id="e0")
+    with ServerThread(engine.application) as thread:
+        config = proxy_config(model, tmp_path / "records", {"e0": thread.url},
+                              retry=RetryPolicy(attempts=2, budget_s=10, backoff_s=0.01, hold_s=0.6, hold_poll_s=0.1))
+        proxy_thread, server = start_proxy(config)
+        try:
+            assert admin(proxy_thread.url, "POST", "/admin/engines/e0/drain", {"evacuate": False})[0] == 200
+            key = new_key(proxy_thread.url, "held-out")
+            started = time.monotonic()
+            status, body = _raw_post(proxy_thread.url, "/v1/messages", key,
+                                     {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
+            waited = time.monotonic() - started
+        finally:
+            proxy_thread.stop()
+    assert status == 529 and json.loads(body)["error"]["type"] == "overloaded_error"
+    assert "held" in json.loads(body)["error"]["message"] and waited >= 0.5
+    assert server.recorder.state("held-out").requests == 0
+
+
+@pytest.mark.parametrize("retry, problem", [({"hold_s": -1}, "hold_s"), ({"hold_poll_s": 0}, "hold_poll_s"),
+                                            ({"hold_s": "long"}, "hold_s")])
+def test_a_bad_hold_setting_is_named(retry, problem):
+    from gyre.real.proxy.config import ProxyConfigError, config_from_mapping
+
+    with pytest.raises(ProxyConfigError, match=problem):
+        config_from_mapping({"model_path": "m", "records_dir": "r", "admin_token": "admin-secret-token",
+                             "engines": [{"id": "e0", "url": "http://127.0.0.1:1"}], "retry": retry})

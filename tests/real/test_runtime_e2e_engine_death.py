@@ -6,14 +6,14 @@ publication, the test reads ``metrics.jsonl`` for an engine in the rollout role 
 executions placed on it and ``engines.json`` for its process group, and kills
 the whole group with SIGKILL. In this shape the killed engine is often the
 only one in the rollout role (the other cells train), so its calls cannot move:
-the proxy answers them with its overload error and the scripted harness
-retries them until the engine is back (``harness_options.retries``); the
-step waiting on them waits for the restart. Checked:
+the proxy holds them until the engine is back (``runtime.job.ENGINE_HOLD_S``;
+the scripted harness's own retries, ``harness_options.retries``, are a second
+line); the step waiting on them waits for the restart. Checked:
 - the run finishes every step and exits 0, and the replay differential check holds;
 - summary.json lists exactly one restart, of that engine, killed by SIGKILL,
   with a positive time to come back and published weights loaded (not the
   initial model), and no backend error;
-- no execution failed (outcomes only completed or cancelled: overload answers were retried);
+- no execution failed (outcomes only completed or cancelled: calls were held, or retried);
 - the staleness identity still holds (measured mean within 0.25 of phi + (mu - 1)/2);
 - the restarted engine served model calls after its restart (the proxy's
   records name it as the engine of calls started after it came back).
@@ -37,9 +37,9 @@ from gyre.real.engines.manager import sglang_python
 ROOT = Path(__file__).resolve().parents[2]
 NO_VENV = f"SGLang CPU venv not found at {sglang_python()} (run tools/setup_sglang_cpu.sh)"
 STEPS = 12  # the warm-up burst's fresher groups weigh less in the staleness mean (8 steps: 1.25 of 1.5)
-# While the killed engine was the only one in the rollout role its calls have nowhere to go: the proxy answers
-# them with its overload error (503) until the engine is back, and the scripted harness retries them (as agent
-# CLIs retry overload errors); 400 retries wait up to ~400 s, longer than an engine takes to start here.
+# While the killed engine was the only one in the rollout role its calls have nowhere to go: the proxy holds
+# them until the engine is back; should a hold run out, the scripted harness retries the overload error (as
+# agent CLIs do), 400 times, up to ~400 s, longer than an engine takes to start here.
 RETRIES = 400
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(not sglang_python().exists(), reason=NO_VENV)]
