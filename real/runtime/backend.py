@@ -79,8 +79,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+import http.client
 import json
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +101,8 @@ from gyre.trajectory.groups import ReadyGroup, TrajectoryBuffer
 from gyre.trajectory.packing import StreamPacker
 from gyre.trajectory.harness_roles import GenericRoles
 from gyre.real.store.tito_log import ExecutionStore
+
+PROXY_WAIT_S = 120.0  # how long an admin call waits for a proxy that is restarting
 
 
 class TaskUnavailable(RuntimeError):
@@ -190,6 +194,7 @@ class RealBackend(ActionHandler):
         self._evaluating: dict[int, asyncio.Future] = {}  # harness stopped, retrying: set to cancel
         self._stopped_at: dict[int, float] = {}  # when HarnessStopped was reported (clock), for the trace
         self._start_s: dict[int, float] = {}  # when StartExecutions was applied (runner's clock), for the trace
+        self._route: dict[int, str] = {}  # running execution -> its engine, to put back in a restarted proxy
         self.errors: list[str] = []
         self.errors_after_stop: list[str] = []  # waits abandoned when the run ended (not failures of the run)
         self._stopped = False
@@ -214,12 +219,35 @@ class RealBackend(ActionHandler):
         self.controller.report(kind, **fields)
 
     def admin(self, method: str, path: str, body: dict | None = None) -> Any:
+        """One admin API call; while the proxy is down (restarting: ``runtime.proxy_process``) it is
+        retried for up to ``PROXY_WAIT_S`` (every admin call is idempotent or, for a key, replaceable)."""
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.parts.proxy_url + path, data=data, method=method,
-                                         headers={"Authorization": f"Bearer {self.parts.admin_token}",
-                                                  "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read() or b"null")
+        deadline = time.monotonic() + PROXY_WAIT_S
+        while True:
+            request = urllib.request.Request(self.parts.proxy_url + path, data=data, method=method,
+                                             headers={"Authorization": f"Bearer {self.parts.admin_token}",
+                                                      "Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    return json.loads(response.read() or b"null")
+            except urllib.error.HTTPError:
+                raise
+            except (urllib.error.URLError, ConnectionError, http.client.RemoteDisconnected):
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
+
+    def reapply_proxy_state(self) -> None:
+        """A restarted proxy (``runtime.proxy_process``) kept keys and records on disk but nothing in memory:
+        put back the policy version, the drains of engines not taking work, the routes of running executions."""
+        if self.latest is not None:
+            self.admin("POST", "/admin/policy_version", {"version": self.latest[0]})
+        for cell, name in self.parts.engine_names.items():
+            if cell not in self.rollout_ready:
+                self.admin("POST", f"/admin/engines/{name}/drain", {"evacuate": False})
+        for x in list(self.running):
+            if x in self._route:
+                self.admin("POST", "/admin/routes", {"execution_id": execution_id(x), "engine": self._route[x]})
 
     # ---- executions -----------------------------------------------------------------
     def on_dispatch_groups(self, a: act.DispatchGroups) -> None:
@@ -242,6 +270,7 @@ class RealBackend(ActionHandler):
         started = asyncio.get_running_loop().time()
         for x, engine in a.placements:
             self._start_s[x] = started
+            self._route[x] = self.parts.engine_names[engine]
             key = self.admin("POST", "/admin/executions", {"execution_id": execution_id(x)})["api_key"]
             self.admin("POST", "/admin/routes", {"execution_id": execution_id(x), "engine": self.parts.engine_names[engine]})
             self.running[x] = self._spawn(self._execute(x, key))
@@ -258,6 +287,7 @@ class RealBackend(ActionHandler):
             return
         result = await self.parts.runner.run(x, self._tasks[g], key)
         self.running.pop(x, None)
+        self._route.pop(x, None)
         eid, outcome = execution_id(x), result.outcome
         calls = await asyncio.to_thread(self.store.read, eid) if self.store.path_for(eid).exists() else []
         self.metrics.move_stalls_ms += [float(v) for c in calls
@@ -327,6 +357,7 @@ class RealBackend(ActionHandler):
 
     def on_reroute(self, a: act.Reroute) -> None:
         t0 = self.clock()
+        self._route[a.execution] = self.parts.engine_names[a.dest]
         self.admin("POST", "/admin/routes", {"execution_id": execution_id(a.execution),
                                              "engine": self.parts.engine_names[a.dest]})
         self.metrics.reroutes.append({"execution": a.execution, "source": a.source, "dest": a.dest,
