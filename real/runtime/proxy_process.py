@@ -2,9 +2,9 @@
 
 ``ProxyProcess(config, folder)`` writes the proxy's configuration to
 ``folder/proxy.json`` (owner-only: it holds the admin token) and runs
-``python -m gyre.real.proxy.cli`` on it, in its own session, tied to this
-process by a parent-death signal (``runtime.lifetime``), its output in
-``folder/proxy.log``. ``start`` returns once the proxy prints its listening
+``python -m gyre.real.proxy.cli`` on it, in its own session (its process
+group id, the pid, in ``folder/proxy.pid``), tied to this process by a
+parent-death signal (``runtime.lifetime``), its output in ``folder/proxy.log``. ``start`` returns once the proxy prints its listening
 line. The port is fixed in the configuration (chosen once by the job), so
 ``url`` never changes: harnesses, their sandbox bridges and the backend keep
 talking to the same address across restarts.
@@ -94,6 +94,7 @@ class ProxyProcess:
             self._kill()
             raise ProxyStartError(f"the proxy did not start (exit {code}): {self.log_tail()}")
         threading.Thread(target=_drain, args=(self._proc.stdout,), daemon=True).start()
+        (self.folder / "proxy.pid").write_text(f"{self._proc.pid}\n")  # its process group, for operators and tests
 
     def log_tail(self, lines: int = 8) -> str:
         path = self.folder / "proxy.log"

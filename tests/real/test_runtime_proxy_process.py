@@ -76,6 +76,7 @@ def test_a_killed_proxy_comes_back_on_its_address_with_keys_and_records(model, t
             key = new_key(proxy.url, "survivor")
             assert _call(proxy.url, key, "one")[0] == 200
             first_pid = proxy.pid
+            assert int((tmp_path / "proxy" / "proxy.pid").read_text()) == first_pid
             os.killpg(first_pid, signal.SIGKILL)
             deadline = time.monotonic() + 60
             while not restarted and time.monotonic() < deadline:
