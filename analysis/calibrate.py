@@ -17,7 +17,8 @@ module turns them into a cost file the simulator reads (``gyre sim --costs``):
 | satellite_to_*_s      | the same two means over the satellites' transitions (omitted when no       |
 |                       | satellite moved): the core enters training with the optimizer state, a      |
 |                       | satellite holds weights only, so one mean over both mispredicts either      |
-|                       | (measured here: core 1.4-3.3 s, satellites 0.1-1.5 s into training)         |
+|                       | (measured here: core 1.4-3.3 s, satellites 0.1-1.5 s into training). A core |
+|                       | unit that never moved one way takes the satellites' mean for that way       |
 | publish_s             | mean time from a burst's final StepDone to its PublishDone in the event log |
 |                       | (what the core waited: export, engines loading it, the backend's own        |
 |                       | latency; the backend's narrower ``wall_s`` misses the last), the           |
@@ -148,7 +149,9 @@ def measure(run_dir: str | Path) -> dict[str, Any]:
         raise CalibrationError(f"{run_dir / 'summary.json'}: no step_reports (a run from an older gyre?)")
     cfg, tl = _timeline(run_dir)
     transitions = _transition_times(cfg, tl)
-    to_training, to_rollout = transitions.get((False, "training"), []), transitions.get((False, "rollout"), [])
+    # a core unit that never moved one way (it stayed in training all run) takes the satellites' mean
+    to_training, to_rollout = (transitions.get((False, role)) or transitions.get((True, role), [])
+                               for role in ("training", "rollout"))
     satellite = {f"satellite_to_{role}_s": (statistics.fmean(values), len(values))
                  for role in ("training", "rollout") if (values := transitions.get((True, role)))}
     compute_s = sum(sum(r.get("compute_s_by_cell", {}).values()) for r in reports)

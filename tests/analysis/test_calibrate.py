@@ -91,6 +91,23 @@ def test_without_satellite_moves_the_satellite_costs_are_left_to_the_core_values
     assert costs.get("satellite_to_training_s", 2.0) == pytest.approx(2.0, abs=1e-5)
 
 
+def test_a_core_that_never_left_training_takes_the_satellites_rollout_cost(tmp_path, monkeypatch):
+    """A core unit that stays in training all run has no training -> rollout sample (seen in a 16-step run)."""
+    import gyre.analysis.calibrate as calibration
+
+    measured = calibration._transition_times
+
+    def core_never_left(cfg, tl):
+        times = measured(cfg, tl)
+        times.pop((False, "rollout"))
+        return times
+
+    monkeypatch.setattr(calibration, "_transition_times", core_never_left)
+    costs = calibrate(_run_folder(tmp_path))
+    assert costs["to_rollout_s"] == pytest.approx(TRANSITIONS["satellite_to_rollout_s"], abs=1e-5)
+    assert costs["to_training_s"] == pytest.approx(TRANSITIONS["to_training_s"], abs=1e-5)
+
+
 def test_the_cost_file_round_trips_through_the_simulators_loader(tmp_path):
     run = _run_folder(tmp_path)
     path = write_cost_file(run)
