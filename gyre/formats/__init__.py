@@ -10,6 +10,8 @@ pandas; never ``gyre.sim``, ``gyre.real`` or ``gyre.analysis``.
   equal bytes);
 - ``eventlog``: the event-log schema, derived from ``gyre.events``, the log a
   driver loop records, and replay through a fresh core;
+- ``journal``: the durable event journal a real run appends as it goes
+  (``events.jsonl``, readable after a kill -9, torn tail named);
 - ``trace``: rollout-duration traces, the table a real run writes and the
   simulator reads.
 """

@@ -50,6 +50,12 @@ unavailable (they are revived with the newest weights), and when an engine dies
 while the core cell loads the new checkpoint into it, the backend loads it into
 the engines still alive itself.
 
+Resume hooks (``runtime.restore``): ``on_burst_end(version)`` runs at the start of
+``on_publish`` (the resume checkpoint is sent to the core cell before the
+publication); ``_execute(x, key, exited=result)`` finishes an execution whose
+harness already exited (a resumed run re-admits it from its record); an
+execution in ``harness_stopped_before`` never reports ``HarnessStopped`` again.
+
 Harness stop: the evaluator runs after the harness process has exited. When
 its first attempt leaves the execution pending (evaluator failure: retries
 within the budget follow), the backend reports ``HarnessStopped`` then and
@@ -199,6 +205,9 @@ class RealBackend(ActionHandler):
         self.errors_after_stop: list[str] = []  # waits abandoned when the run ended (not failures of the run)
         self._stopped = False
         self.on_step: Callable[[int], None] = lambda version: None  # live metrics (runtime.metrics)
+        # a burst's end, before its publication is sent (the resume checkpoint: runtime.resume)
+        self.on_burst_end: Callable[[int], None] = lambda version: None
+        self.harness_stopped_before: set[int] = set()  # resumed: HarnessStopped already in the replayed log
 
     def bind(self, controller) -> "RealBackend":
         self.controller = controller
@@ -275,7 +284,9 @@ class RealBackend(ActionHandler):
             self.admin("POST", "/admin/routes", {"execution_id": execution_id(x), "engine": self.parts.engine_names[engine]})
             self.running[x] = self._spawn(self._execute(x, key))
 
-    async def _execute(self, x: int, key: str) -> None:
+    async def _execute(self, x: int, key: str, exited=None) -> None:
+        """Run ``x``'s harness (or, resumed, take ``exited``: the result of a harness that already exited),
+        then record, evaluate and report it."""
         g = x // self.cfg.group_size
         if g in self.dropped:  # nothing to run: wait for the core's CancelExecutions
             self._start_s.pop(x, None)
@@ -285,7 +296,7 @@ class RealBackend(ActionHandler):
             self._report(ev.ExecutionFinished, execution=x, outcome="cancelled")
             self._closed[g] += 1
             return
-        result = await self.parts.runner.run(x, self._tasks[g], key)
+        result = exited if exited is not None else await self.parts.runner.run(x, self._tasks[g], key)
         self.running.pop(x, None)
         self._route.pop(x, None)
         eid, outcome = execution_id(x), result.outcome
@@ -330,7 +341,8 @@ class RealBackend(ActionHandler):
         def harness_stopped() -> None:
             self._evaluating[x] = cancelled
             self._stopped_at[x] = self.clock()
-            self._report(ev.HarnessStopped, execution=x)
+            if x not in self.harness_stopped_before:  # a resumed run's core already holds it stopped
+                self._report(ev.HarnessStopped, execution=x)
 
         evaluation = self._spawn(close_and_evaluate(self.buffer, self.parts.task, execution_id(x), workspace,
                                                     self.clock, on_pending=harness_stopped))
@@ -510,6 +522,7 @@ class RealBackend(ActionHandler):
         """The core cell broadcasts to its seated satellites at the end of every non-final step."""
 
     def on_publish(self, a: act.Publish) -> None:
+        self.on_burst_end(a.version)  # sent to the core cell first: it still holds exactly this version
         skip = self.parts.watch.unavailable() if self.parts.watch is not None else set()  # dead: revived later
         names = [n for n in (self.parts.engine_names[c] for c in sorted(self.rollout_ready)) if n not in skip]
         ticket = self.parts.plane.send(0, "publish", version=a.version,

@@ -13,7 +13,11 @@ when the queue stays empty until ``core.next_deadline()``.
 
 Every event the core accepts is recorded in the shared event-log format
 (``write_log``), so ``gyre.formats.eventlog.replay_run`` regenerates the
-controller's exact action sequence.
+controller's exact action sequence. A real job passes a
+``gyre.formats.journal.JournalLog``, so each event is also on disk as it is
+fed (``events.jsonl``, readable after a kill -9); a resumed run passes the
+core and log replayed from it, and its clock goes on from the last replayed
+event's ``now``.
 
 Invariants: actions are applied in the order the core returns them, one
 event at a time; a backend error while applying an action stops the run
@@ -32,6 +36,7 @@ from typing import Any, Callable
 
 from gyre import events as ev
 from gyre.config import SchedulerConfig
+from gyre.formats.eventlog import EventLog
 from gyre.loop import DriverLoop
 from gyre.scheduler import Scheduler
 
@@ -42,14 +47,15 @@ class ControllerError(RuntimeError):
 
 class Controller:
     def __init__(self, cfg: SchedulerConfig, backend: object,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, *, core: Scheduler | None = None,
+                 log: EventLog | None = None) -> None:
         self.cfg = cfg
-        self.core = Scheduler(cfg)
+        self.core = core if core is not None else Scheduler(cfg)  # a resumed run passes its replayed core
         self.backend = backend
-        self.loop = DriverLoop(self.core, backend)
+        self.loop = DriverLoop(self.core, backend, log)
         self.log = self.loop.log
-        start = time.monotonic()
-        self.clock = clock or (lambda: time.monotonic() - start)
+        start, offset = time.monotonic(), self.core.now or 0.0  # a resumed run's clock goes on from its log
+        self.clock = clock or (lambda: offset + time.monotonic() - start)
         self._queue: asyncio.Queue[tuple[type, dict[str, Any], Callable[[], None] | None]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -61,15 +67,22 @@ class Controller:
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, fields, then))
 
     # ---- the loop --------------------------------------------------------------------
-    async def run(self, steps: int, timeout_s: float | None = None, finish_publication: bool = False) -> None:
+    async def run(self, steps: int, timeout_s: float | None = None, finish_publication: bool = False,
+                  resume: Callable[[], None] | None = None) -> None:
         """Run until the core has completed ``steps`` optimizer steps.
 
         With ``finish_publication`` the run also waits for a publication still
         pending after the last step (the engines then serve the final weights).
+        ``resume`` (a resumed run, whose core already had its ``Begin``) runs on the
+        loop once reports can be queued, instead of feeding ``Begin``: it re-applies
+        the actions still outstanding in the replayed log (``runtime.resume``).
         """
         self._loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue()
-        self.loop.feed(ev.Begin(self.clock()))
+        if resume is None:
+            self.loop.feed(ev.Begin(self.clock()))
+        else:
+            resume()
         deadline_run = None if timeout_s is None else self.clock() + timeout_s
         while self.core.version < steps or (finish_publication and self.core.awaiting_publish):
             if deadline_run is not None and self.clock() > deadline_run:
@@ -92,9 +105,14 @@ class Controller:
     # ---- records ----------------------------------------------------------------------
     def write_log(self, out: str | Path) -> Path:
         """Write events.csv and a summary.json with the config, readable by ``replay_run``."""
+        out = self.write_summary(out)
+        self.log.write_csv(out / "events.csv")
+        return out
+
+    def write_summary(self, out: str | Path) -> Path:
+        """Write the log folder's summary.json (the config ``replay_run`` and ``replay_journal`` read)."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        self.log.write_csv(out / "events.csv")
         summary = {"source": "gyre.real.runtime.controller", "steps": self.core.version,
                    "config": asdict(self.cfg)}
         (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")

@@ -15,6 +15,8 @@ are answered as ``reply/{cell}/{n}``, in order. A handler that fails answers
 | publish         | core       | HF checkpoint + ``/update_weights_from_disk`` on each engine  |
 | dump / load     | all / core | write weights (and the last reduced gradient) / load weights  |
 |                 |            | (per rank: rank r > 0 of a TP cell uses ``{path}.rank{r}``)   |
+| save_checkpoint | core       | every rank writes weights + Adam + RNG (``train.checkpoint``) |
+| load_checkpoint | core       | every rank restores them (satellites pull the loaded weights) |
 | info, stop      | all        | pid, role, resident bytes / answer and exit                   |
 
 Mapping to the policy core's actions (gyre/): BeginTransition(cell, role) ->
@@ -26,6 +28,10 @@ of a non-final step; Publish -> ``publish``.
 A cell of ``tp`` ranks is one process per rank: rank 0 (the leader) runs this
 loop, the other ranks run ``train.ranks.CellRanks.follow`` and execute every
 tensor operation the leader hands them; ``stop`` ends them too.
+
+Fault injection (tests of ``gyre run --resume``): ``GYRE_FAULT_PAUSE``
+(``runtime.faults``) makes the core sleep at the start of a named ``step`` or
+``publish`` of one version, so a test can kill the job inside that phase.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from gyre.real.train.core import CoreCell
 from gyre.real.train.publish import publish_from_disk, save_hf_tensors
 from gyre.real.train.satellite import Interrupted, SatelliteCell
 from gyre.real.train import keys
+from gyre.real.runtime.faults import fault_pause
 from gyre.real.runtime.lifetime import die_with_parent
 
 IDLE_POLL_S = 0.01  # command polling while not training (a satellite in training polls at poll_s)
@@ -105,6 +112,7 @@ class CellProcess:
     def handle(self, op: str, args: dict) -> dict:
         handlers = {"enter_training": self.enter_training, "leave_training": self.leave_training, "join": self.join,
                     "step": self.step, "publish": self.publish, "dump": self.dump, "load": self.load,
+                    "save_checkpoint": self.save_checkpoint, "load_checkpoint": self.load_checkpoint,
                     "info": self.info, "stop": self.info}
         if op not in handlers:
             raise ValueError(f"unknown command {op!r}; known: {sorted(handlers)}")
@@ -153,10 +161,12 @@ class CellProcess:
     # -- core-only and utility commands -----------------------------------------------------------
     def step(self, version: int, batch: int | None = None, final: bool = False) -> dict:
         self._require_core("step")
+        fault_pause("step", version, self.ctx.log)
         return self.core.step(version, version if batch is None else batch, final)
 
     def publish(self, version: int, endpoints: list[str], directory: str, timeout: float = 120.0) -> dict:
         self._require_core("publish")
+        fault_pause("publish", version, self.ctx.log)
         tensors = self.ctx.ranks.run("export")  # full HF tensors, TP shards gathered
         path = save_hf_tensors(directory, tensors, self.ctx.cfg.model, version)
         answers = publish_from_disk(endpoints, path, version, timeout=timeout)
@@ -172,6 +182,18 @@ class CellProcess:
             torch.save(self.ctx.ranks.run("export"), f"{path}.hf")
             answer["hf"] = f"{path}.hf"
         return answer
+
+    def save_checkpoint(self, folder: str) -> dict:
+        """Every rank writes its shard, Adam state and RNG states into ``folder`` (``train.checkpoint``)."""
+        self._require_core("save_checkpoint")
+        self.ctx.ranks.run("save_state", folder=folder)
+        return {"folder": folder, "tp": self.ctx.cfg.tp}
+
+    def load_checkpoint(self, folder: str) -> dict:
+        self._require_core("load_checkpoint")
+        self.ctx.ranks.run("load_state", folder=folder)
+        self.core.members = set()  # satellites must pull the loaded weights
+        return self.info()
 
     def load(self, path: str) -> dict:
         self._require_core("load")

@@ -34,7 +34,7 @@ from gyre.real.train import keys
 from gyre.real.train.transport import Snapshot
 
 OPS = ("restore", "offload", "accumulate", "discard", "reduce", "update", "broadcast", "expose", "serve",
-       "pull", "dump", "load", "export", "stop")
+       "pull", "dump", "load", "export", "save_state", "load_state", "stop")
 
 
 class CellRanks:
@@ -133,6 +133,16 @@ class CellRanks:
 
     def _load(self, path: str) -> None:
         self.ctx.state.load_weights(torch.load(shard_path(path, self.rank))["weights"])
+
+    def _save_state(self, folder: str) -> str:
+        from gyre.real.train.checkpoint import save_rank
+
+        return save_rank(self.ctx.state, folder, self.rank, self.tp)
+
+    def _load_state(self, folder: str) -> None:
+        from gyre.real.train.checkpoint import load_rank
+
+        load_rank(self.ctx.state, folder, self.rank, self.tp)
 
     def _export(self) -> dict | None:
         """Full Hugging Face tensors of the cell's weights (gathered over the TP group; leader only)."""

@@ -146,6 +146,24 @@ class TrainingState:
             self._host_optimizer_state = None
         self.discard()
 
+    # -- resume checkpoints (train.checkpoint) ----------------------------------------------------
+    def optimizer_state_dict(self) -> dict | None:
+        """The Adam state on the host, resident or offloaded (None: a satellite owns no optimizer)."""
+        if self.optimizer is None:
+            return None
+        if not self.resident and self._host_optimizer_state is not None:
+            return self._host_optimizer_state
+        return _to_device(self.optimizer.state_dict(), torch.device("cpu"))
+
+    def load_optimizer_state(self, saved: dict | None) -> None:
+        """Take ``saved`` (``optimizer_state_dict``) as the Adam state; offloaded, it waits on the host."""
+        if self.optimizer is None or saved is None:
+            return
+        if self.resident:
+            self.optimizer.load_state_dict(_to_device(saved, self.flat.data.device))
+        else:
+            self._host_optimizer_state = saved
+
     # -- role changes -----------------------------------------------------------------------------
     def offload(self) -> None:
         """Leave training: free grads and accumulator, move weights and optimizer state to host."""

@@ -1,0 +1,305 @@
+"""``gyre run --resume DIR``: what a killed run's folder says, and the plan to go on from it.
+
+What a run keeps on disk as it goes (``runtime.job``): ``job.json`` (the job
+configuration, paths absolute), ``log/events.jsonl`` (every event the core
+accepted, one flushed line each: ``gyre.formats.journal``) with
+``log/summary.json`` (the schedule), the proxy's record store ``records/``
+(durable per call), the executions' preserved workspaces ``executions/``,
+the published Hugging Face folders ``checkpoints/v{n:06d}`` and, at every
+burst boundary, a resume checkpoint ``checkpoints/resume-v{v:06d}``
+(``train.checkpoint``; written by ``runtime.restore.Checkpointer``).
+
+The checkpoint is taken at the burst's final ``StepDone``: the core cell then
+holds version v (the next batch opens only after the publication), no batch is
+open, and every group fed so far was trained into v. Its manifest names the
+event-log position P (the number of events up to and including that
+``StepDone``), fsynced before the manifest is written. Model and optimizer
+are the core cell's; satellites hold nothing that is not re-pulled; the task
+choice and the packer's per-execution admission are pure functions of
+(seed, id) (``harness.taskset``, ``trajectory.packing``), so the job's seed is
+the whole "task cursor" and "sampler RNG" state; the cells' own RNG states
+are in the checkpoint.
+
+``plan_resume(DIR)`` reads the newest *complete* checkpoint (a folder
+without a manifest is an interrupted write and is skipped; with none, P = 0
+and the run starts over from version 0), replays ``events[0:P]`` through a
+fresh ``Scheduler`` (so the core is exactly in its state at P) and sorts the
+executions still running at P:
+
+- its harness exited and its ``ExecutionFinished`` reached the log after P
+  (or its ``HarnessStopped`` reached it before P): **re-admitted** from its
+  record: its recorded calls (the proxy's store) go to the trajectory buffer,
+  its preserved workspace is scored again by the evaluator, and it is
+  reported finished in the resumed run; the harness is not run again (an
+  execution whose harness had stopped before P but whose outcome was not
+  logged is reported ``completed``: the harness's exit code is not durable);
+- its group was ready or dropped at P (the core had cancelled it): reported
+  ``cancelled``;
+- otherwise (still running at the crash): **re-run** under its own id from
+  the start. Its partial records and workspace are *kept*, moved to
+  ``attempts/{n}/records`` and ``attempts/{n}/executions``; they are not
+  trained on (the re-run's records are the execution's trajectory).
+
+Events after P are discarded from the resumed log (they stay, with the whole
+journal of the killed attempt, in ``attempts/{n}/events.jsonl``) and their
+steps are redone from the checkpoint, so no group is trained twice in the
+model's lineage. Executions dispatched after P (new group ids) are dispatched
+again by the resumed core under the same ids; what they left is moved aside
+the same way. ``prepare_folder`` does those moves (and moves aside the
+discarded lineage's published folders, its half-written checkpoints, the
+stale micro-step queue and the ``metrics.jsonl`` lines of redone steps) and
+writes ``attempts/{n}/resume.json`` with the plan.
+
+Refused with ``ResumeError`` naming the problem, touching nothing: a folder
+that does not exist or is not a run (no ``job.json`` / journal), a finished
+run (``summary.json`` written), a folder a live job holds (``.gyre-run.lock``,
+an ``flock`` a kill -9 releases; a fresh ``gyre run`` also refuses to wipe
+such a folder), a journal damaged before its last line, a checkpoint past the
+journal's end or whose published weights are gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gyre import actions as act
+from gyre import events as ev
+from gyre import roles as R
+from gyre.formats.journal import JOURNAL_NAME, read_journal
+from gyre.ids import execution_id
+from gyre.real.train.checkpoint import PREFIX, complete_checkpoints
+from gyre.real.train.publish import checkpoint_folder
+from gyre.scheduler import Scheduler
+
+JOB_FILE = "job.json"
+LOCK_FILE = ".gyre-run.lock"
+LOG_DIR = "log"
+
+
+class ResumeError(ValueError):
+    """A folder that cannot be resumed; the message names the folder and the problem."""
+
+
+def save_job(job, work: Path) -> Path:
+    """Write ``work/job.json``: the job's fields, with its paths made absolute (a resume may run elsewhere)."""
+    data = dataclasses.asdict(job)
+    for name in ("workdir", "model_dir", "tasks"):
+        if data[name]:
+            data[name] = str(Path(data[name]).resolve())
+    if isinstance(data["model"], dict) and isinstance(data["model"].get("checkpoint"), str):
+        data["model"] = dict(data["model"], checkpoint=str(Path(data["model"]["checkpoint"]).resolve()))
+    path = work / JOB_FILE
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def hold_run_lock(work: Path) -> int:
+    """Take the run folder's lock for this process's life (a kill -9 releases it); ResumeError if held."""
+    fd = os.open(work / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ResumeError(f"{work} is in use by a running job (it holds {work / LOCK_FILE})") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+@dataclass
+class ResumePlan:
+    work: Path
+    job: Any                                   # runtime.job.JobConfig
+    checkpoint: Path | None                    # the newest complete resume checkpoint (None: start over)
+    manifest: dict | None
+    position: int                              # P: events[0:P] are kept
+    events: list[ev.Event]                     # events[0:P]
+    discarded: int                             # events of the killed attempt after P
+    torn: str | None                           # the journal's torn last line, if any
+    core: Scheduler                            # a fresh core fed events[0:P]
+    actions: list[act.Action]                  # what it returned, in order
+    finished: dict[int, str] = field(default_factory=dict)        # ExecutionFinished before P: outcome
+    readmit: dict[int, str] = field(default_factory=dict)         # running at P, exited since: outcome
+    rerun: list[int] = field(default_factory=list)                # running at P, re-run under its id
+    cancelled: list[int] = field(default_factory=list)            # running at P, already cancelled by the core
+    stopped: set[int] = field(default_factory=set)                # HarnessStopped before P, not finished
+    attempt: int = 1                                              # attempts/{attempt}
+
+    @property
+    def version(self) -> int:
+        return self.core.version
+
+    @property
+    def published(self) -> int:
+        return self.core.published
+
+    def published_folder(self) -> Path | None:
+        """The Hugging Face folder the engines must serve (None: the initial model)."""
+        return checkpoint_folder(self.work / "checkpoints", self.published) if self.published else None
+
+    def outstanding(self) -> list[act.Action]:
+        """Publish and BeginTransition actions issued before P whose completion is not in events[0:P],
+        in the order the core issued them."""
+        pending: dict[Any, tuple[int, act.Action]] = {}
+        for index, a in enumerate(self.actions):
+            if isinstance(a, act.Publish):
+                pending["publish"] = (index, a)
+            elif isinstance(a, act.BeginTransition):
+                pending[a.cell] = (index, a)
+        keep = [item for key, item in pending.items()
+                if (key == "publish" and self.core.awaiting_publish)
+                or (key != "publish" and self.core.roles[key] in (R.TO_TRAINING, R.TO_ROLLOUT))]
+        return [a for _, a in sorted(keep, key=lambda item: item[0])]
+
+    def summary(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+                "version": self.version, "published": self.published, "events_kept": self.position,
+                "events_discarded": self.discarded, "torn": self.torn, "readmitted": self.readmit,
+                "rerun": self.rerun, "cancelled": self.cancelled,
+                "outstanding": [a.as_dict() for a in self.outstanding()]}
+
+
+def plan_resume(run_dir: str | os.PathLike) -> ResumePlan:
+    """The plan to resume the run in ``run_dir`` (module docstring); ResumeError names what is wrong."""
+    from gyre.real.runtime.job import JobConfig
+
+    work = Path(run_dir).resolve()
+    if not work.is_dir():
+        raise ResumeError(f"{run_dir}: no such run folder")
+    journal_path = work / LOG_DIR / JOURNAL_NAME
+    if not (work / JOB_FILE).is_file() or not journal_path.is_file():
+        raise ResumeError(f"{run_dir} is not a gyre run folder: it has no {JOB_FILE} and {LOG_DIR}/{JOURNAL_NAME} "
+                          f"(gyre run writes them when it starts)")
+    if (work / "summary.json").is_file():
+        raise ResumeError(f"{run_dir} is a finished run (summary.json is written): nothing to resume")
+    try:
+        job = JobConfig(**dict(json.loads((work / JOB_FILE).read_text()), workdir=str(work)))
+    except (ValueError, TypeError) as exc:
+        raise ResumeError(f"{run_dir}/{JOB_FILE}: {exc}") from None
+    try:
+        journal = read_journal(journal_path)
+    except ValueError as exc:
+        raise ResumeError(f"{run_dir}: the event journal is damaged: {exc}") from None
+    found = complete_checkpoints(work / "checkpoints")
+    checkpoint, manifest = (found[-1][1], found[-1][2]) if found else (None, None)
+    position = manifest["events"] if manifest else 0
+    if position > len(journal.events):
+        raise ResumeError(f"{checkpoint}: names event {position}, but the journal holds only {len(journal.events)}")
+    cfg = job.scheduler()
+    core, actions = Scheduler(cfg), []
+    for event in journal.events[:position]:
+        actions += core.handle(event)
+    if manifest and (core.version != manifest["version"] or not core.awaiting_publish):
+        raise ResumeError(f"{checkpoint}: the journal's first {position} events leave the core at version "
+                          f"{core.version}, not at the end of the burst of version {manifest['version']}")
+    if core.version >= job.steps and not core.awaiting_publish:
+        raise ResumeError(f"{run_dir} is a finished run ({core.version} of {job.steps} steps): nothing to resume")
+    if core.published and not checkpoint_folder(work / "checkpoints", core.published).is_dir():
+        raise ResumeError(f"{run_dir}: the weights published at the checkpoint "
+                          f"({checkpoint_folder(work / 'checkpoints', core.published)}) are missing")
+    plan = ResumePlan(work, job, checkpoint, manifest, position, journal.events[:position],
+                      len(journal.events) - position, journal.torn, core, actions,
+                      attempt=len(list((work / "attempts").glob("*"))) + 1 if (work / "attempts").is_dir() else 1)
+    _sort_executions(plan, journal.events[position:])
+    return plan
+
+
+def _sort_executions(plan: ResumePlan, later: list[ev.Event]) -> None:
+    core = plan.core
+    for event in plan.events:
+        if isinstance(event, ev.ExecutionFinished):
+            plan.finished[event.execution] = event.outcome
+    plan.stopped = set(core.stopped_executions())
+    exited = {e.execution: e.outcome for e in later if isinstance(e, ev.ExecutionFinished)}
+    for x in sorted(set(core.placements()) | plan.stopped):
+        group = core.groups[core.group_of(x)]
+        if group.ready or group.dropped:
+            plan.cancelled.append(x)
+        elif exited.get(x, "cancelled") != "cancelled":
+            plan.readmit[x] = exited[x]
+        elif x in plan.stopped:
+            plan.readmit[x] = "completed"
+        else:
+            plan.rerun.append(x)
+
+
+def _move(source: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(source), str(dest))
+
+
+def prepare_folder(plan: ResumePlan) -> Path:
+    """Move aside what the resumed run must not see (module docstring); returns ``attempts/{n}``."""
+    work, keep = plan.work, set(plan.finished) | set(plan.readmit)
+    aside = work / "attempts" / str(plan.attempt)
+    aside.mkdir(parents=True)
+    shutil.copy2(work / LOG_DIR / JOURNAL_NAME, aside / JOURNAL_NAME)
+    for folder, pattern, name_of in (("records", "x*.tito", lambda p: p.name[:-len(".tito")]),
+                                     ("executions", "exec-*", lambda p: "x" + p.name[len("exec-"):])):
+        for path in sorted((work / folder).glob(pattern)) if (work / folder).is_dir() else ():
+            if name_of(path) not in {execution_id(x) for x in keep}:
+                _move(path, aside / folder / path.name)
+    checkpoints = work / "checkpoints"
+    no_engine_model = not (work / "engine-model").is_dir()  # killed before it was exported: version 0 is redone
+    for path in sorted(checkpoints.iterdir()) if checkpoints.is_dir() else ():
+        if path.name.startswith(".") or _newer(path.name, plan) or (no_engine_model and path.name == "v000000"):
+            _move(path, aside / "checkpoints" / path.name)
+    if (work / "plane" / "queue").exists():
+        _move(work / "plane" / "queue", aside / "plane-queue")
+    _split_metrics(work / "metrics.jsonl", aside / "metrics.jsonl", plan.version)
+    (aside / "resume.json").write_text(json.dumps(plan.summary(), indent=2, default=str) + "\n")
+    return aside
+
+
+def _newer(name: str, plan: ResumePlan) -> bool:
+    """A published folder past the version published at P, or a resume checkpoint past P's."""
+    if name.startswith(PREFIX):
+        digits = name[len(PREFIX):]
+        return not digits.isdigit() or int(digits) > plan.version
+    if name.startswith("v") and name[1:].isdigit():
+        return int(name[1:]) > plan.published
+    return False
+
+
+def _split_metrics(path: Path, aside: Path, version: int) -> None:
+    """Keep the records of steps trained into the checkpoint; the redone steps' go to ``aside``."""
+    if not path.is_file():
+        return
+    kept, moved = [], []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            trained = json.loads(line).get("version", 0) < version
+        except ValueError:  # a torn last line
+            trained = False
+        (kept if trained else moved).append(line)
+    aside.write_text("".join(moved))
+    path.write_text("".join(kept))
+
+
+def open_run_folder(job, plan: ResumePlan | None) -> int:
+    """A fresh run's folder (wiped, ``job.json`` written) or a resumed one (its plan's moves made); either
+    way held by this process (``hold_run_lock``). Returns the lock's descriptor."""
+    work = Path(job.workdir)
+    if plan is None:
+        if work.exists():
+            if (work / LOCK_FILE).exists():
+                os.close(hold_run_lock(work))  # never wipe a folder a live job holds
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
+        lock = hold_run_lock(work)
+        save_job(job, work)
+        return lock
+    lock = hold_run_lock(work)
+    try:
+        prepare_folder(plan)
+    except BaseException:
+        os.close(lock)
+        raise
+    return lock

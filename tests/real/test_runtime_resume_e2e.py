@@ -1,0 +1,242 @@
+"""End to end: ``gyre run`` killed with SIGKILL at three points, resumed each time, finishes (issue 16 item 2).
+
+One small job (2 cells, N = B = 2, phi = 0.5, mu = 2, 6 steps: 3 bursts; the
+scripted harness sleeps 1 s after each of its 2 calls so executions are
+caught between calls) runs as a subprocess of the real CLI in its own
+process group. The test watches the durable event journal (``log/events.jsonl``,
+replayed through a fresh core) and kills the whole job (its process group
+and every engine group named in ``engines.json``) with SIGKILL:
+
+1. mid-rollout: after checkpoint v2 and publication 2, while an execution
+   that is running has exactly one recorded call (a partial record);
+2. mid-step: resumed with ``GYRE_FAULT_PAUSE=step=120@3``, once the batch of
+   version 3 is open (``StartBatch(3)`` issued, its ``StepDone`` held back);
+3. during publication: resumed with ``GYRE_FAULT_PAUSE=publish=120@4``, once
+   checkpoint v4 is complete and publication 4 is pending (and, if an
+   execution was running at the checkpoint, once one such has finished, for
+   up to 20 s: the last resume then re-admits it from its record);
+
+then ``gyre run --resume`` finishes the run. Checked after the last resume:
+exit 0, 6 steps and 6 published, ``replay_identical``; the final event log
+replays (``replay_run`` on events.csv and ``replay_journal`` on events.jsonl
+give the same actions); every group fed to training exactly once (B per step);
+``StepDone`` versions 0..5 once each in order, ``PublishDone`` 2, 4, 6; each
+resume took the checkpoint it should (v2, v2, v4), the partially recorded
+execution ran again from the start (its partial record kept under
+attempts/1); metrics.jsonl, the summary's step reports and trace.csv cover
+every step and trained group once (the run calibrates); the measured
+staleness (from the final log) equals the summary's and stays within 0.25 of
+phi + (mu - 1)/2, as a normal run's does (``test_runtime_e2e``); and
+no recorded call is lost: every record file seen at a kill is still there,
+in ``records/`` or under ``attempts/``, with the same calls in the same order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gyre import events as ev
+from gyre.config import SchedulerConfig
+from gyre.formats.eventlog import replay_run, run_config
+from gyre.formats.journal import read_journal, replay_journal
+from gyre.real.engines.manager import sglang_python
+from gyre.real.store.tito_log import read_records
+from gyre.scheduler import Scheduler
+
+NO_VENV = f"SGLang CPU venv not found at {sglang_python()} (run tools/setup_sglang_cpu.sh)"
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
+              pytest.mark.skipif(not sglang_python().exists(), reason=NO_VENV)]
+
+STEPS, B = 6, 2
+JOB = """[job]
+workdir = "{work}"
+model_dir = "{tok}"
+preset = "gyre-1"
+nodes = 2
+C_e = 4
+N = 2
+B = 2
+steps = 6
+calls = 2
+max_tokens = 8
+lr = 1e-2
+seed = 0
+timeout_s = 600.0
+harness_options = {{sleep_s = 1.0}}
+[job.schedule]
+tau = 0.0
+"""
+
+
+def start(argv: list[str], tmp: Path, name: str, pause: str = "") -> subprocess.Popen:
+    env = dict(os.environ, GYRE_FAULT_PAUSE=pause)
+    with open(tmp / f"{name}.stderr", "w") as stderr, open(tmp / f"{name}.stdout", "w") as stdout:
+        return subprocess.Popen([sys.executable, "-m", "gyre.cli", "run", *argv], cwd=tmp, env=env,
+                                stdout=stdout, stderr=stderr, start_new_session=True)
+
+
+def core_now(work: Path) -> Scheduler | None:
+    """The core as the durable journal leaves it (a torn last line is left out)."""
+    if not (work / "log" / "summary.json").is_file():
+        return None
+    core = Scheduler(run_config(work / "log"))
+    for event in read_journal(work / "log" / "events.jsonl").events:
+        core.handle(event)
+    return core
+
+
+def complete(work: Path, version: int) -> bool:
+    return (work / "checkpoints" / f"resume-v{version:06d}" / "manifest.json").is_file()
+
+
+def calls_of(path: Path) -> list[str]:
+    return [c.request_id for c in read_records(path)]
+
+
+def wait_for(proc: subprocess.Popen, work: Path, ready, what: str, stderr: Path | None = None,
+             timeout: float = 400.0):
+    """Poll the journal until ``ready(core)`` is true; a resumed job only once it says it resumed (before,
+    the journal still holds the killed attempt's events)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the job exited ({proc.returncode}) before {what}"
+        if stderr is not None and "resumed at version" not in stderr.read_text():
+            time.sleep(0.2)
+            continue
+        try:
+            core = core_now(work)
+            found = ready(core) if core is not None else None
+        except (OSError, ValueError):  # a file being renamed into place: look again
+            found = None
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def kill_job(proc: subprocess.Popen, work: Path) -> dict[str, list[str]]:
+    """SIGKILL the job's process group and its engines' groups; what the record store held then."""
+    engines = json.loads((work / "engines.json").read_text()) if (work / "engines.json").is_file() else {}
+    for pgid in [proc.pid] + [e["pid"] for e in engines.values()]:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=60)
+    time.sleep(1.0)  # harnesses and cells get their parent-death signal
+    return {p.name: calls_of(p) for p in sorted((work / "records").glob("*.tito"))}
+
+
+def partial_execution(work: Path):
+    def ready(core: Scheduler):
+        if not (complete(work, 2) and core.published >= 2):
+            return None
+        for x in core.placements():
+            path = work / "records" / f"x{x}.tito"
+            if path.is_file() and len(calls_of(path)) == 1:
+                return x
+        return None
+    return ready
+
+
+def finished_since_checkpoint(proc: subprocess.Popen, work: Path, version: int, within: float) -> set[int]:
+    """Wait up to ``within`` s for an execution running at checkpoint ``version`` to finish in the journal."""
+    manifest = json.loads((work / "checkpoints" / f"resume-v{version:06d}" / "manifest.json").read_text())
+    events = read_journal(work / "log" / "events.jsonl").events
+    core = Scheduler(run_config(work / "log"))
+    for event in events[:manifest["events"]]:
+        core.handle(event)
+    running = set(core.placements())
+    deadline = time.monotonic() + within
+    while running and time.monotonic() < deadline and proc.poll() is None:
+        later = read_journal(work / "log" / "events.jsonl").events[manifest["events"]:]
+        done = {e.execution for e in later if isinstance(e, ev.ExecutionFinished)} & running
+        if done:
+            return done
+        time.sleep(0.1)
+    return set()
+
+
+def resume_record(work: Path, attempt: int) -> dict:
+    return json.loads((work / "attempts" / str(attempt) / "resume.json").read_text())
+
+
+def test_a_run_killed_three_times_resumes_and_finishes(tmp_path):
+    work = tmp_path / "run"
+    (tmp_path / "job.toml").write_text(JOB.format(work=work, tok=tmp_path / "tok"))
+    t0 = time.monotonic()
+    snapshots = []
+
+    proc = start(["--config", str(tmp_path / "job.toml")], tmp_path, "run0")
+    partial = wait_for(proc, work, partial_execution(work), "a partially recorded execution after publication 2")
+    snapshots.append(kill_job(proc, work))
+
+    proc = start(["--resume", str(work)], tmp_path, "run1", pause="step=120@3")
+    wait_for(proc, work, lambda core: core.batch_open and core.version == 3, "the batch of version 3 to open",
+             tmp_path / "run1.stderr")
+    snapshots.append(kill_job(proc, work))
+
+    proc = start(["--resume", str(work)], tmp_path, "run2", pause="publish=120@4")
+    wait_for(proc, work, lambda core: complete(work, 4) and core.awaiting_publish and core.version == 4,
+             "checkpoint v4 and publication 4 pending", tmp_path / "run2.stderr")
+    finished_since_checkpoint(proc, work, 4, within=20.0)  # so the next resume re-admits it, when there is one
+    snapshots.append(kill_job(proc, work))
+
+    proc = start(["--resume", str(work)], tmp_path, "run3")
+    assert proc.wait(timeout=500) == 0, (tmp_path / "run3.stderr").read_text()[-3000:]
+    print(f"killed three times and finished in {time.monotonic() - t0:.0f} s")
+
+    # each resume went on from the checkpoint it should, with the outstanding work named
+    first, second, third = (resume_record(work, n) for n in (1, 2, 3))
+    assert (first["version"], second["version"], third["version"]) == (2, 2, 4)
+    # the partially recorded execution ran again from the start: its partial record kept aside, untrained
+    assert partial not in first["readmitted"]
+    assert calls_of(work / "attempts" / "1" / "records" / f"x{partial}.tito") == snapshots[0][f"x{partial}.tito"]
+    assert len(calls_of(work / "records" / f"x{partial}.tito")) == 2  # both calls of its re-run
+    assert {"kind": "publish", "version": 4} in third["outstanding"]
+    assert first["events_discarded"] > 0 and second["events_discarded"] > 0  # (a kill at once may discard none)
+    print("resumes:", [{k: r[k] for k in ("version", "events_discarded", "rerun", "readmitted", "cancelled")}
+                       for r in (first, second, third)])
+
+    # the run finished, and its final event log replays
+    s = json.loads((work / "summary.json").read_text())
+    assert (s["steps"], s["published"], s["replay_identical"], s["backend_errors"]) == (STEPS, STEPS, True, [])
+    actions = replay_run(work / "log")
+    journal_actions, journal = replay_journal(work / "log")
+    assert journal.torn is None and journal_actions == actions
+    events = journal.events
+    assert [e.version for e in events if isinstance(e, ev.StepDone)] == list(range(STEPS))
+    assert [e.version for e in events if isinstance(e, ev.PublishDone)] == [2, 4, 6]
+
+    # every group trained exactly once, and the staleness identity holds as in a normal run
+    fed = Counter(g for a in actions if a["kind"] == "feed_groups" for g in a["groups"])
+    assert set(fed.values()) == {1} and len(fed) == STEPS * B
+    v_d = {g: a["version"] for a in actions if a["kind"] == "dispatch_groups" for g in a["groups"]}
+    v_t = {g: a["version"] for a in actions if a["kind"] == "feed_groups" for g in a["groups"]}
+    staleness = [v_t[g] - v_d[g] for g in sorted(v_t)]
+    cfg = SchedulerConfig(**json.loads((work / "log" / "summary.json").read_text())["config"])
+    assert sum(staleness) / len(staleness) == pytest.approx(s["staleness_mean"])
+    assert abs(s["staleness_mean"] - cfg.predicted_staleness) <= 0.25
+    records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    assert [r["version"] for r in records] == list(range(STEPS))
+    # the summary covers the whole lineage (measurements up to each checkpoint came back with it)
+    assert sorted(r["version"] for r in s["step_reports"]) == list(range(STEPS))
+    traced = {int(row.split(",")[0]) for row in (work / "trace.csv").read_text().splitlines()[1:]}
+    assert set(fed) <= traced and "error" not in s["prediction"], s["prediction"]
+
+    # no recorded call lost: every log seen at a kill is kept whole, in records/ or moved under attempts/
+    for snapshot in snapshots:
+        for name, calls in snapshot.items():
+            homes = [work / "records" / name, *sorted((work / "attempts").glob(f"*/records/{name}"))]
+            assert any(h.is_file() and calls_of(h)[:len(calls)] == calls for h in homes), name
+    for n in (1, 2, 3):
+        assert len(read_journal(work / "attempts" / str(n) / "events.jsonl").events) > 0
