@@ -38,9 +38,17 @@ bare connection error; ``shutdown`` kills the whole process group (SIGTERM,
 then SIGKILL) and is idempotent; ``exited`` lists exactly the engines whose
 process ended without ``shutdown``; ``restart`` refuses an engine that is
 still running or was shut down, and keeps the dead process's log beside the
-new one (``ID.log.N``); no address other than 127.0.0.1 is used; an engine's
+new one (``ID.log.N``); no address other than 127.0.0.1 is used (on a cluster: the
+node's own); an engine's
 process group ends with the job that launched it, even a job killed by SIGKILL
 (``engines.reaper`` leads the group, armed with ``runtime.lifetime.die_with_parent``).
+
+On a Ray cluster (``cluster.placement``, given as ``launcher``) an engine is
+started by the node agent of its cell's placement group, with this module's
+command line and environment, and binds its node's address (``EngineSpec.host``);
+the manager drives it through a handle with the ``subprocess.Popen`` calls used
+here, and signals its process group through the agent. Without a launcher
+everything stays on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -88,17 +96,18 @@ def sglang_python() -> Path:
 
 @dataclass(frozen=True, kw_only=True)
 class EngineSpec:
-    """What to launch: one SGLang server on 127.0.0.1:``port``."""
+    """What to launch: one SGLang server on ``host``:``port`` (127.0.0.1 unless placed on a cluster)."""
 
     engine_id: str
     model_path: str
     port: int
     cpu: bool = True
     extra_args: tuple[str, ...] = ()
+    host: str = HOST  # on a Ray cluster: its node's address (``cluster.placement``), never 0.0.0.0
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
 
 @dataclass
@@ -129,7 +138,7 @@ class Engine:
 def launch_command(spec: EngineSpec, python: Path) -> list[str]:
     """The argv that starts ``spec`` (pure; tests and logs can show it)."""
     args = [str(python), "-m", "sglang.launch_server", "--model-path", str(spec.model_path),
-            "--host", HOST, "--port", str(spec.port)]
+            "--host", spec.host, "--port", str(spec.port)]
     if spec.cpu:
         args += list(CPU_ARGS)
     return args + list(spec.extra_args)
@@ -148,8 +157,9 @@ class EngineManager:
     """Owns the engines it launched; every method takes an ``Engine`` or its id."""
 
     def __init__(self, log_dir: str | os.PathLike, *, python: str | os.PathLike | None = None,
-                 request_timeout: float = 120.0) -> None:
+                 request_timeout: float = 120.0, launcher=None) -> None:
         self.log_dir = Path(log_dir)
+        self.launcher = launcher  # None: engines start here; else ``cluster.placement.Placement`` (start_engine)
         self.python = Path(python) if python else sglang_python()
         self.request_timeout = request_timeout
         self.engines: dict[str, Engine] = {}
@@ -164,6 +174,10 @@ class EngineManager:
                               "(run tools/setup_sglang_cpu.sh)")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{spec.engine_id}.log"
+        if self.launcher is not None:  # on its node, by its agent, with this module's command line
+            engine = self.engines[spec.engine_id] = Engine(spec, self.launcher.start_engine(spec, self.python,
+                                                                                            log_path), log_path)
+            return engine
         with open(log_path, "w") as sink:
             # the reaper leads the engine's process group and ends all of it with the job (engines.reaper)
             reaper = [sys.executable, "-m", "gyre.real.engines.reaper", "--"]
@@ -198,12 +212,12 @@ class EngineManager:
         engine.stopped = True
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
             try:
-                os.killpg(engine.process.pid, sig)
+                _signal_group(engine.process, sig)
             except ProcessLookupError:
                 break
             try:
                 engine.process.wait(wait)
-                _reap_group(engine.process.pid, sig)
+                _reap_group(engine.process, sig)
                 break
             except subprocess.TimeoutExpired:
                 continue
@@ -223,7 +237,7 @@ class EngineManager:
         if code is None:
             raise EngineError(f"engine {old.engine_id!r} is still running (pid {old.process.pid}); "
                               "only a dead engine is restarted")
-        _reap_group(old.process.pid, signal.SIGKILL)  # its scheduler/detokenizer may outlive the leader
+        _reap_group(old.process, signal.SIGKILL)  # its scheduler/detokenizer may outlive the leader
         kept = old.log_path.with_name(f"{old.log_path.name}.{old.restarts + 1}")
         old.log_path.replace(kept)
         old.stopped = True
@@ -344,9 +358,17 @@ def _decode(raw: bytes) -> Any:
         return raw.decode(errors="replace")
 
 
-def _reap_group(pgid: int, sig: int) -> None:
+def _signal_group(process: Any, sig: int) -> None:
+    """Signal an engine's process group: here, or through its node agent (``cluster.placement.RemoteProcess``)."""
+    if hasattr(process, "signal_group"):
+        process.signal_group(sig)
+    else:
+        os.killpg(process.pid, sig)
+
+
+def _reap_group(process: Any, sig: int) -> None:
     """After the leader exits, kill any children left in its group (scheduler, detokenizer)."""
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        _signal_group(process, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass

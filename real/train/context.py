@@ -44,6 +44,9 @@ class CellConfig:
     queue_root: str
     workdir: str
     store_host: str = "127.0.0.1"
+    # each cell's node address (its Mooncake endpoint) when cells sit on several machines
+    # (``cluster.placement``); empty: every cell is on the store's host
+    cell_hosts: tuple[str, ...] = ()
     device: str = "cpu"
     transport: str = "mooncake"  # "mooncake" or "torch" (torch.distributed broadcast fallback)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -77,6 +80,15 @@ class CellConfig:
             raise ValueError(f"transport must be 'mooncake' or 'torch', got {self.transport!r}")
         if self.timeout_s <= 0 or self.poll_s <= 0:
             raise ValueError("timeout_s and poll_s must be positive")
+        if self.cell_hosts and len(self.cell_hosts) != self.cells:
+            raise ValueError(f"cell_hosts names {len(self.cell_hosts)} hosts for {self.cells} cells")
+        if any(h in ("", "0.0.0.0", "::") for h in (self.store_host, *self.cell_hosts)):
+            raise ValueError(f"store_host and cell_hosts must be concrete addresses, not {self.store_host!r}, "
+                             f"{self.cell_hosts!r}")
+
+    def host_of(self, cell: int) -> str:
+        """The address cell ``cell``'s Mooncake endpoint listens on: its node's."""
+        return self.cell_hosts[cell] if self.cell_hosts else self.store_host
 
     def crash_point(self, cell: int) -> int | None:
         return dict(self.crash_after).get(cell)
@@ -137,7 +149,7 @@ def build_context(cfg: CellConfig, cell: int, rank: int = 0) -> CellContext:
         load_hf_weights(model, cfg.model.checkpoint, cfg.model)
     flat = FlatParameters(model)
     groups = CommGroups(cfg.cells, pair_groups=cfg.transport == "torch", tp=cfg.tp)
-    transport = make_transport(cfg.transport, cfg.store_host, setup.mooncake_protocol)
+    transport = make_transport(cfg.transport, cfg.host_of(cell), setup.mooncake_protocol)
     state = TrainingState(model, flat, cfg.optim, cfg.loss, owns_optimizer=cell == 0,
                           tp_group=parallel_state.get_tensor_model_parallel_group() if cfg.tp > 1 else None)
     state.offload()

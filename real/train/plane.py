@@ -18,6 +18,11 @@ run time.
 Commands are asynchronous: ``send`` returns a ``Ticket``; the driver can feed
 the queue of a running step (``queues``) and start satellites while the core
 trains. ``call`` is ``send(...).result()``.
+
+On a Ray cluster (``cluster.placement``, given as ``launcher``) the same cells
+run on the nodes the placement put them on: the store listens on the head's
+address, each rank is started by its node's agent and supervised through a
+handle with the ``multiprocessing.Process`` calls used here; nothing else changes.
 """
 
 from __future__ import annotations
@@ -89,8 +94,9 @@ class Ticket:
 
 
 class TrainingPlane:
-    def __init__(self, cfg: PlaneConfig, workdir: str | Path) -> None:
+    def __init__(self, cfg: PlaneConfig, workdir: str | Path, launcher=None) -> None:
         self.cfg = cfg
+        self.launcher = launcher  # None: forked here; else ``cluster.placement.Placement`` (store_host, start_rank)
         self.workdir = Path(workdir)
         self.crashes: dict[int, int] = {}
         self.pids: dict[int, int] = {}
@@ -111,16 +117,22 @@ class TrainingPlane:
     def start(self) -> "TrainingPlane":
         self.workdir.mkdir(parents=True, exist_ok=True)
         timeout = datetime.timedelta(seconds=self.cfg.timeout_s)
-        self._store = dist.TCPStore(HOST, 0, None, True, timeout=timeout, wait_for_workers=False)
+        host = self.launcher.store_host if self.launcher is not None else HOST
+        self._store = dist.TCPStore(host, 0, None, True, timeout=timeout, wait_for_workers=False)
         self.control = ControlStore(self._store)
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["gyre.real.train.cell"])
-        from gyre.real.train.cell import cell_main
-
-        cell_cfg = self._cell_config(self._store.port)
+        cell_cfg = self._cell_config(self._store.port, host)
+        if self.launcher is not None:
+            cell_cfg = self.launcher.cell_config(cell_cfg)  # each cell's node address
+        else:
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(["gyre.real.train.cell"])
+            from gyre.real.train.cell import cell_main
         for cell in range(self.cfg.cells):
             for rank in range(self.cfg.tp):
                 name = f"gyre-cell{cell}" + (f"-rank{rank}" if rank else "")
+                if self.launcher is not None:
+                    self._procs.append(self.launcher.start_rank(cell_cfg, cell, rank, name))
+                    continue
                 proc = ctx.Process(target=cell_main, args=(cell_cfg, cell, rank), name=name, daemon=True)
                 proc.start()
                 self._procs.append(proc)
@@ -128,10 +140,10 @@ class TrainingPlane:
         self._wait_ready()
         return self
 
-    def _cell_config(self, port: int) -> CellConfig:
+    def _cell_config(self, port: int, host: str = HOST) -> CellConfig:
         c = self.cfg
         return CellConfig(cells=c.cells, store_port=port, queue_root=str(self.queues.root),
-                          workdir=str(self.workdir), store_host=HOST, device=c.device, transport=c.transport,
+                          workdir=str(self.workdir), store_host=host, device=c.device, transport=c.transport,
                           model=c.model, optim=c.optim, loss=c.loss, threads=c.threads, timeout_s=c.timeout_s,
                           record_gradients=c.record_gradients, crash_after=c.crash_after, tp=c.tp, pp=c.pp)
 
