@@ -9,7 +9,12 @@ written live to ``WORKDIR/metrics.jsonl`` and ``WORKDIR/tb/``; the
 run's summary (staleness, reward curve, replay check) is printed to stdout as
 JSON; the whole summary is in ``WORKDIR/summary.json``. Exits 0 only when the
 run finished and the replay differential check held; 2, with the reason and
-before anything starts, on a bad job file or ``--set``.
+before anything starts, on a bad job file or ``--set``. ``--cluster ADDRESS``
+places the run on that Ray cluster (the ``[cluster]`` table's ``address``;
+``real.cluster``): run it on the cluster's head node. ``gyre run --resume
+DIR`` goes on with a killed run from its last burst-boundary checkpoint
+(``runtime.resume``); a folder that is not a run, a finished run or one a
+live job holds exits 2 naming the problem, touching nothing.
 """
 
 from __future__ import annotations
@@ -21,33 +26,71 @@ import sys
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("run", help="run a real job: SGLang engines + proxy + harnesses + training cells")
-    parser.add_argument("--config", required=True, help="job configuration (.toml with a [job] table)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="job configuration (.toml with a [job] table)")
+    source.add_argument("--resume", metavar="DIR", help="go on with the killed run in DIR from its last checkpoint "
+                                                        "(runtime.resume; its own job.json, no --set)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="override one JobConfig field (TOML value)")
+    parser.add_argument("--cluster", metavar="ADDRESS", default=None,
+                        help="place the run on the Ray cluster at ADDRESS (HOST:PORT of the head, or auto); "
+                             "overrides [cluster] address")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import tomllib
 
-    from gyre.real.runtime.job import load_job_config, run_job
+    from gyre.real.runtime.job import load_job_config
 
+    if args.resume is not None:
+        return _resume(args)
     overrides = {}
     try:
         for item in args.set:
             name, _, value = item.partition("=")
             overrides[name.strip()] = tomllib.loads(f"v = {value}")["v"]
+        if args.cluster is not None:
+            table = overrides.get("cluster", {})
+            overrides["cluster"] = {**(table if isinstance(table, dict) else {}), "address": args.cluster}
         job = load_job_config(args.config, **overrides)
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         print(f"gyre run: error: {exc}", file=sys.stderr)
         return 2
+    return _run(job)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from gyre.real.runtime.resume import ResumeError, plan_resume
+
+    if args.set or args.cluster is not None:
+        print("gyre run: error: --resume runs the folder's own job.json: --set and --cluster do not apply",
+              file=sys.stderr)
+        return 2
+    try:
+        plan = plan_resume(args.resume)
+    except ResumeError as exc:
+        print(f"gyre run: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"gyre run: resuming {plan.work} at version {plan.version} (checkpoint "
+          f"{plan.checkpoint.name if plan.checkpoint else 'none: from the start'}, events[0:{plan.position}] kept, "
+          f"{plan.discarded} discarded{'; ' + plan.torn if plan.torn else ''})", file=sys.stderr)
+    return _run(plan.job, plan)
+
+
+def _run(job, plan=None) -> int:
+    from gyre.real.runtime.job import run_job
     from gyre.real.runtime.lifetime import terminate_on_sigterm
     from gyre.real.runtime.progress import RunDisplay
+    from gyre.real.runtime.resume import ResumeError
 
     terminate_on_sigterm()  # `kill PID` stops engines, cells and harnesses in order, as Ctrl-C does
     display = RunDisplay(job.steps, sys.stderr)  # a bar on a terminal, plain lines otherwise
     try:
-        summary = run_job(job, progress=display.line, watch=display.record)
+        summary = run_job(job, progress=display.line, watch=display.record, resume=plan)
+    except ResumeError as exc:  # a work folder a live job holds (nothing wiped or moved), or a resume that cannot go on
+        print(f"gyre run: error: {exc}", file=sys.stderr)
+        return 2
     finally:
         display.close()
     keys = ("steps", "published", "replay_identical", "staleness_mean", "staleness_predicted", "reward_curve",

@@ -27,14 +27,27 @@ run: ``runtime.metrics``), ``log/`` (events.csv + summary.json, replayable by
 format, with ``trace.json`` naming the preset, cluster and schedule it ran
 under), ``summary.json`` and ``run.png``/``run.svg`` (reward and staleness per
 step, ``gyre.analysis.real_run``).
+Resumable (``gyre run --resume DIR``): the job also writes ``job.json``, appends
+every accepted event to ``log/events.jsonl`` as it is fed (``gyre.formats.journal``)
+and checkpoints the core cell at every burst boundary
+(``checkpoints/resume-v{v:06d}``; ``runtime.restore.Checkpointer``); ``run_job(...,
+resume=plan)`` goes on from a ``runtime.resume.ResumePlan`` instead of wiping the
+folder (what is kept, redone and moved aside: ``runtime.resume``).
 An engine that dies during the run is restarted with the newest published
 weights by ``runtime.engine_watch`` (meanwhile the proxy moves its calls to a
 live engine in the rollout role, or, with none, holds them until one is back:
 ``ENGINE_HOLD_S``); ``engines.json`` names each engine's process
 group, and the summary's ``engine_restarts`` lists every restart (a failed one
 is in ``backend_errors`` and the run goes on without that engine).
+With a ``[cluster]`` table (``real.cluster``; ``gyre run --cluster ADDRESS``) the
+run is placed on a Ray cluster: one placement group per cell holds its ranks and
+its engine on one node, while this process (controller, proxy, harnesses, the
+plane's control store) runs on the head; the summary's ``placement`` says which
+node holds what. Without it nothing imports Ray.
 
-Invariants: everything binds 127.0.0.1 on ports chosen at run time; every
+Invariants: everything binds 127.0.0.1 on ports chosen at run time (placed on a
+cluster: cells, engines and the control store bind their node's address on the
+configured interface, the proxy still 127.0.0.1 on the head); every
 process started here is stopped in ``finally`` (harnesses, engines, cells,
 proxy); the summary's ``replay_identical`` is the differential check (the
 simulator's driver regenerates the controller's action sequence exactly);
@@ -48,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import shutil
 import statistics
 import threading
@@ -65,7 +79,7 @@ from gyre.real.runtime.backend import Parts, RealBackend
 from gyre.real.runtime.controller import Controller
 from gyre.real.runtime.engine_watch import EngineWatch
 from gyre.real.runtime.metrics import LiveMetrics
-from gyre.real.engines.manager import EngineManager, EngineSpec, free_port
+from gyre.real.engines.manager import HOST, EngineManager, EngineSpec, free_port
 from gyre.real.harness.plugins import resolve_harness
 from gyre.real.harness.runner import Budgets, HarnessRunner
 from gyre.real.harness.sandbox import ISOLATE_MODES
@@ -110,6 +124,7 @@ class JobConfig:
     device: str = "cpu"        # cpu | cuda (cuda needs the [job.layout] table)
     layout: dict[str, Any] = dataclasses.field(default_factory=dict)  # runtime.layout.GpuLayout fields
     tp: int = 1                # tensor-parallel ranks per training cell (cuda: layout.tensor_parallel instead)
+    cluster: dict[str, Any] = dataclasses.field(default_factory=dict)  # the [cluster] table: real.cluster.config
 
     def __post_init__(self) -> None:
         if self.isolate not in ISOLATE_MODES:
@@ -142,8 +157,21 @@ class JobConfig:
         if self.device == "cuda" and self.tp not in (1, self.cell_tp()):
             raise ValueError(f"job field tp = {self.tp} disagrees with layout.tensor_parallel = {self.cell_tp()}: "
                              f"on device = \"cuda\" a cell's ranks are the layout's; leave tp out")
+        if self.cluster:
+            self.cluster_config()  # a bad address, unknown key or missing interface fails here, naming the field
+            if self.device == "cuda":
+                raise ValueError("[cluster] places CPU jobs only so far: a CUDA job's [job.layout] numbers the GPUs "
+                                 "of one node; run it without [cluster]")
         if self.cell_tp() > 1:  # the model must split over the cell's ranks; CellConfig's check names what cannot
             self.check_cells(self.model_config() or self.toy_model_config())
+
+    def cluster_config(self):
+        """The checked ``ClusterConfig`` of the ``[cluster]`` table (None: a single-machine run)."""
+        if not self.cluster:
+            return None
+        from gyre.real.cluster.config import cluster_from_table
+
+        return cluster_from_table(self.cluster)
 
     def cell_tp(self) -> int:
         """Tensor-parallel ranks (processes) per training cell: ``tp``, or the layout's on CUDA."""
@@ -229,8 +257,11 @@ def load_job_config(path: str | Path, **overrides: Any) -> JobConfig:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"job configuration {path}: {exc}") from None
     table = dict(data.get("job", data))
-    if "model" in data and "job" in data:  # a top-level [model] table beside [job]
-        table["model"] = data["model"]
+    for beside in ("model", "cluster"):  # top-level [model] and [cluster] tables beside [job]
+        if beside in data and "job" in data:
+            table[beside] = data[beside]
+    if isinstance(overrides.get("cluster"), dict) and isinstance(table.get("cluster", {}), dict):
+        overrides["cluster"] = {**table.get("cluster", {}), **overrides["cluster"]}  # --cluster ADDRESS
     data = dict(table, **overrides)
     known = {f.name for f in dataclasses.fields(JobConfig)}
     unknown = sorted(set(data) - known)
@@ -285,9 +316,10 @@ def _initial_model(plane, tokenizer_dir: Path, work: Path) -> Path:
 
 
 def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
-            watch: Callable[[dict], None] | None = None) -> dict[str, Any]:
+            watch: Callable[[dict], None] | None = None, resume=None) -> dict[str, Any]:
     """Run ``job`` to its last step; ``progress`` gets one line per phase and per trained step,
-    ``watch`` each step's metrics record (``runtime.metrics``) as it is written."""
+    ``watch`` each step's metrics record (``runtime.metrics``) as it is written. ``resume``: a
+    ``runtime.resume.ResumePlan`` (``gyre run --resume``) to go on from instead of starting afresh."""
     from gyre.real.proxy.config import EngineSpec as ProxyEngine
     from gyre.real.proxy.config import Limits, ProxyConfig, RetryPolicy
     from gyre.real.runtime.trace import write_trace
@@ -298,10 +330,11 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
     layout = job.gpu_layout() if job.device == "cuda" else None
     if layout is not None and layout.runnable_problem():  # refuse what this build cannot place, touching nothing
         raise ValueError(f"job layout: {layout.runnable_problem()}")
+    from gyre.real.runtime.restore import ResumeWiring, controller_parts
+    from gyre.real.runtime.resume import open_run_folder
+
     work = Path(job.workdir)
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    lock = open_run_folder(job, resume)  # fresh: wiped, job.json; resumed: what it must not see moved aside
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     say = progress or (lambda line: None)
@@ -325,22 +358,32 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
                                       device=job.device, tp=tp, pp=layout.pipeline_parallel if layout else 1),
                           work / "plane")
     engines = EngineManager(work / "engine-logs")
-    proxy = runner = supervisor = None
+    names = {c: f"e{c}" for c in range(cfg.static_train_cells, cfg.K)}  # static trainers serve no rollout
+    if cfg.C_s > 0:
+        names[SEPARATE] = "sep"
+    proxy = runner = supervisor = placement = None
     try:
+        if job.cluster:  # one placement group per cell on the Ray cluster (real.cluster)
+            from gyre.real.cluster.placement import Placement
+
+            say(f"placing {cfg.K} cells on the Ray cluster at {job.cluster_config().address}")
+            placement = Placement(job.cluster_config(), progress=say).open(cells=cfg.K, tp=tp, engines=names)
+            plane.launcher = engines.launcher = placement
         say(f"schedule {job.preset}: K={cfg.K} cells, C_s={cfg.C_s}, phi={cfg.phi}, mu={cfg.mu}, "
             f"{cfg.granularity} transitions, streaming {'on' if cfg.streaming else 'off'}")
         say(f"starting {cfg.K} training cells of {tp} rank{'s' if tp > 1 else ''} each (Megatron-core, "
             f"{job.device})")
         plane.start()
         cells = [plane.call(c, "info") for c in range(cfg.K)]  # each cell's leader, as it came up: role, tp, pid
-        model = _initial_model(plane, tok_dir, work)
-        names = {c: f"e{c}" for c in range(cfg.static_train_cells, cfg.K)}  # static trainers serve no rollout
-        if cfg.C_s > 0:
-            names[SEPARATE] = "sep"
+        model = work / "engine-model"  # a resumed run's engines start from it (runtime.restore loads the newest)
+        if resume is None or not model.is_dir():
+            model = _initial_model(plane, tok_dir, work)
         for cell in range(cfg.static_train_cells):
             plane.send(cell, "enter_training").result()
         for cell, name in names.items():
-            engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=free_port(), cpu=layout is None,
+            host, port = placement.engine_endpoint(name) if placement is not None else (HOST, free_port())
+            engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=port, host=host,
+                                      cpu=layout is None,
                                       extra_args=SMALL_ENGINE if layout is None else layout.engine_args(cell)))
         say(f"starting {len(names)} SGLang CPU engines ({', '.join(names.values())})")
         for name in names.values():
@@ -359,22 +402,25 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
         runner = HarnessRunner(work / "executions", proxy_url, adapter,
                                Budgets(harness_timeout_s=job.harness_timeout_s,
                                        overall_timeout_s=job.overall_timeout_s), isolate=job.isolate,
-                               hide=[work / "records", work / "records" / "keys.json"])  # records, key digests
+                               hide=[work / "records", work / "records" / "keys.json",  # records, key digests
+                                     work / "attempts"])  # and what a resume moved aside (runtime.resume)
         parts = Parts(proxy_url=proxy_url, admin_token=ADMIN_TOKEN, engines=engines, engine_names=names,
                       plane=plane, runner=runner, records_dir=work / "records",
                       checkpoint_dir=work / "checkpoints", task=tasks, watch=supervisor)
         backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget,
                               progress=say, steps=job.steps)
-        controller = Controller(cfg, backend)
+        controller = Controller(cfg, backend, **controller_parts(resume, work / "log"))  # log: events.jsonl, live
         backend.bind(controller)
         live = LiveMetrics(cfg, work, names, log=say, watch=watch).bind(controller, backend)
         backend.on_step = live.on_step  # metrics.jsonl + tb/, one record per step, during the run
+        wiring = ResumeWiring(resume, controller, backend, work=work, tp=tp, seed=job.seed)  # runtime.restore
 
         async def main() -> None:
             supervising = asyncio.ensure_future(supervisor.supervise())
             try:
                 run = asyncio.ensure_future(controller.run(job.steps, timeout_s=job.timeout_s,
-                                                           finish_publication=True))
+                                                           finish_publication=True,
+                                                           resume=await wiring.before_run()))
                 while not run.done():  # a failed backend task (engine, cell, proxy) stops the run at once
                     await asyncio.wait({run}, timeout=0.5)
                     if backend.errors and not run.done():
@@ -394,7 +440,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
             log_dir = controller.write_log(work / "log")
         timings["run_s"] = time.monotonic() - t_run
         return _summarise(job, cfg, controller, backend, log_dir, replay_run(log_dir), write_trace, work, timings,
-                          cells, supervisor)
+                          cells, supervisor, placement)
     finally:
         if proxy is not None:
             proxy.stop()
@@ -402,10 +448,13 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
             supervisor.close()  # restarts nothing more; stops every engine, then the thread that launched restarts
         engines.shutdown_all()
         plane.close()
+        if placement is not None:
+            placement.close()  # whatever the node agents still run, then the agents and placement groups
+        os.close(lock)
 
 
 def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, work, timings,
-               cells=(), supervisor=None) -> dict[str, Any]:
+               cells=(), supervisor=None, placement=None) -> dict[str, Any]:
     m = backend.metrics
     complete = {}
     for r in m.trace:
@@ -431,7 +480,7 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
         "publishes": m.publishes, "transitions": m.transitions, "reroutes": len(m.reroutes),
         "move_stalls_ms": m.move_stalls_ms, "excluded_executions": m.excluded, "harnesses_isolated": backend.parts.runner.isolated,
         "harness_paths_hidden": backend.parts.runner.hiding, "cell_tp": job.cell_tp(),
-        "cells": list(cells),
+        "cells": list(cells), "placement": placement.describe() if placement is not None else None,
         "executions_in_flight_at_transitions": m.in_flight_at_transition,
         "outcomes": {o: finished.count(o) for o in sorted(set(finished))},
         "backend_errors": backend.errors + (supervisor.errors if supervisor else []),
