@@ -14,7 +14,11 @@ places the run on that Ray cluster (the ``[cluster]`` table's ``address``;
 ``real.cluster``): run it on the cluster's head node. ``gyre run --resume
 DIR`` goes on with a killed run from its last burst-boundary checkpoint
 (``runtime.resume``); a folder that is not a run, a finished run or one a
-live job holds exits 2 naming the problem, touching nothing.
+live job holds exits 2 naming the problem, touching nothing. A training cell
+that dies during the run comes back the same way: the job stops
+(``runtime.job.CellFailed``) and resumes itself from its last checkpoint, up to
+the job's ``cell_restarts`` times (the steps since that checkpoint are redone;
+executions recorded since are re-admitted, those cut are re-run).
 """
 
 from __future__ import annotations
@@ -79,15 +83,26 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _run(job, plan=None) -> int:
-    from gyre.real.runtime.job import run_job
+    from gyre.real.runtime.job import CellFailed, run_job
     from gyre.real.runtime.lifetime import terminate_on_sigterm
     from gyre.real.runtime.progress import RunDisplay
-    from gyre.real.runtime.resume import ResumeError
+    from gyre.real.runtime.resume import ResumeError, plan_resume
 
     terminate_on_sigterm()  # `kill PID` stops engines, cells and harnesses in order, as Ctrl-C does
     display = RunDisplay(job.steps, sys.stderr)  # a bar on a terminal, plain lines otherwise
     try:
-        summary = run_job(job, progress=display.line, watch=display.record, resume=plan)
+        for restart in range(job.cell_restarts + 1):
+            try:
+                summary = run_job(job, progress=display.line, watch=display.record, resume=plan)
+                break
+            except CellFailed as exc:  # the cell comes back: the whole job resumes from its last checkpoint
+                if restart == job.cell_restarts:
+                    raise
+                plan = plan_resume(job.workdir)
+                job = plan.job
+                print(f"gyre run: {exc}; resuming at version {plan.version} from "
+                      f"{plan.checkpoint.name if plan.checkpoint else 'the start'} (restart {restart + 1} of "
+                      f"{job.cell_restarts})", file=sys.stderr)
     except ResumeError as exc:  # a work folder a live job holds (nothing wiped or moved), or a resume that cannot go on
         print(f"gyre run: error: {exc}", file=sys.stderr)
         return 2

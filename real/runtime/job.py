@@ -19,7 +19,8 @@ get no engine and enter training before the first event. ``run_job`` builds, in 
 locally if missing), the training plane (K cells, Megatron-core on CPU), the
 initial Qwen2 checkpoint *exported from the plane's version-0 weights* (so the
 engines' behaviour policy and the trainer start identical), one SGLang CPU
-engine per cell, the proxy (in-process thread, 127.0.0.1), the harness runner
+engine per cell, the proxy (its own process on 127.0.0.1, restarted on its port if it
+dies: ``runtime.proxy_process``; the summary's ``proxy_restarts``), the harness runner
 and the ``RealBackend``; then runs the ``Controller`` for ``steps`` steps and
 writes, under ``workdir``: ``metrics.jsonl`` and ``tb/`` (one record per step, during the
 run: ``runtime.metrics``), ``log/`` (events.csv + summary.json, replayable by
@@ -64,7 +65,6 @@ import json
 import os
 import shutil
 import statistics
-import threading
 import time
 import tomllib
 from dataclasses import dataclass
@@ -79,6 +79,7 @@ from gyre.real.runtime.backend import Parts, RealBackend
 from gyre.real.runtime.controller import Controller
 from gyre.real.runtime.engine_watch import EngineWatch
 from gyre.real.runtime.metrics import LiveMetrics
+from gyre.real.runtime.proxy_process import ProxyProcess
 from gyre.real.engines.manager import HOST, EngineManager, EngineSpec, free_port
 from gyre.real.harness.plugins import resolve_harness
 from gyre.real.harness.runner import Budgets, HarnessRunner
@@ -125,6 +126,7 @@ class JobConfig:
     layout: dict[str, Any] = dataclasses.field(default_factory=dict)  # runtime.layout.GpuLayout fields
     tp: int = 1                # tensor-parallel ranks per training cell (cuda: layout.tensor_parallel instead)
     cluster: dict[str, Any] = dataclasses.field(default_factory=dict)  # the [cluster] table: real.cluster.config
+    cell_restarts: int = 2     # a run whose training cell died resumes itself this often (gyre run: CellFailed)
 
     def __post_init__(self) -> None:
         if self.isolate not in ISOLATE_MODES:
@@ -135,6 +137,8 @@ class JobConfig:
             cfg = self.scheduler()  # the presets' and the policy core's own checks name any impossible value
         except (ConfigError, TypeError) as exc:
             raise ValueError(f"schedule: {exc}") from None
+        if isinstance(self.cell_restarts, bool) or not isinstance(self.cell_restarts, int) or self.cell_restarts < 0:
+            raise ValueError(f"job field cell_restarts must be an integer >= 0, not {self.cell_restarts!r}")
         if self.steps < 1 or self.steps % cfg.mu:
             raise ValueError(f"job field steps must be a positive multiple of mu = {cfg.mu} (whole bursts), "
                              f"not {self.steps}")
@@ -273,33 +277,28 @@ def load_job_config(path: str | Path, **overrides: Any) -> JobConfig:
         raise ValueError(f"job configuration {path}: {exc}") from None
 
 
-class ProxyThread:
-    """The proxy's aiohttp app on its own event loop in a daemon thread."""
+class CellFailed(RuntimeError):
+    """A training cell's process died during the run (the message names the cells and exit codes);
+    ``gyre run`` resumes the run from its last checkpoint, up to ``cell_restarts`` times."""
 
-    def __init__(self, proxy_config) -> None:
-        self.config, self.loop = proxy_config, asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="gyre-proxy")
-        self.runner = None
 
-    def start(self) -> "ProxyThread":
-        from aiohttp import web
-
-        from gyre.real.proxy.app import ProxyServer
-
-        async def up():
-            self.runner = web.AppRunner(ProxyServer(self.config).application(), access_log=None)
-            await self.runner.setup()
-            await web.TCPSite(self.runner, "127.0.0.1", self.config.port).start()
-
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(up(), self.loop).result(60)
-        return self
-
-    def stop(self) -> None:
-        if self.runner is not None:
-            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+async def _run_until_failure(controller, backend, plane, job: JobConfig, wiring) -> None:
+    """Run the controller to the end; a failed backend task (engine, cell, proxy) stops it at once,
+    as ``CellFailed`` when a training cell is among the dead."""
+    run = asyncio.ensure_future(controller.run(job.steps, timeout_s=job.timeout_s, finish_publication=True,
+                                               resume=await wiring.before_run()))
+    try:
+        while not run.done():
+            await asyncio.wait({run}, timeout=0.5)
+            if backend.errors and not run.done():
+                run.cancel()
+                raise RuntimeError(f"backend task failed: {backend.errors}")
+        run.result()
+    except Exception as exc:
+        if plane.crashes:
+            dead = ", ".join(f"cell {c} (exit code {code})" for c, code in sorted(plane.crashes.items()))
+            raise CellFailed(f"training {dead} died: {exc}") from exc
+        raise
 
 
 def _initial_model(plane, tokenizer_dir: Path, work: Path) -> Path:
@@ -375,6 +374,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
             f"{job.device})")
         plane.start()
         cells = [plane.call(c, "info") for c in range(cfg.K)]  # each cell's leader, as it came up: role, tp, pid
+        (work / "cells.json").write_text(json.dumps({str(c): info for c, info in enumerate(cells)}, default=str))
         model = work / "engine-model"  # a resumed run's engines start from it (runtime.restore loads the newest)
         if resume is None or not model.is_dir():
             model = _initial_model(plane, tok_dir, work)
@@ -397,13 +397,14 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
                                 engines=tuple(ProxyEngine(id=n, url=engines.engines[n].url) for n in names.values()),
                                 port=free_port(), fsync=False, limits=Limits(default_max_tokens=job.max_tokens),
                                 retry=RetryPolicy(hold_s=ENGINE_HOLD_S))
-        proxy = ProxyThread(proxy_cfg).start()
+        proxy = ProxyProcess(proxy_cfg, work / "proxy", progress=say).start()
         proxy_url = f"http://127.0.0.1:{proxy_cfg.port}"
         runner = HarnessRunner(work / "executions", proxy_url, adapter,
                                Budgets(harness_timeout_s=job.harness_timeout_s,
                                        overall_timeout_s=job.overall_timeout_s), isolate=job.isolate,
                                hide=[work / "records", work / "records" / "keys.json",  # records, key digests
-                                     work / "attempts"])  # and what a resume moved aside (runtime.resume)
+                                     work / "attempts",  # and what a resume moved aside (runtime.resume)
+                                     work / "proxy"])  # the proxy's config holds the admin token
         parts = Parts(proxy_url=proxy_url, admin_token=ADMIN_TOKEN, engines=engines, engine_names=names,
                       plane=plane, runner=runner, records_dir=work / "records",
                       checkpoint_dir=work / "checkpoints", task=tasks, watch=supervisor)
@@ -417,19 +418,13 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
 
         async def main() -> None:
             supervising = asyncio.ensure_future(supervisor.supervise())
+            proxy_watch = asyncio.ensure_future(proxy.supervise(on_restart=backend.reapply_proxy_state))
             try:
-                run = asyncio.ensure_future(controller.run(job.steps, timeout_s=job.timeout_s,
-                                                           finish_publication=True,
-                                                           resume=await wiring.before_run()))
-                while not run.done():  # a failed backend task (engine, cell, proxy) stops the run at once
-                    await asyncio.wait({run}, timeout=0.5)
-                    if backend.errors and not run.done():
-                        run.cancel()
-                        raise RuntimeError(f"backend task failed: {backend.errors}")
-                run.result()
+                await _run_until_failure(controller, backend, plane, job, wiring)
             finally:
                 supervisor.stop()  # the run is over: nothing waits for an engine still coming back
                 supervising.cancel()
+                proxy_watch.cancel()
                 await backend.stop()
 
         t_run = time.monotonic()
@@ -440,7 +435,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
             log_dir = controller.write_log(work / "log")
         timings["run_s"] = time.monotonic() - t_run
         return _summarise(job, cfg, controller, backend, log_dir, replay_run(log_dir), write_trace, work, timings,
-                          cells, supervisor, placement)
+                          cells, supervisor, placement, proxy)
     finally:
         if proxy is not None:
             proxy.stop()
@@ -454,7 +449,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
 
 
 def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, work, timings,
-               cells=(), supervisor=None, placement=None) -> dict[str, Any]:
+               cells=(), supervisor=None, placement=None, proxy=None) -> dict[str, Any]:
     m = backend.metrics
     complete = {}
     for r in m.trace:
@@ -484,7 +479,8 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
         "executions_in_flight_at_transitions": m.in_flight_at_transition,
         "outcomes": {o: finished.count(o) for o in sorted(set(finished))},
         "backend_errors": backend.errors + (supervisor.errors if supervisor else []),
-        "engine_restarts": supervisor.restarts if supervisor else [], "trace": str(trace_path) if trace_path else None,
+        "engine_restarts": supervisor.restarts if supervisor else [],
+        "proxy_restarts": proxy.restarts if proxy is not None else [], "trace": str(trace_path) if trace_path else None,
         "log": str(log_dir), "timings": timings, "config": dataclasses.asdict(job),
     }
     if summary["reward_curve"]:

@@ -1,4 +1,4 @@
-"""End to end: an SGLang engine dies during ``gyre run`` and the run survives it (issue 16 item 3).
+"""End to end: an SGLang engine, then the proxy, die during ``gyre run`` and the run survives both (issue 16 item 3).
 
 ``gyre run`` on configs/cpu_demo.toml (only ``--set`` overrides: work
 folders, a shorter run) runs as a subprocess of the real CLI. After the first
@@ -16,7 +16,11 @@ line); the step waiting on them waits for the restart. Checked:
 - no execution failed (outcomes only completed or cancelled: calls were held, or retried);
 - the staleness identity still holds (measured mean within 0.25 of phi + (mu - 1)/2);
 - the restarted engine served model calls after its restart (the proxy's
-  records name it as the engine of calls started after it came back).
+  records name it as the engine of calls started after it came back);
+- once the engine is back, the proxy process is killed with SIGKILL as well: the
+  summary lists one proxy restart, every record file written before the kill
+  still begins with exactly the bytes it had, and calls were served after it
+  (harnesses retried the calls it cut; ``runtime.proxy_process``).
 Skipped, with the reason, when the SGLang virtualenv is absent.
 """
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from signal import SIGKILL
 import subprocess
 import sys
 import time
@@ -60,6 +65,17 @@ def _busy_rollout_engine(work: Path, proc: subprocess.Popen, timeout: float = 60
     raise AssertionError(f"no step after a publication with executions on a rollout engine (exit {proc.poll()})")
 
 
+def _restarted(work: Path, victim: str, pid: int, proc: subprocess.Popen, timeout: float = 600.0) -> None:
+    """Wait until engines.json names a new process group for ``victim`` (its restart is done)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        roster = json.loads((work / "engines.json").read_text())
+        if roster[victim]["pid"] != pid:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{victim} was not restarted (exit {proc.poll()})")
+
+
 def test_gyre_run_restarts_an_engine_killed_mid_run(tmp_path):
     from gyre.real.store.tito_log import ExecutionStore
 
@@ -74,7 +90,12 @@ def test_gyre_run_restarts_an_engine_killed_mid_run(tmp_path):
             victim = _busy_rollout_engine(work, proc)
             pid = json.loads((work / "engines.json").read_text())[victim]["pid"]
             killed_at = time.time()
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(pid, SIGKILL)
+            _restarted(work, victim, pid, proc)
+            records_at_kill = {path.name: path.read_bytes() for path in (work / "records").glob("*.tito")}
+            proxy_pid = int((work / "proxy" / "proxy.pid").read_text())
+            proxy_killed_at = time.time()
+            os.killpg(proxy_pid, SIGKILL)  # then the proxy, with harnesses mid-call
             stdout, _ = proc.communicate(timeout=780)
         finally:
             if proc.poll() is None:
@@ -103,3 +124,9 @@ def test_gyre_run_restarts_an_engine_killed_mid_run(tmp_path):
     after = [c for c in calls if c.engine_id == victim and c.started_at > restart["back_unix"]]
     print(f"calls moved off {victim}: {len(moved)}; served by it after its restart: {len(after)} of {len(calls)}")
     assert after, f"no call served by {victim} after it came back at {restart['back_unix']:.1f}"
+    # the proxy came back by itself on its address, and every record written before its kill is intact
+    [proxy_restart] = s["proxy_restarts"]
+    assert proxy_restart["exit_code"] == -SIGKILL and proxy_restart["back_s"] > 0, proxy_restart
+    for name, before in records_at_kill.items():
+        assert (work / "records" / name).read_bytes()[:len(before)] == before, name
+    assert any(c.started_at > proxy_killed_at for c in calls), "no call was served after the proxy came back"

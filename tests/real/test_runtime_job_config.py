@@ -56,6 +56,8 @@ def test_schedule_overrides_apply_on_top_of_the_preset(tmp_path):
     ("[job]\nschedule = 3\n", "schedule must be a table"),
     ("[job\nK = 2\n", "job configuration"),
     ("[job]\nharness_timeout_s = 100.0\noverall_timeout_s = 50.0\n", "harness_timeout_s <= overall_timeout_s"),
+    ("[job]\ncell_restarts = -1\n", "cell_restarts must be an integer >= 0"),
+    ("[job]\ncell_restarts = true\n", "cell_restarts must be an integer >= 0"),
 ])
 def test_a_bad_job_file_is_named(tmp_path, text, message):
     path = tmp_path / "job.toml"
