@@ -257,3 +257,100 @@ def test_group_commit_reports_failures_to_exactly_their_records(tmp_path, monkey
     assert [r.request_id for r in store.read("ok")] == ["r0", "r2"]
     with pytest.raises(RecordError, match="closed"):
         group.submit(record(9, "ok"), lambda error: None)
+
+
+# -- preallocated space (durable logs) -----------------------------------------------------------
+
+def test_a_durable_log_writes_frames_into_synced_zeros_without_growing_the_file(tmp_path, monkeypatch):
+    """Frames land inside the reserved zero tail (no size change, so ``fdatasync`` has no metadata to
+    commit); the file grows only when the room runs out; a clean close leaves exactly the frames."""
+    from gyre.real.store import tito_log
+
+    synced = []
+    monkeypatch.setattr(tito_log.os, "fdatasync", lambda fd: synced.append(fd))
+    path = tmp_path / "e1.tito"
+    log = RecordLog(path, "e1", fsync=True).open()
+    log.append(record(0))
+    size = path.stat().st_size
+    assert size >= tito_log.MIN_ROOM
+    for i in range(1, 20):
+        log.append(record(i))
+    assert path.stat().st_size == size and len(synced) == 20
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a zero tail is not a torn tail
+        assert read_records(path) == [record(i) for i in range(20)]
+    log.close()
+    assert path.stat().st_size < size
+    assert read_records(path) == [record(i) for i in range(20)]
+    assert path.read_bytes()[-4:] != bytes(4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(records=st.integers(0, 6), zeros=st.integers(1, 70_000), garbage=st.booleans())
+def test_zeros_after_the_last_frame_end_a_log_quietly_anything_else_is_torn(tmp_path_factory, records, zeros,
+                                                                            garbage):
+    path = tmp_path_factory.mktemp("zeros") / "e1.tito"
+    data = b"".join(encode_frame(record(i)) for i in range(records))
+    tail = bytearray(zeros)
+    if garbage:
+        tail[-1] = 7  # a non-zero byte anywhere in the tail: not preallocated space
+    path.write_bytes(data + bytes(tail))
+    if garbage:
+        with pytest.warns(TornTailWarning, match=rf"at byte {len(data)}"):
+            assert read_records(path) == [record(i) for i in range(records)]
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert read_records(path) == [record(i) for i in range(records)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the torn tail was reported above
+        log = RecordLog(path, "e1", fsync=True).open()  # reopening drops the tail, appends after the frames
+    log.append(record(99))
+    log.close()
+    assert read_records(path) == [record(i) for i in range(records)] + [record(99)]
+
+
+DURABLE_WRITER = CONVERSATION + textwrap.dedent("""
+    # Acknowledges (prints) each request id only after its group commit reported it durable.
+    import sys, threading
+    from gyre.real.store.tito_log import ExecutionStore, GroupCommit
+    group = GroupCommit(ExecutionStore(sys.argv[1], fsync=True))
+    lock = threading.Lock()
+    for call in conversation():
+        done = threading.Event()
+        group.submit(call, lambda error, done=done: done.set() if error is None else None)
+        done.wait()
+        with lock:
+            sys.stdout.write(call.request_id + "\\n")
+            sys.stdout.flush()
+""")
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_kill_9_of_a_durable_writer_loses_nothing_it_acknowledged(tmp_path, attempt):
+    """A group-committing writer killed with SIGKILL while it writes into preallocated space: every
+    request id it acknowledged is read back, in order, and the log reopens for appending."""
+    proc = subprocess.Popen([sys.executable, "-c", DURABLE_WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    acked = []
+    try:
+        while len(acked) < 40 * (attempt + 1):
+            line = proc.stdout.readline()
+            assert line, "the writer died"
+            acked.append(line.strip())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    acked += [line.strip() for line in proc.stdout.read().splitlines() if line.strip()]
+    path = tmp_path / "e1.tito"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records = read_records(path)
+    assert all(issubclass(w.category, TornTailWarning) for w in caught)
+    assert [r.request_id for r in records[:len(acked)]] == acked
+    assert records == conversation(len(records))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        log = RecordLog(path, "e1", fsync=True).open()
+    log.append(conversation(len(records) + 1)[-1])
+    log.close()
+    assert read_records(path) == conversation(len(records) + 1)
