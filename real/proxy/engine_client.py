@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import json
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import aiohttp
 
@@ -165,7 +165,7 @@ class EngineClient:
             await self._session.close()
             self._session = None
 
-    async def stream(self, engine: EngineSpec, rid: str, input_ids: list[int], sampling: dict[str, Any],
+    async def stream(self, engine: EngineSpec, rid: str, input_ids: Sequence[int], sampling: dict[str, Any],
                      attach: Callable[[Any], None] | None = None,
                      ids_json: IdsJson | None = None) -> AsyncIterator[TokenChunk]:
         """Yield the new tokens of one submission until its finish reason.

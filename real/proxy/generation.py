@@ -42,7 +42,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
+
+import numpy as np
 
 from gyre.real.proxy.config import RetryPolicy
 from gyre.real.proxy.engine_client import EngineClient, EngineCallError, TokenChunk
@@ -78,11 +80,11 @@ class Generation:
     """Async iterator of ``TokenChunk``s for one call; see the module invariants."""
 
     def __init__(self, router: Router, client: EngineClient, retry: RetryPolicy, *, execution_id: str,
-                 request_id: str, input_ids: list[int], sampling: dict[str, Any],
+                 request_id: str, input_ids: Sequence[int], sampling: dict[str, Any],
                  ids_json: IdsJson | None = None) -> None:
         self.router, self.client, self.retry = router, client, retry
         self.flight = Flight(execution_id, request_id)
-        self.input_ids = list(input_ids)
+        self.input_ids = np.asarray(input_ids, dtype=np.int32)  # never copied into a Python list
         self.ids_json = ids_json  # the execution's encoded id lists (``proxy.ids_json``)
         self.sampling = dict(sampling)
         self.max_new = int(sampling["max_new_tokens"])
@@ -135,7 +137,9 @@ class Generation:
 
     async def _submit(self, engine, rid: str) -> AsyncIterator[TokenChunk]:
         sampling = dict(self.sampling, max_new_tokens=self.max_new - len(self.output_ids))
-        stream = self.client.stream(engine, rid, self.input_ids + self.output_ids, sampling,
+        context = self.input_ids if not self.output_ids else np.concatenate(
+            [self.input_ids, np.asarray(self.output_ids, dtype=np.int32)])
+        stream = self.client.stream(engine, rid, context, sampling,
                                     attach=self.flight.attach, ids_json=self.ids_json)
         try:
             async for chunk in stream:

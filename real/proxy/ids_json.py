@@ -8,42 +8,55 @@ the last few lists of one execution (a few, because sub-agents of one execution
 alternate between contexts) and encodes only the part after the longest
 cached list that is a prefix of the new one.
 
-Invariants: ``encode(ids) == json.dumps(ids, separators=(",", ":"))`` for every
-list of ints, whatever was cached before; at most ``KEEP`` lists are kept;
-nothing here does I/O or awaits, so concurrent calls of one execution cannot
+Ids arrive as int32 arrays (``ChatService.prepare``; lists are accepted and
+converted): the prefix test is one vectorized comparison (~10 us for 30k ids,
+where comparing Python lists took ~0.25 ms) and nothing is copied into a list.
+
+Invariants: ``encode(ids) == json.dumps(list(map(int, ids)), separators=(",", ":"))``
+for every sequence of ints, whatever was cached before; at most ``KEEP``
+lists are kept (as read-only arrays, never aliasing the caller's); nothing
+here does I/O or awaits, so concurrent calls of one execution cannot
 interleave inside ``encode``.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Sequence
+
+import numpy as np
 
 KEEP = 4  # cached lists per execution (main context plus a few sub-agent contexts)
 
 
-def encode_ids(ids: list[int]) -> str:
-    return json.dumps(ids, separators=(",", ":"))
+def encode_ids(ids: Sequence[int]) -> str:
+    values = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+    return json.dumps(values, separators=(",", ":"))
 
 
 class IdsJson:
     """Per-execution cache of id lists and their JSON text, most recently used last."""
 
     def __init__(self) -> None:
-        self._entries: list[tuple[list[int], str]] = []
+        self._entries: list[tuple[np.ndarray, str]] = []
 
-    def encode(self, ids: list[int]) -> str:
+    def encode(self, ids: Sequence[int]) -> str:
+        array = np.asarray(ids, dtype=np.int64) if not isinstance(ids, np.ndarray) else ids
         best = -1
         for index, (cached, _) in enumerate(self._entries):
             n = len(cached)
-            if n <= len(ids) and (best < 0 or n > len(self._entries[best][0])) and ids[:n] == cached:
+            if (n <= len(array) and (best < 0 or n > len(self._entries[best][0]))
+                    and np.array_equal(array[:n], cached)):
                 best = index
-        if best < 0 or not self._entries[best][0]:
-            text = encode_ids(ids)
+        if best < 0 or not len(self._entries[best][0]):
+            text = encode_ids(array)
         else:
             cached, cached_text = self._entries.pop(best)
-            tail = ids[len(cached):]
-            text = cached_text if not tail else f"{cached_text[:-1]},{encode_ids(tail)[1:]}"
-        self._entries.append((list(ids), text))
+            tail = array[len(cached):]
+            text = cached_text if not len(tail) else f"{cached_text[:-1]},{encode_ids(tail)[1:]}"
+        kept = array.copy()
+        kept.setflags(write=False)
+        self._entries.append((kept, text))
         if len(self._entries) > KEEP:
             self._entries.pop(0)
         return text

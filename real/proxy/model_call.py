@@ -45,6 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
+import numpy as np
+
 from gyre.trajectory.records import ModelCall
 from gyre.real.proxy.config import ProxyConfig
 from gyre.real.proxy.request import ApiError, ChatRequest, Finished, Prepared, bad_request
@@ -53,7 +55,7 @@ from gyre.real.proxy.generation import Generation
 from gyre.real.proxy.recording import ExecutionState, Recorder
 from gyre.real.proxy.rendering import IncrementalRenderer
 from gyre.real.proxy.routing import Router
-from gyre.real.proxy.tokenize import ChatTokenizer, PrefixCache
+from gyre.real.proxy.tokenize import ChatTokenizer, PrefixCache, join_ids
 from gyre.real.proxy.toolcalls import THINK_OPEN, OutputEvent, OutputSplitter, StopHoldback, parse_output, trim_stop
 
 HINT_CHARS = 4000
@@ -141,14 +143,14 @@ class ChatService:
             return self._render(state, request)
         return await asyncio.get_running_loop().run_in_executor(self.pool, self._render, state, request)
 
-    async def encode(self, text: str, cache: PrefixCache | None = None) -> tuple[list[int], int]:
-        """``ChatTokenizer.encode_prompt``; long suffixes are encoded on a worker thread
+    async def encode(self, text: str, cache: PrefixCache | None = None) -> tuple[np.ndarray, int]:
+        """``ChatTokenizer.encode_prompt`` (int32 ids); long suffixes are encoded on a worker thread
         so a 100 KB first prompt does not stall every other stream on the event loop."""
-        covered, ids = cache.best_prefix(text) if cache is not None else (0, [])
+        covered, ids = cache.best_prefix_array(text) if cache is not None else (0, np.zeros(0, dtype=np.int32))
         if len(text) - covered < OFFLOAD_CHARS:
-            return ids + self.chat.encode(text[covered:]), len(ids)
+            return join_ids(ids, self.chat.encode(text[covered:])), len(ids)
         suffix = await asyncio.get_running_loop().run_in_executor(self.pool, self.chat.encode, text[covered:])
-        return ids + suffix, len(ids)
+        return join_ids(ids, suffix), len(ids)
 
     async def prepare(self, execution_id: str, request: ChatRequest, size: int = 0) -> Prepared:
         """Render and encode ``request`` (``size``: its body's bytes); 400 when the prompt cannot be served."""

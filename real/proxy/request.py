@@ -29,7 +29,7 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 
 class ApiError(Exception):
@@ -86,7 +86,7 @@ class Prepared:
     execution_id: str
     request_id: str
     prompt_text: str
-    input_ids: list[int]
+    input_ids: Sequence[int]  # an int32 array from ``ChatService.prepare``
     reused_ids: int
     in_thinking: bool
     started_at: float

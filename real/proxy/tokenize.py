@@ -30,6 +30,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -67,6 +69,12 @@ class PrefixCache:
 
     def best_prefix(self, text: str) -> tuple[int, list[int]]:
         """(characters covered, ids) of the longest cached text prefix of ``text``."""
+        covered, ids = self.best_prefix_array(text)
+        return covered, ids.tolist()
+
+    def best_prefix_array(self, text: str) -> tuple[int, np.ndarray]:
+        """``best_prefix`` with the ids as an int32 array (a view of the tree's; never a Python list:
+        a 30k-id list costs ~0.4 ms to build and ~0.7 ms to turn back into the record's array)."""
         hashes: dict[int, int] = {}
 
         def prefix_hash(length: int) -> int:
@@ -82,14 +90,18 @@ class PrefixCache:
                     best_chars, best = length, (item, full)
                     break
         if best is None:
-            return 0, []
+            return 0, np.zeros(0, dtype=np.int32)
         item, full = best
-        sequence = self.sequence_of(item.key)
-        ids = sequence.tolist() if hasattr(sequence, "tolist") else [int(i) for i in sequence]
+        ids = np.asarray(self.sequence_of(item.key), dtype=np.int32)
         return best_chars, ids if full else ids[: item.input_len]
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def join_ids(prefix: np.ndarray, suffix: Sequence[int]) -> np.ndarray:
+    """``prefix`` followed by ``suffix``, as one new int32 array."""
+    return np.concatenate([prefix, np.asarray(suffix, dtype=np.int32)]) if len(suffix) else prefix.copy()
 
 
 class ChatTokenizer:
@@ -120,10 +132,10 @@ class ChatTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
 
-    def encode_prompt(self, text: str, cache: PrefixCache | None = None) -> tuple[list[int], int]:
-        """Ids of ``text``, reusing the longest cached prefix; returns (ids, reused ids)."""
-        covered, ids = cache.best_prefix(text) if cache is not None else (0, [])
-        return ids + self.encode(text[covered:]), len(ids)
+    def encode_prompt(self, text: str, cache: PrefixCache | None = None) -> tuple[np.ndarray, int]:
+        """Ids of ``text`` (int32), reusing the longest cached prefix; returns (ids, reused ids)."""
+        covered, ids = cache.best_prefix_array(text) if cache is not None else (0, np.zeros(0, dtype=np.int32))
+        return join_ids(ids, self.encode(text[covered:])), len(ids)
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
         if self._backend is not None:  # the Rust tokenizer directly: what the wrapper does, minus its overhead

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 try:
     from proxy_fixtures import (ScriptedEngine, ServerThread, build_tiny_tokenizer, echo_script, proxy_config,
@@ -58,9 +59,28 @@ def new_turns(rng: np.random.Generator, calls: list[str]) -> list[dict]:
     return turns
 
 
-def histories(seed: int, calls_per_execution: int = 10):
-    """Yield (messages, tools, thinking) of the successive calls of one generated execution."""
-    rng = np.random.default_rng(seed)
+class DrawnChoices:
+    """The part of ``numpy.random.Generator`` that ``histories`` uses, every choice drawn by Hypothesis
+    (so a failing conversation shrinks to a small one)."""
+
+    def __init__(self, data) -> None:
+        self.data = data
+
+    def random(self) -> float:
+        return self.data.draw(st.floats(0, 1, exclude_max=True))
+
+    def integers(self, low: int, high: int) -> int:
+        return self.data.draw(st.integers(low, high - 1))
+
+    def choice(self, options, size=None):
+        pick = st.sampled_from(list(options))
+        return self.data.draw(pick) if size is None else [self.data.draw(pick) for _ in range(size)]
+
+
+def histories(seed, calls_per_execution: int = 10):
+    """Yield (messages, tools, thinking) of the successive calls of one generated execution
+    (``seed``: an int for a seeded generator, or a ``DrawnChoices``)."""
+    rng = np.random.default_rng(seed) if isinstance(seed, int) else seed
     messages = ([{"role": "system", "content": text(rng, 40)}] if rng.random() < 0.7 else [])
     messages.append({"role": "user", "content": text(rng)})
     tools, thinking, calls = tools_for(rng), rng.choice([None, True, False]), []
@@ -97,6 +117,21 @@ def test_incremental_rendering_equals_full_rendering_token_for_token(chat):
             compared += 1
     assert compared == 400
     assert renderer.incremental > 2 * renderer.full, (renderer.incremental, renderer.full)
+    assert renderer.enabled
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_incremental_rendering_equals_full_rendering_on_hypothesis_conversations(chat, data):
+    """The same property over conversations Hypothesis draws (and shrinks): every call of the
+    execution, incremental or not, renders byte-identical text and token ids to a full rendering."""
+    renderer = IncrementalRenderer(lambda m, t, th, g: full(chat, m, t, th, g), verify_first=0, verify_every=0)
+    cache = RenderCache()
+    for messages, tools, thinking in histories(DrawnChoices(data), calls_per_execution=6):
+        got = renderer.render(cache, messages, tools, thinking)
+        want = full(chat, messages, tools, thinking)
+        assert got == want
+        assert chat.encode(got) == chat.encode(want)
     assert renderer.enabled
 
 
@@ -195,3 +230,4 @@ def test_follow_up_calls_through_the_proxy_render_incrementally_and_record_the_f
     records = ExecutionStore(tmp_path / "records").read("exec-a")
     rendered = [chat.render(c, template_tools(canonical_tools(tools))) for c in conversations]
     assert [chat.decode(r.input_ids.tolist()) for r in records] == rendered
+
