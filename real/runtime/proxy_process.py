@@ -9,10 +9,11 @@ line. The port is fixed in the configuration (chosen once by the job), so
 ``url`` never changes: harnesses, their sandbox bridges and the backend keep
 talking to the same address across restarts.
 
-``supervise(on_restart)`` (a task for the job's event loop) checks the process
-every ``poll_s``; when it has exited without ``stop``, it logs the exit,
-starts a new process on the same configuration and port (off the event loop),
-and calls ``on_restart()`` so the backend can put back what the proxy held
+``supervise(on_restart)`` (a task for the job's event loop) has a thread of its
+own check the process every ``poll_s``; when it has exited without ``stop``,
+the thread logs the exit and starts a new process on the same configuration
+and port (never on the event loop, which the backend's admin calls block while
+they wait out the restart), then ``on_restart()`` runs on the loop so the backend can put back what the proxy held
 only in memory (engine drains, execution routes, the policy version:
 ``RealBackend.reapply_proxy_state``). Keys (``keys.json``, hashed) and
 records live in the record folder and are read back by the new process; a
@@ -64,6 +65,7 @@ class ProxyProcess:
         self.restarts: list[dict[str, Any]] = []
         self._proc: subprocess.Popen | None = None
         self._stopped = False
+        self._watcher: threading.Thread | None = None
         self._lock = threading.Lock()
         self._t0 = time.monotonic()
 
@@ -107,19 +109,45 @@ class ProxyProcess:
         return None if self._stopped or proc is None else proc.poll()
 
     async def supervise(self, on_restart: Callable[[], None] = lambda: None) -> None:
-        """Restart the proxy whenever it exits on its own, until ``stop``."""
-        while not self._stopped:
+        """Restart the proxy whenever it exits on its own, until ``stop``.
+
+        The watching and relaunching happen on a thread of their own, never on the event loop: the
+        backend's admin calls block the loop while they wait out a restart, so a restart driven from the
+        loop would never come. ``on_restart`` runs on the loop once the proxy is back."""
+        loop = asyncio.get_running_loop()
+        failed: list[BaseException] = []
+
+        def back() -> None:
+            try:
+                loop.call_soon_threadsafe(on_restart)
+            except RuntimeError:  # the run's loop is gone: nothing to put back
+                pass
+
+        if self._watcher is None:  # lives until ``stop`` (the relaunched proxy's parent-death signal is tied to it)
+            self._watcher = threading.Thread(target=self._watch, args=(back, failed), daemon=True,
+                                             name="gyre-proxy-watch")
+            self._watcher.start()
+        while self._watcher.is_alive() and not failed:
             await asyncio.sleep(self.poll_s)
+        if failed:
+            raise failed[0]
+
+    def _watch(self, back: Callable[[], None], failed: list[BaseException]) -> None:
+        while not self._stopped:
+            time.sleep(self.poll_s)
             code = self.exited()
             if code is None:
                 continue
             died = time.monotonic()
             self.progress(f"proxy exited ({_describe(code)}); restarting it on {self.url}")
-            await asyncio.to_thread(self._launch, self.folder / "proxy.json")
-            self.restarts.append({"exit_code": code, "at_s": died - self._t0,
-                                  "back_s": time.monotonic() - died})
-            on_restart()
+            try:
+                self._launch(self.folder / "proxy.json")
+            except BaseException as exc:  # noqa: BLE001 - handed to ``supervise``
+                failed.append(exc)
+                return
+            self.restarts.append({"exit_code": code, "at_s": died - self._t0, "back_s": time.monotonic() - died})
             self.progress(f"proxy back after {time.monotonic() - died:.1f} s")
+            back()
 
     def stop(self) -> None:
         self._stopped = True

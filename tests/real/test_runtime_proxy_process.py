@@ -43,6 +43,10 @@ def _call(url: str, key: str, text: str) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read() or b"{}")
 
 
+async def _on_loop(blocking):
+    return blocking()  # runs on the loop itself, blocking it
+
+
 class Supervisor:
     """``ProxyProcess.supervise`` on its own event loop in a thread (the job runs it on the controller's)."""
 
@@ -78,6 +82,21 @@ def test_a_killed_proxy_comes_back_on_its_address_with_keys_and_records(model, t
             first_pid = proxy.pid
             assert int((tmp_path / "proxy" / "proxy.pid").read_text()) == first_pid
             os.killpg(first_pid, signal.SIGKILL)
+
+            def blocked_until_back() -> bool:  # what an admin call does: wait out the restart, blocking the loop
+                end = time.monotonic() + 60
+                while time.monotonic() < end:
+                    try:
+                        admin(proxy.url, "GET", "/admin/engines")
+                        return True
+                    except OSError:
+                        time.sleep(0.1)
+                return False
+
+            blocked = asyncio.run_coroutine_threadsafe(asyncio.to_thread(lambda: None), supervisor.loop)
+            came_back = asyncio.run_coroutine_threadsafe(_on_loop(blocked_until_back), supervisor.loop)
+            assert came_back.result(90), "the proxy never came back while the loop was blocked"
+            blocked.result(10)
             deadline = time.monotonic() + 60
             while not restarted and time.monotonic() < deadline:
                 time.sleep(0.1)
