@@ -23,6 +23,10 @@ returns them on the leader.
 
 A follower's failing operation is logged and the follower keeps following; a
 collective it then misses times out on its peers (the process group's timeout).
+The operations that only touch files (``SETTLED``: dump, load, save_state,
+load_state) have no collective of their own, so every rank reports its outcome
+to all others once it is done: the leader returns only after every shard is
+written (or read), and raises naming each rank whose part failed.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from gyre.real.train.transport import Snapshot
 
 OPS = ("restore", "offload", "accumulate", "discard", "reduce", "update", "broadcast", "expose", "serve",
        "pull", "dump", "load", "export", "save_state", "load_state", "stop")
+SETTLED = ("dump", "load", "save_state", "load_state")  # file-only: the leader waits for every rank's outcome
 
 
 class CellRanks:
@@ -56,9 +61,20 @@ class CellRanks:
             raise RuntimeError(f"rank {self.rank} of cell {self.ctx.cell} is a follower: only the leader runs ops")
         if op not in OPS:
             raise ValueError(f"unknown rank operation {op!r}; known: {OPS}")
-        if self.group is not None:
-            dist.broadcast_object_list([(op, args)], src=self.leader, group=self.group)
-        return getattr(self, f"_{op}")(**args)
+        if self.group is None:
+            return getattr(self, f"_{op}")(**args)
+        dist.broadcast_object_list([(op, args)], src=self.leader, group=self.group)
+        if op not in SETTLED:
+            return getattr(self, f"_{op}")(**args)
+        result, error = None, None
+        try:
+            result = getattr(self, f"_{op}")(**args)
+        except Exception as exc:  # reported with the followers' outcomes below
+            error = f"rank 0: {exc!r}"
+        failed = self._settle(error)
+        if failed:
+            raise RuntimeError(f"cell {self.ctx.cell}: operation {op!r} failed on " + "; ".join(failed))
+        return result
 
     def follow(self) -> None:
         """Follower loop: run the leader's operations until ``stop``."""
@@ -66,12 +82,22 @@ class CellRanks:
             box = [None]
             dist.broadcast_object_list(box, src=self.leader, group=self.group)
             op, args = box[0]
+            error = None
             try:
                 getattr(self, f"_{op}")(**args)
-            except Exception:
+            except Exception as exc:
                 self.ctx.log.exception("cell %d rank %d: operation %s failed", self.ctx.cell, self.rank, op)
+                error = f"rank {self.rank}: {exc!r}"
+            if op in SETTLED:
+                self._settle(error)
             if op == "stop":
                 return
+
+    def _settle(self, error: str | None) -> list[str]:
+        """Every rank of the cell shares its outcome of a file-only operation; the failures (rank order)."""
+        outcomes: list[str | None] = [None] * self.tp
+        dist.all_gather_object(outcomes, error, group=self.group)
+        return [outcome for outcome in outcomes if outcome]
 
     # -- operations (every rank) ------------------------------------------------------------------
     def _restore(self) -> int:

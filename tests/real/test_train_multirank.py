@@ -43,7 +43,7 @@ except ImportError:
 
 from gyre.real.train.bridge import model_config_from_hf
 from gyre.real.train.context import CellConfig
-from gyre.real.train.plane import PlaneConfig, TrainingPlane
+from gyre.real.train.plane import CellError, PlaneConfig, TrainingPlane
 from gyre.real.train.state import OptimConfig
 from gyre.real.toy.microsteps import feed, toy_batch, wait_claimed
 
@@ -146,6 +146,12 @@ def tp2(checkpoint, tmp_path_factory):
         out["alone_reports"] = two_steps(plane, 4)
         out["alone"] = dump(plane, work / "alone.pt", 2)
         out["info"] = plane.call(0, "info")
+
+        (work / "blocked.pt.rank1").mkdir()  # rank 1 alone cannot write its shard
+        with pytest.raises(CellError) as refused:
+            plane.call(0, "dump", path=str(work / "blocked.pt"))
+        out["blocked"] = str(refused.value)
+        out["again"] = dump(plane, work / "again.pt", 2)  # the cell still serves, every rank in step
     return out
 
 
@@ -200,6 +206,14 @@ def test_tp2_satellite_joining_mid_step_gives_the_same_weights(tp2):
         assert torch.equal(tp2["full"]["weights"][shard], tp2["alone"]["weights"][shard]), f"shard {shard}"
     for a, b in zip(full, late):
         assert a["grad_norm"] == b["grad_norm"]
+
+
+@pytest.mark.timeout(600)
+def test_tp2_dump_returns_after_every_shard_and_names_a_failing_rank(tp2):
+    # the leader answers a dump only once each rank wrote its file: every shard loads at once (the fixture)
+    assert "'dump' failed on rank 1:" in tp2["blocked"] and "rank 0" not in tp2["blocked"], tp2["blocked"]
+    for shard in (0, 1):
+        assert torch.equal(tp2["again"]["weights"][shard], tp2["alone"]["weights"][shard]), f"shard {shard}"
 
 
 @pytest.mark.parametrize("fields, message", [({"pp": 2}, "pp must be 1"), ({"tp": 3}, "not divisible by tp = 3"),
