@@ -6,7 +6,11 @@ default). An engine's reaper (``engines.reaper``) that is SIGKILLed cannot end
 its process group, and the SGLang launcher and its children would live on. So
 a node agent starts each engine as agent -> holder -> reaper -> SGLang: the
 holder is the direct child Ray may SIGKILL; the reaper carries a parent-death
-SIGTERM tied to the holder, and on SIGTERM it ends the whole group.
+SIGTERM tied to the holder, and on SIGTERM it ends the whole group. Ray does
+not always SIGKILL the children (not when it kills the agent itself, as after
+the driver died), so the holder's own parent-death signal is SIGKILL: it
+ignores SIGTERM (below), and a holder outliving its agent would keep the whole
+engine alive.
 
 The holder runs COMMAND in its own process group (the one the agent made), so
 a signal to the group reaches every member, and ends the way COMMAND ended
@@ -33,6 +37,7 @@ def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m gyre.real.cluster.holder -- COMMAND...", file=sys.stderr)
         return 2
+    die_with_parent(signal.SIGKILL)  # replaces the agent's SIGTERM, which this process ignores from here on
     child = subprocess.Popen(argv, preexec_fn=die_with_parent)  # SIGTERM to the reaper if this process dies
     for sig in STOP_SIGNALS:  # a stop signal to the group is the reaper's to handle; wait for its outcome
         signal.signal(sig, signal.SIG_IGN)

@@ -149,6 +149,49 @@ def test_an_agents_processes_die_with_it(tmp_path):
     assert not _alive(child), f"process {child} outlived its agent"
 
 
+def test_an_engine_group_behind_its_holder_dies_with_a_killed_agent(tmp_path):
+    """Ray need not SIGKILL a dead agent's children: the holder (which ignores SIGTERM) must die anyway, and
+    its reaper then ends the engine's whole group."""
+    code = textwrap.dedent(f"""
+        import json, sys
+        from gyre.real.cluster.agent import NodeAgent
+        agent = NodeAgent()
+        argv = [sys.executable, "-m", "gyre.real.cluster.holder", "--", sys.executable, "-m",
+                "gyre.real.engines.reaper", "--", "sh", "-c", "sleep 120 & wait"]
+        pid = agent.launcher.submit(agent._popen, "e", argv, agent.env(), {str(tmp_path / 'e.log')!r},
+                                    None, True).result()
+        print(json.dumps(pid), flush=True)
+        sys.stdin.read()
+    """)
+    agent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = json.loads(agent.stdout.readline())
+    deadline = time.monotonic() + 30
+    while len(_group(holder)) < 4 and time.monotonic() < deadline:  # holder, reaper, sh, sleep
+        time.sleep(0.1)
+    members = _group(holder)
+    assert len(members) == 4, members
+    agent.kill()  # SIGKILL, and nobody kills the agent's children for it
+    agent.wait(10)
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in members) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in members), [pid for pid in members if _alive(pid)]
+
+
+def _group(pgid: int) -> list[int]:
+    """Live processes in process group ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
