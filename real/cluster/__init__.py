@@ -16,6 +16,6 @@ A single-machine run places nothing: the plane forks its cells and the engine
 manager starts its engines on this machine, as before.
 
 May import: ``gyre``, ``gyre.real.runtime.lifetime`` / ``engine_watch`` (the
-launcher thread), ``gyre.real.engines`` (the engine command line) and
+launcher thread), ``gyre.real.runtime.tables`` (the table check), ``gyre.real.engines`` (the engine command line) and
 ``gyre.real.train`` (the cell entry point); Ray only lazily.
 """

@@ -29,8 +29,10 @@ import fcntl
 import ipaddress
 import socket
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Mapping
+
+from gyre.real.runtime.tables import from_table
 
 SIOCGIFADDR = 0x8915  # <linux/sockios.h>
 UNSPECIFIED = {"0.0.0.0", "::", ""}
@@ -103,15 +105,8 @@ def cluster_from_table(table: Mapping[str, Any], *, check_local: bool = True) ->
     """The ``[cluster]`` table as a checked ``ClusterConfig``; unknown keys are named.
 
     ``check_local``: also check that ``interface`` exists here (the driver runs on the head)."""
-    if not isinstance(table, Mapping):
-        raise ValueError(f"cluster must be a table (e.g. address = \"HEAD:6379\"), not {table!r}")
-    known = {f.name for f in fields(ClusterConfig)}
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ValueError(f"cluster: unknown key(s) {unknown}; known: {sorted(known)}")
-    if "address" not in table:
-        raise ValueError("cluster.address is missing: the Ray head's \"HOST:PORT\" (or gyre run --cluster ADDRESS)")
-    config = ClusterConfig(**dict(table))
+    config = from_table(ClusterConfig, table, "cluster", 'address = "HEAD:6379"',
+                        required={"address": "the Ray head's \"HOST:PORT\" (or gyre run --cluster ADDRESS)"})
     config.check()
     if check_local and config.interface:
         check_interface(config.interface)

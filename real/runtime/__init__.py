@@ -9,7 +9,9 @@
 - ``metrics``: one record per step, written live to ``metrics.jsonl`` and
   TensorBoard; ``progress``: the progress bar (or plain lines) ``gyre run`` shows;
 - ``trace``: a real run's executions written as a rollout trace
-  (``gyre.formats.trace``) the simulator replays.
+  (``gyre.formats.trace``) the simulator replays;
+- ``tables``: a job file's sub-tables (``[cluster]``, ``[job.layout]``) as
+  checked dataclasses, unknown and missing keys named.
 
 May import: ``gyre`` (core, formats, trajectory), the other rooms of
 ``gyre.real``, ``gyre.analysis`` for the run's picture.

@@ -23,8 +23,10 @@ process on GPU ``c * tensor_parallel + r`` (``cell_gpus(c)[r]``), the cell's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Mapping
+
+from gyre.real.runtime.tables import from_table
 
 PUBLICATIONS = ("disk",)
 
@@ -87,12 +89,6 @@ class GpuLayout:
 
 def layout_from_table(table: Mapping[str, Any], cells: int) -> GpuLayout:
     """The ``[job.layout]`` table as a checked ``GpuLayout``; unknown keys are named."""
-    if not isinstance(table, Mapping):
-        raise ValueError(f"layout must be a table, not {table!r}")
-    known = {f.name for f in fields(GpuLayout)}
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ValueError(f"layout: unknown key(s) {unknown}; known: {sorted(known)}")
-    layout = GpuLayout(**dict(table))
+    layout = from_table(GpuLayout, table, "layout")
     layout.check(cells)
     return layout
