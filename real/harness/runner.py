@@ -21,7 +21,12 @@ the workspace is kept and still scored), ``cancelled`` (``cancel``).
 
 Invariants: a run ends exactly once with one outcome; the whole process group
 is killed on timeout or cancellation (TERM, then KILL after a grace period),
-so no harness outlives its execution; the workspace is never deleted.
+so no harness outlives its execution; the workspace is never deleted. Runs
+start one at a time (a lock per event loop around workspace and spawn): a
+spawn forks the caller and holds its event loop for ~20-60 ms, so a burst of
+starts taken in one go held the job's loop for seconds while the training
+step behind it waited for its groups; now whatever else is due on the loop
+runs between two starts.
 """
 
 from __future__ import annotations
@@ -190,6 +195,7 @@ class HarnessRunner:
         self._cancelled: set[int] = set()
         self._bridge: HostBridge | None = None
         self._bridge_start: asyncio.Future | None = None
+        self._start_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     def sandbox(self, execution: int, task: Task) -> tuple[Path, Path]:
         base = self.root / f"exec-{execution}"
@@ -202,32 +208,41 @@ class HarnessRunner:
         return workspace, home
 
     async def run(self, execution: int, task: Task, key: str) -> ExecutionResult:
-        workspace, home = self.sandbox(execution, task)
-        argv, extra = self.adapter.command(task, self.base_url, key, home)
-        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "LANG": "C.UTF-8", **extra}
-        env.update({k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "VIRTUAL_ENV")})
         bridge = await self._started_bridge() if self.isolated else None
-        started = time.monotonic()
-        log = open(workspace.parent / "harness.log", "ab")
-        try:
-            if bridge is not None:
-                require_executable(argv[0], workspace, env["PATH"])
-            command = argv if bridge is None else sandbox_argv(argv, bridge.path, bridge.port, hide=self.hide)
-            # stdin closed: ``codex exec`` reads a piped stdin to its end before it starts
-            proc = await asyncio.create_subprocess_exec(*command, cwd=workspace, env=env,
-                                                        stdin=asyncio.subprocess.DEVNULL, stdout=log,
-                                                        stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-                                                        preexec_fn=die_with_parent)
-        except OSError as exc:
-            log.write(f"could not start {argv[0]}: {exc}\n".encode())
-            log.close()
-            return ExecutionResult(execution, "failed", None, workspace, started, time.monotonic(), self.isolated)
+        async with self._starting():  # one start at a time: the loop serves what else is due between two
+            workspace, home = self.sandbox(execution, task)
+            argv, extra = self.adapter.command(task, self.base_url, key, home)
+            env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "LANG": "C.UTF-8", **extra}
+            env.update({k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "VIRTUAL_ENV")})
+            started = time.monotonic()
+            log = open(workspace.parent / "harness.log", "ab")
+            try:
+                if bridge is not None:
+                    require_executable(argv[0], workspace, env["PATH"])
+                command = argv if bridge is None else sandbox_argv(argv, bridge.path, bridge.port, hide=self.hide)
+                # stdin closed: ``codex exec`` reads a piped stdin to its end before it starts
+                proc = await asyncio.create_subprocess_exec(*command, cwd=workspace, env=env,
+                                                            stdin=asyncio.subprocess.DEVNULL, stdout=log,
+                                                            stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+                                                            preexec_fn=die_with_parent)
+            except OSError as exc:
+                log.write(f"could not start {argv[0]}: {exc}\n".encode())
+                log.close()
+                return ExecutionResult(execution, "failed", None, workspace, started, time.monotonic(),
+                                       self.isolated)
         self._procs[execution] = proc
         outcome = await self._wait(execution, proc)
         log.close()
         self._procs.pop(execution, None)
         return ExecutionResult(execution, outcome, proc.returncode, workspace, started, time.monotonic(),
                                self.isolated)
+
+    def _starting(self) -> asyncio.Lock:
+        """This event loop's start lock (a runner may serve one loop after another, as the bridge does)."""
+        loop = asyncio.get_running_loop()
+        if self._start_lock is None or self._start_lock[0] is not loop:
+            self._start_lock = (loop, asyncio.Lock())
+        return self._start_lock[1]
 
     async def _started_bridge(self) -> HostBridge:
         """The host side of the sandbox bridge, started once per event loop."""

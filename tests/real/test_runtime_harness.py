@@ -316,3 +316,36 @@ def test_without_a_mount_namespace_the_runner_falls_back_and_says_why(model, rea
     assert result.outcome == "completed" and result.isolated  # network isolation still holds
     seen = json.loads((result.workspace / "snooped.json").read_text())
     assert "keys.json" in seen[str(records)] and seen[str(keys_file)].startswith("{")
+
+
+class Quick:
+    """A harness that exits at once."""
+
+    def command(self, task, base_url, key, home):
+        return [sys.executable, "-c", "pass"], {}
+
+
+@pytest.mark.timeout(60)
+def test_runs_start_one_at_a_time_and_the_loop_serves_others_between_starts(tmp_path, monkeypatch):
+    """A burst of starts must not hold the event loop: something due on the loop right after 8 runs were
+    started (the step waiting for its groups, in a job) runs after at most one spawn, not after all 8."""
+    from gyre.real.harness import runner as runner_module
+
+    spawned, seen = [], []
+    real_exec = asyncio.create_subprocess_exec
+
+    async def counting_exec(*args, **kwargs):
+        spawned.append(args[0])
+        return await real_exec(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module.asyncio, "create_subprocess_exec", counting_exec)
+    runner = HarnessRunner(tmp_path, "http://127.0.0.1:9", Quick(), Budgets(harness_timeout_s=30.0), isolate="never")
+
+    async def burst():
+        runs = [asyncio.ensure_future(runner.run(x, EmitTokenTask().task("q0"), key=f"k{x}")) for x in range(8)]
+        asyncio.get_running_loop().call_soon(lambda: seen.append(len(spawned)))
+        return await asyncio.gather(*runs)
+
+    results = asyncio.run(burst())
+    assert [r.outcome for r in results] == ["completed"] * 8 and len(spawned) == 8
+    assert seen[0] <= 1, f"the loop ran nothing else until {seen[0]} of 8 harnesses were spawned"
