@@ -9,6 +9,7 @@ ids follow ``config.ID_RULE``; a key is issued only for a valid id.
 |-----------------------------------------|------------------------------|--------|
 | GET  /admin/executions                  |                              | every execution: requests, route, in-flight |
 | POST /admin/executions                  | {"execution_id"}             | new API key for it (persisted as a digest) |
+| POST /admin/executions/start            | {"executions": [{"execution_id", "engine"?}]} | a key each, routes set (all or nothing) |
 | POST /admin/executions/{id}/revoke      | {"api_key"?}                 | revoke that key, or every key of it |
 | GET  /admin/executions/{id}/stats       |                              | ``tree_stats`` of its trajectory tree |
 | GET  /admin/engines                     |                              | engines and routes |
@@ -48,6 +49,7 @@ class AdminApi:
         guard = self._guarded
         return [web.get("/admin/executions", guard(self.list_executions)),
                 web.post("/admin/executions", guard(self.create_execution)),
+                web.post("/admin/executions/start", guard(self.start_executions)),
                 web.get("/admin/executions/{execution_id}/stats", guard(self.execution_stats)),
                 web.post("/admin/executions/{execution_id}/revoke", guard(self.revoke_keys)),
                 web.get("/admin/engines", guard(self.engines)),
@@ -97,6 +99,31 @@ class AdminApi:
         if not valid_id(execution_id):
             raise ValueError(f"execution_id: must be {ID_RULE}")
         return web.json_response({"execution_id": execution_id, "api_key": self.keys.register(execution_id)})
+
+    async def start_executions(self, request: web.Request) -> web.Response:
+        """Several executions in one call (a burst's start): a new key each, with one write of the key file,
+        and each route when given. Every item is checked before anything changes: a bad one is named and
+        nothing is registered or routed."""
+        items = (await self._json(request)).get("executions")
+        if not isinstance(items, list) or not items:
+            raise ValueError('executions: required, a non-empty list of {"execution_id", "engine"?}')
+        ids, routes = [], {}
+        for n, item in enumerate(items):
+            if not isinstance(item, dict) or set(item) - {"execution_id", "engine"}:
+                raise ValueError(f'executions[{n}]: expected {{"execution_id", "engine"?}}, got {item!r:.200}')
+            execution_id, engine = item.get("execution_id"), item.get("engine")
+            if not valid_id(execution_id) or execution_id in ids:
+                raise ValueError(f"executions[{n}].execution_id: must be {ID_RULE}, once each")
+            if engine is not None:
+                if not isinstance(engine, str):
+                    raise ValueError(f"executions[{n}].engine: must be a string")
+                self.router.check_destination(engine)
+                routes[execution_id] = engine
+            ids.append(execution_id)
+        keys = self.keys.register_many(ids)
+        for execution_id, engine in routes.items():
+            self.router.reroute(execution_id, engine)
+        return web.json_response({"api_keys": dict(zip(ids, keys)), "routes": routes})
 
     async def revoke_keys(self, request: web.Request) -> web.Response:
         """Revoke every key of the execution, or only ``{"api_key": ...}`` when given."""

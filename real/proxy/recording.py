@@ -246,12 +246,19 @@ class KeyRegistry:
 
     def register(self, execution_id: str) -> str:
         """A new key for ``execution_id`` (an execution may hold several keys)."""
-        check_id("execution_id", execution_id)
-        key = self.make_key()
-        self._dynamic[key_digest(key)] = execution_id
-        self._save(self._dynamic, self._revoked)
+        return self.register_many([execution_id])[0]
+
+    def register_many(self, execution_ids: list[str]) -> list[str]:
+        """A new key for each of ``execution_ids``, in order, with one write of the key file."""
+        for execution_id in execution_ids:
+            check_id("execution_id", execution_id)
+        keys = [self.make_key() for _ in execution_ids]
+        dynamic = dict(self._dynamic)
+        dynamic.update((key_digest(key), execution_id) for key, execution_id in zip(keys, execution_ids))
+        self._save(dynamic, self._revoked)  # nothing changes in memory unless the file was written
+        self._dynamic = dynamic
         self._rebuild()
-        return key
+        return keys
 
     def revoke(self, execution_id: str, key: str | None = None) -> int:
         """Revoke one key of ``execution_id`` (or all of them); returns how many were revoked."""

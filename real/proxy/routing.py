@@ -139,10 +139,14 @@ class Router:
     def drain(self, engine_id: str, draining: bool = True) -> None:
         self._engine(engine_id).draining = draining
 
-    def reroute(self, execution_id: str, dest_id: str) -> int:
-        """Route ``execution_id`` to ``dest_id`` and move its in-flight requests there."""
+    def check_destination(self, dest_id: str) -> None:
+        """RoutingError unless ``dest_id`` is a known engine that takes new requests."""
         if self._engine(dest_id).draining:
             raise RoutingError(f"engine {dest_id!r} is draining and takes no new requests")
+
+    def reroute(self, execution_id: str, dest_id: str) -> int:
+        """Route ``execution_id`` to ``dest_id`` and move its in-flight requests there."""
+        self.check_destination(dest_id)
         self.routes[execution_id] = dest_id
         moved = 0
         for flight in self.in_flight(execution_id):

@@ -374,6 +374,10 @@ class ProxyDouble:
         parts = path.strip("/").split("/")
         if (method, path) == ("POST", "/admin/executions"):
             return {"api_key": f"key-{body['execution_id']}"}
+        if (method, path) == ("POST", "/admin/executions/start"):
+            for item in body["executions"]:
+                self.engine_of[item["execution_id"]] = item["engine"]
+            return {"api_keys": {item["execution_id"]: f"key-{item['execution_id']}" for item in body["executions"]}}
         if (method, path) == ("POST", "/admin/routes"):
             self.engine_of[body["execution_id"]] = body["engine"]
             return {"ok": True}

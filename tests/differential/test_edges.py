@@ -85,7 +85,9 @@ def test_a_group_whose_task_cannot_be_set_up_is_dropped_and_its_executions_cance
 
     class Proxy:
         def handle(self, method, path, body):
-            return {"api_key": "k"} if path == "/admin/executions" else {"ok": True}
+            if path == "/admin/executions/start":
+                return {"api_keys": {item["execution_id"]: "k" for item in body["executions"]}}
+            return {"ok": True}
 
     async def body():
         from gyre.config import SchedulerConfig
@@ -143,7 +145,9 @@ def test_an_evaluation_in_retries_reports_harness_stopped_and_is_cancelled(tmp_p
 
     class Proxy:
         def handle(self, method, path, body):
-            return {"api_key": "k"} if path == "/admin/executions" else {"ok": True}
+            if path == "/admin/executions/start":
+                return {"api_keys": {item["execution_id"]: "k" for item in body["executions"]}}
+            return {"ok": True}
 
     cfg = SchedulerConfig(K=1, C_e=8, C_s=0, N=2, B=1, phi=0.0, mu=1, granularity="global")
     backend = EdgeBackend(cfg, Parts(), seed=0, token_budget=10, clock=loop.time).bind(reports)

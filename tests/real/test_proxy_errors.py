@@ -7,6 +7,8 @@ import urllib.error
 import urllib.request
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 try:
     from proxy_fixtures import (shared_tiny_dir, ScriptedEngine, ServerThread, admin, build_tiny_tokenizer, echo_script, new_key,
@@ -161,3 +163,60 @@ def test_admin_api(stack):
     assert post(url, "/v1/messages", MESSAGES, key)[0] == 200
     assert stack["server"].recorder.store.read("admin-x")[-1].policy_version == 3
     admin(url, "POST", "/admin/policy_version", {"version": 0})
+
+
+def _known(url: str) -> set[str]:
+    return {row["execution_id"] for row in admin(url, "GET", "/admin/executions")[1]["executions"]}
+
+
+def test_admin_starts_a_burst_of_executions_in_one_call(stack):
+    url = stack["url"]
+    status, body = admin(url, "POST", "/admin/executions/start",
+                         {"executions": [{"execution_id": "burst-1", "engine": "e0"}, {"execution_id": "burst-2"}]})
+    assert status == 200 and set(body["api_keys"]) == {"burst-1", "burst-2"}, body
+    assert body["routes"] == {"burst-1": "e0"} and admin(url, "GET", "/admin/routes")[1]["routes"]["burst-1"] == "e0"
+    assert post(url, "/v1/messages", MESSAGES, body["api_keys"]["burst-1"])[0] == 200  # each key works
+    assert post(url, "/v1/messages", MESSAGES, body["api_keys"]["burst-2"])[0] == 200
+    assert stack["server"].recorder.state("burst-2").requests == 1
+    refusals = [({"executions": []}, "non-empty list"), ({"executions": "burst-3"}, "non-empty list"), ({}, "required"),
+                ({"executions": [{"execution_id": "burst-3", "engine": "nope"}]}, "unknown engine 'nope'"),
+                ({"executions": [{"execution_id": "burst-3"}, {"execution_id": "burst-3"}]}, "executions[1].execution_id"),
+                ({"executions": [{"execution_id": "burst-3"}, {"execution_id": "burst 4"}]}, "executions[1].execution_id"),
+                ({"executions": [{"execution_id": "burst-3", "engine": 3}]}, "executions[0].engine"),
+                ({"executions": [{"execution_id": "burst-3", "key": "x"}]}, "executions[0]: expected"),
+                ({"executions": ["burst-3"]}, "executions[0]: expected")]
+    before = _known(url)
+    for body, needle in refusals:
+        status, answer = admin(url, "POST", "/admin/executions/start", body)
+        assert status == 400 and needle in answer["error"], (body, answer)
+    admin(url, "POST", "/admin/engines/e0/drain", {})
+    try:
+        status, answer = admin(url, "POST", "/admin/executions/start",
+                               {"executions": [{"execution_id": "burst-3"}, {"execution_id": "burst-4", "engine": "e0"}]})
+    finally:
+        admin(url, "POST", "/admin/engines/e0/undrain")
+    assert status == 400 and "draining" in answer["error"], answer
+    assert _known(url) == before  # all or nothing: no refused call registered a key or set a route
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=12),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner,
+                                                                                       max_size=3), max_leaves=8)
+start_items = st.one_of(json_values, st.fixed_dictionaries(
+    {"execution_id": st.one_of(st.text(max_size=10), st.integers())},
+    optional={"engine": st.one_of(st.sampled_from(["e0", "nope"]), json_values)}))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(json_values, st.fixed_dictionaries({"executions": st.one_of(json_values, st.lists(start_items,
+                                                                                                   max_size=4))})))
+def test_any_start_body_is_answered_200_or_400_and_a_400_changes_nothing(stack, body):
+    url = stack["url"]
+    before = _known(url)
+    status, answer = admin(url, "POST", "/admin/executions/start", body)
+    assert status in (200, 400), (status, answer)
+    if status == 400:
+        assert answer["error"] and _known(url) == before, answer
+    else:
+        assert set(answer["api_keys"]) == {item["execution_id"] for item in body["executions"]}
+        assert set(answer["api_keys"]) <= _known(url)
