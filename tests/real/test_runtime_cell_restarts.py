@@ -1,5 +1,5 @@
 """``gyre run``'s answer to a dead training cell, without engines: resume from the last checkpoint, at most
-``cell_restarts`` times, then fail with the cell named (the real thing: ``test_runtime_cell_failure_e2e``)."""
+``cell_restarts`` times, then fail with the cell named (the real thing: ``test_runtime_resume_e2e``)."""
 
 from __future__ import annotations
 

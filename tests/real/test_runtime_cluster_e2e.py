@@ -1,43 +1,71 @@
-"""End to end on a Ray cluster: the CPU demo placed across two Ray nodes (issue 16, item 1).
+"""End to end: the shipped CPU demo, ``gyre run`` on a two-node Ray cluster (issues 8, 13 and 16).
+
+One run carries every run-level check of the demo (it once ran twice, on one host and on
+Ray, at ~4 min each; the single-host path is run end to end by the resume, cell-failure,
+engine-death and repair-task e2e tests). The unchanged policy core drives real SGLang CPU
+engines, the proxy, scripted harness processes and the training plane.
 
 A local Ray cluster of two nodes runs on this machine, inside the suite's loopback-only
 network namespace (``tools/isolated.sh``; Ray advertises the machine's own address
 otherwise): the head (2 logical CPUs, ``gyre_cell: 1``) and a second node process with its
-own resources (4 CPUs, ``gyre_cell: 2``). ``gyre run`` runs the shipped CPU demo
-(configs/cpu_demo.toml: 3 cells, gyre-1, phi = 1.0, mu = 2) with a ``[cluster]`` table
-(``interface = "lo"``, ``cell_resource = "gyre_cell"``) and ``--cluster ADDRESS``, as a
-subprocess on the head. Each cell's placement group takes one ``gyre_cell``, so the three
-cells cannot all fit on one node: they land on both, whichever way Ray packs them.
-
-Length: the demo's own 20 steps (10 bursts), with the single-host e2e's bounds. A 16-step
-run saves ~20 s but measured reward trends of only t = 3.7 and 4.8 (a trend's t grows like
-n^1.5), too close to any bound worth having. This module takes ~4 min on a quiet machine
-(~65 s start-up, ~95 s of steps, ~55 s of shutdown and the simulator's calibration, ~20 s
-for the second test), more when other runs share the two cores. Checked:
+own resources (4 CPUs, ``gyre_cell: 2``). ``gyre run`` runs configs/cpu_demo.toml (preset
+gyre-1: 3 fine elastic cells, each = 1 SGLang CPU engine + 1 training cell, streaming on;
+C_e = 16, N = 4, B = 2, phi = 1.0, mu = 2, lr = 1e-2; 20 steps = 10 bursts) with a
+``[cluster]`` table (``interface = "lo"``, ``cell_resource = "gyre_cell"``) and ``--cluster
+ADDRESS``, as a subprocess on the head, with only the work directories moved under tmp_path.
+Each cell's placement group takes one ``gyre_cell``, so the three cells cannot all fit on one
+node: they land on both, whichever way Ray packs them. ~4-5 min on a quiet machine (~65 s
+start-up, ~95 s of steps, ~55 s of shutdown and the simulator's calibration). Checked:
 - placement: the driver (controller, proxy, harnesses) is on the head; the cells sit on
   both nodes; each engine on its own cell's node; every address is the interface's
   (127.0.0.1 here: only ``lo`` exists), never 0.0.0.0; the process answering each cell's
   commands is the one its node's agent started, and each engine's process group is the one
   its agent started; none of those processes outlives the run;
-- the run: exits 0, 20 steps trained and published, no backend error, no harness error,
-  replay of the event log through the simulator's driver identical;
-- staleness identity: the measured mean equals phi + (mu - 1)/2 = 1.5 within 0.25 (the
-  single-host bound; warm-up steps included);
-- the elastic path: a satellite takes a seat in the plane's steps in at least 3 of the 10
-  bursts (16-step runs here: 7 of 8 and 6 of 8);
-- reward rises: the least-squares trend over the 20 steps is positive with t >= 4 (18
-  degrees of freedom: noise alone passes with probability < 0.0005), and the last five
-  steps' mean exceeds the first five's (single host: t = 5.8 to 7.2).
-The simulator's prediction of the run is not checked here (the single-host e2e does).
+- the CLI exits 0, prints its JSON summary on stdout and one progress line per step on stderr;
+- role transitions happen while harness executions are in flight, and no harness sees an
+  error (every execution of a consumed group completed; only work still running after the
+  last step is cancelled at shutdown); each harness ran in its own loopback-only network
+  namespace where one can be made;
+- policy versions advance and every burst's weights are published (engines load them);
+- fed groups are admitted, packed and trained, one at a time as the stream packing buffer
+  asks for them (GroupWanted in the event log);
+- the elastic path: a satellite cell enters training during a step in flight, and takes a
+  seat in the plane, in at least 3 of the 10 bursts (why it can join at all, and why not in
+  every burst, is in configs/cpu_demo.toml's header; measured on one host: 7-8 of 10);
+- the simulator predicts the run (``gyre calibrate``, run by ``gyre run`` at its end): on the
+  run's own trace under the cost constants measured from it, the predicted total is within
+  10% of the measured one, the per-step wall times within 40% (mean absolute step error over
+  the mean step), and the same cells train in the same steps in most steps. Measured here
+  on two Ray nodes: per step 12.8%, total -0.7%, same cells 90%. What is left is decision
+  flips: at each burst's end the core stays in training only if a group is already ready
+  (SPEC 3.4), which here turns on sub-second timing, and one flip moves two steps by up to a
+  core round trip (~4.4 s), ~11 points of this measure; 40% leaves room for two or three on
+  a slower machine. Three causes of larger errors were found and fixed: the backend's start
+  latency (0.1-5 s per execution) was outside the trace's durations and one transition cost
+  stood for the core and the satellites (earlier 26-37%, ``runtime.trace`` and
+  ``analysis.calibrate``); and a burst's harness spawns, taken in one go, held the job's
+  event loop ~2 s while the burst's first step waited for its groups, a delay the simulator
+  does not have (54-56% on Ray and 39% in CI before ``harness.runner`` started harnesses one
+  at a time between the loop's other work).
+- measured staleness equals phi + (mu - 1)/2 within 0.25 (all steps, warm-up included);
+- the recorded event log replays through the simulator's driver to the identical action
+  sequence (differential test); the run's trace describes itself (the simulator replays it
+  with no ``--set``);
+- the toy reward (share of the target character in the answer) rises: its least-squares
+  trend over the 20 steps is positive and at least 4 standard errors from zero (t >= 4; with
+  18 degrees of freedom noise alone passes with probability < 0.0005), and the last five
+  steps' mean exceeds the first five's. A trend test, not a ratio: how much the reward rises
+  in 20 steps depends on the staleness (phi) and on timing; runs here measured t = 5.8 to
+  7.9. The run's picture (``run.png``: reward and staleness per step) is written.
 
 A second test kills a driver outright: a driver process that placed three cells on the
 same cluster and had each cell's rank and engine started (the engine's command line with
 a stand-in interpreter that sleeps, in the engine's process group) is SIGKILLed; every one
 of those processes, and every member of the engines' process groups, must be gone within
-60 s (Ray ends a dead driver's actors and SIGKILLs their direct children; the ranks are
-such children, each engine's reaper sits behind a ``cluster.holder`` and gets its
-parent-death SIGTERM, on which it ends the engine's whole group; without the holder this
-test failed: the stand-in and its sleep outlived their SIGKILLed reaper).
+60 s. The ranks die by their parent-death signal; each engine's reaper sits behind a
+``cluster.holder``, which dies by its own parent-death SIGKILL (Ray does not always kill a
+dead agent's children: CI once found an engine's whole group alive 60 s later), and the
+reaper, getting its parent-death SIGTERM, ends the engine's whole group.
 Skipped, with the reason, without Ray or the SGLang virtualenv.
 """
 
@@ -53,14 +81,15 @@ from pathlib import Path
 
 import pytest
 
+from gyre.formats.trace import load_trace
 from gyre.real.engines.manager import sglang_python
-from test_runtime_e2e import _trend  # the single-host e2e's trend test, the same statistic
+from gyre.real.harness.sandbox import netns_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 20
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
 LOOPBACK_ONLY = [name for _, name in socket.if_nameindex()] == ["lo"]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(720),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(960),
               pytest.mark.skipif(not sglang_python().exists(),
                                  reason=f"SGLang CPU venv not found at {sglang_python()} (tools/setup_sglang_cpu.sh)"),
               # Ray listens on every interface and advertises the machine's address: only inside a
@@ -92,12 +121,16 @@ def test_cpu_demo_placed_across_two_ray_nodes(tmp_path, two_node_cluster):
     argv = [sys.executable, "-m", "gyre.cli", "run", "--config", str(job), "--cluster", two_node_cluster.address,
             "--set", f'workdir="{work}"', "--set", f'model_dir="{tmp_path / "tok"}"', "--set", f"steps={STEPS}",
             "--set", "timeout_s=600.0"]
-    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=660)
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
+    progress = [line for line in done.stderr.splitlines() if line.startswith("[gyre run] step ")]
+    printed = json.loads(done.stdout)
     s = json.loads((work / "summary.json").read_text())
     print("placement:", json.dumps(s["placement"], indent=1))
     print("reward curve:", [round(r, 4) for r in s["reward_curve"]], "timings:", s["timings"])
+    print("step wall s:", [round(t, 3) for t in s["step_wall_s"]])
     print("participants:", s["participants"], "staleness per group:", s["staleness_per_group"])
+    print("prediction:", {k: v for k, v in s.get("prediction", {}).items() if k != "steps"})
 
     # where everything ran
     p = s["placement"]
@@ -117,20 +150,77 @@ def test_cpu_demo_placed_across_two_ray_nodes(tmp_path, two_node_cluster):
     pids = [pid for c in cells.values() for pid in c["processes"].values()]
     assert _all_gone(pids, within_s=30), [pid for pid in pids if _alive(pid)]
 
-    # the run itself, as on one machine
-    assert s["steps"] == STEPS and s["published"] == STEPS and s["replay_identical"]
+    # the run
+    assert printed["reward_curve"] == s["reward_curve"] and len(progress) == STEPS, done.stderr[-2000:]
+    assert s["steps"] == STEPS and s["published"] == STEPS and s["bursts"] >= 2 and s["replay_identical"]
     assert s["backend_errors"] == [] and s["excluded_executions"] == []
+    # no harness saw an error; work still running when the last step ends (phi > 0) is cancelled at shutdown
     assert set(s["outcomes"]) <= {"completed", "cancelled"}, s["outcomes"]
+    assert s["outcomes"]["completed"] >= STEPS * 2 * 4, s["outcomes"]  # every consumed group's N executions
+    assert s["harnesses_isolated"] == (netns_problem() is None)  # each harness in its own loopback-only netns
+    # (this shape leaves room on the engines expected to stay in rollout, so placement (SPEC 3.5)
+    # rarely puts work on a cell about to train: reroutes are checked in test_runtime_controller)
+    assert any(n > 0 for n in s["executions_in_flight_at_transitions"])
+    assert {t["role"] for t in s["transitions"]} == {"training", "rollout"}
+    assert len(s["losses"]) == STEPS and len(s["publishes"]) == STEPS // 2
+    kinds = [line.split(",")[1] for line in (work / "log" / "events.csv").read_text().splitlines()[1:]]
+    # streaming: one group asked for at a time; every fed group answered one ask (one may be open at the end)
+    assert STEPS * 2 <= kinds.count("group_wanted") <= STEPS * 2 + 1, kinds.count("group_wanted")
     assert abs(s["staleness_mean"] - s["staleness_predicted"]) <= 0.25, (s["staleness_mean"],
                                                                           s["staleness_predicted"])
+    trace = load_trace(s["trace"])
+    assert len(trace.frame) >= 4 * 2 * 4
+    # the trace describes itself: the simulator replays the recorded schedule with no --set
+    from gyre.sim.runner import run_simulation
+
+    replayed = run_simulation(trace=s["trace"], steps=4)
+    assert (replayed.summary["preset"], replayed.cfg.N, replayed.cfg.K, replayed.cfg.tau) == ("gyre-1", 4, 3, 0.0)
+
+    # the elastic path: in most bursts a satellite enters training while a step is in flight (the
+    # definition of analysis.timeline.satellite_joins, read off the event log), and satellites
+    # take a seat in the training plane's steps in several bursts
+    from gyre.analysis.role_timeline import timeline
+    from gyre.formats.eventlog import load_events, run_config
+
+    tl = timeline(run_config(work / "log"), load_events(work / "log" / "events.csv"))
+    entered = [span.start_s for cell, spans in tl.roles.items() if cell != 0 for span in spans
+               if span.label == "training"]
+    joined = [any(tl.steps[v].start_s <= t < tl.steps[v].end_s for v in (b, b + 1) for t in entered)
+              for b in range(0, STEPS, 2)]
     seated = [any(len(part) > 1 for part in s["participants"][b:b + 2]) for b in range(0, STEPS, 2)]
-    print("bursts where a satellite took a seat:", seated)
-    assert sum(seated) >= 3, s["participants"]
+    print("bursts where a satellite joined a step in flight:", joined, "took a seat:", seated)
+    assert sum(joined) >= 3 and sum(seated) >= 3, (joined, s["participants"])
+
+    # the simulator, calibrated on this run, predicts it
+    pred = s["prediction"]
+    assert "error" not in pred, pred
+    print((work / "prediction.csv").read_text(),
+          {k: pred[k] for k in ("total_error", "step_error", "same_cells_share")})
+    assert abs(pred["total_error"]) <= 0.10 and pred["step_error"] <= 0.40, pred
+    assert pred["same_cells_share"] > 0.5, pred
+    assert (work / "costs.toml").exists() and (work / "sim_vs_real.png").stat().st_size
+
+    # reward rises
     curve = s["reward_curve"]
+    assert len(curve) == STEPS and all(0.0 <= r <= 1.0 for r in curve), curve
+    assert [Path(f).name for f in s["figures"]] == ["run.png", "run.svg"] and Path(s["figures"][0]).stat().st_size
     first, last = statistics.fmean(curve[:5]), statistics.fmean(curve[-5:])
     slope, t = _trend(curve)
     print(f"reward trend {slope:+.4f}/step, t = {t:.1f}; first five {first:.3f}, last five {last:.3f}")
-    assert len(curve) == STEPS and t >= 4.0 and last > first, (slope, t, first, last)
+    assert t >= 4.0 and last > first, f"reward did not rise: trend {slope:+.4f}/step (t = {t:.1f}), " \
+                                      f"first five {first:.3f}, last five {last:.3f}"
+
+
+def _trend(values: list[float]) -> tuple[float, float]:
+    """Least-squares slope of ``values`` against their index, and its t statistic (slope / its standard error)."""
+    n = len(values)
+    xs = range(n)
+    x_mean, y_mean = (n - 1) / 2, statistics.fmean(values)
+    sxx = sum((x - x_mean) ** 2 for x in xs)
+    slope = sum((x - x_mean) * (y - y_mean) for x, y in zip(xs, values)) / sxx
+    residual = sum((y - y_mean - slope * (x - x_mean)) ** 2 for x, y in zip(xs, values))
+    stderr = (residual / (n - 2) / sxx) ** 0.5
+    return slope, (slope / stderr if stderr > 0 else (float("inf") if slope > 0 else 0.0))
 
 
 def _alive(pid: int) -> bool:

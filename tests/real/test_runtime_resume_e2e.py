@@ -1,33 +1,40 @@
-"""End to end: ``gyre run`` killed with SIGKILL at three points, resumed each time, finishes (issue 16 item 2).
+"""End to end: ``gyre run`` SIGKILLed twice and its core cell once; it resumes each time and finishes (issue 16).
 
 One small job (2 cells, N = B = 2, phi = 0.5, mu = 2, 6 steps: 3 bursts; the
 scripted harness sleeps 1 s after each of its 2 calls so executions are
 caught between calls) runs as a subprocess of the real CLI in its own
 process group. The test watches the durable event journal (``log/events.jsonl``,
-replayed through a fresh core) and kills the whole job (its process group
-and every engine group named in ``engines.json``) with SIGKILL:
+replayed through a fresh core) and kills, with SIGKILL:
 
-1. mid-rollout: after checkpoint v2 and publication 2, while an execution
-   that is running has exactly one recorded call (a partial record);
-2. mid-step: resumed with ``GYRE_FAULT_PAUSE=step=120@3``, once the batch of
-   version 3 is open (``StartBatch(3)`` issued, its ``StepDone`` held back);
-3. during publication: resumed with ``GYRE_FAULT_PAUSE=publish=120@4``, once
-   checkpoint v4 is complete and publication 4 is pending (and, if an
-   execution was running at the checkpoint, once one such has finished, for
-   up to 20 s: the last resume then re-admits it from its record);
+1. the whole job (its process group and every engine group named in
+   ``engines.json``), mid-rollout: after checkpoint v2 and publication 2, while
+   an execution that is running has exactly one recorded call (a partial
+   record); then ``gyre run --resume`` with
+   ``GYRE_FAULT_PAUSE=step=15@3,publish=120@4``;
+2. the core training cell alone (its pid from ``cells.json``), mid-step: once
+   the batch of version 3 is open (``StartBatch(3)`` issued, its ``StepDone``
+   held back). The job stops with ``CellFailed`` naming the cell and its exit
+   code and resumes *itself* (same ``gyre run``, no operator) from checkpoint
+   v2 with a new cell 0 (issue 16 item 3);
+3. the whole job again, during publication: once checkpoint v4 is complete
+   and publication 4 is pending (and, if an execution was running at the
+   checkpoint, once one such has finished, for up to 20 s: the last resume
+   then re-admits it from its record);
 
-then ``gyre run --resume`` finishes the run. Checked after the last resume:
-exit 0, 6 steps and 6 published, ``replay_identical``; the final event log
-replays (``replay_run`` on events.csv and ``replay_journal`` on events.jsonl
-give the same actions); every group fed to training exactly once (B per step);
-``StepDone`` versions 0..5 once each in order, ``PublishDone`` 2, 4, 6; each
-resume took the checkpoint it should (v2, v2, v4), the partially recorded
-execution ran again from the start (its partial record kept under
-attempts/1); metrics.jsonl, the summary's step reports and trace.csv cover
-every step and trained group once (the run calibrates); the measured
-staleness (from the final log) equals the summary's and stays within 0.25 of
-phi + (mu - 1)/2, as a normal run's does (``test_runtime_e2e``); and
-no recorded call is lost: every record file seen at a kill is still there,
+then ``gyre run --resume`` finishes the run. (Kill 2 once killed the whole job
+mid-step, and a separate run of this job killed the cell; one run of both
+saves ~3.5 min of the suite, and the mid-step resume is the same path.)
+Checked after the last resume: exit 0, 6 steps and 6 published,
+``replay_identical``; the final event log replays (``replay_run`` on
+events.csv and ``replay_journal`` on events.jsonl give the same actions);
+every group fed to training exactly once (B per step); ``StepDone`` versions
+0..5 once each in order, ``PublishDone`` 2, 4, 6; each resume took the
+checkpoint it should (v2, v2, v4), the partially recorded execution ran again
+from the start (its partial record kept under attempts/1); metrics.jsonl, the
+summary's step reports and trace.csv cover every step and trained group once
+(the run calibrates); the measured staleness (from the final log) equals the
+summary's and stays within 0.25 of phi + (mu - 1)/2, as a normal run's does;
+and no recorded call is lost: every record file seen at a kill is still there,
 in ``records/`` or under ``attempts/``, with the same calls in the same order.
 """
 
@@ -170,7 +177,7 @@ def resume_record(work: Path, attempt: int) -> dict:
     return json.loads((work / "attempts" / str(attempt) / "resume.json").read_text())
 
 
-def test_a_run_killed_three_times_resumes_and_finishes(tmp_path):
+def test_a_run_killed_twice_and_its_cell_once_resumes_and_finishes(tmp_path):
     work = tmp_path / "run"
     (tmp_path / "job.toml").write_text(JOB.format(work=work, tok=tmp_path / "tok"))
     t0 = time.monotonic()
@@ -180,19 +187,23 @@ def test_a_run_killed_three_times_resumes_and_finishes(tmp_path):
     partial = wait_for(proc, work, partial_execution(work), "a partially recorded execution after publication 2")
     snapshots.append(kill_job(proc, work))
 
-    proc = start(["--resume", str(work)], tmp_path, "run1", pause="step=120@3")
+    proc = start(["--resume", str(work)], tmp_path, "run1", pause="step=15@3,publish=120@4")
     wait_for(proc, work, lambda core: core.batch_open and core.version == 3, "the batch of version 3 to open",
              tmp_path / "run1.stderr")
-    snapshots.append(kill_job(proc, work))
-
-    proc = start(["--resume", str(work)], tmp_path, "run2", pause="publish=120@4")
+    cell = int(json.loads((work / "cells.json").read_text())["0"]["pid"])
+    os.kill(cell, signal.SIGKILL)  # the core cell alone, inside step 3: the job resumes itself
+    time.sleep(1.0)
+    snapshots.append({p.name: calls_of(p) for p in sorted((work / "records").glob("*.tito"))})
     wait_for(proc, work, lambda core: complete(work, 4) and core.awaiting_publish and core.version == 4,
-             "checkpoint v4 and publication 4 pending", tmp_path / "run2.stderr")
+             "checkpoint v4 and publication 4 pending")
     finished_since_checkpoint(proc, work, 4, within=20.0)  # so the next resume re-admits it, when there is one
     snapshots.append(kill_job(proc, work))
+    err = (tmp_path / "run1.stderr").read_text()
+    assert "training cell 0 (exit code -9) died" in err and "resuming at version 2" in err, err[-4000:]
+    assert int(json.loads((work / "cells.json").read_text())["0"]["pid"]) != cell  # a new cell 0 trained
 
-    proc = start(["--resume", str(work)], tmp_path, "run3")
-    assert proc.wait(timeout=500) == 0, (tmp_path / "run3.stderr").read_text()[-3000:]
+    proc = start(["--resume", str(work)], tmp_path, "run2")
+    assert proc.wait(timeout=500) == 0, (tmp_path / "run2.stderr").read_text()[-3000:]
     print(f"killed three times and finished in {time.monotonic() - t0:.0f} s")
 
     # each resume went on from the checkpoint it should, with the outstanding work named
