@@ -19,11 +19,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-try:
-    from test_train_model import megatron  # noqa: F401  (fixture)
-except ImportError:
-    from .test_train_model import megatron  # noqa: F401
-
 from gyre.real.train import bridge as B
 from gyre.real.train.cpu_compat import seed_model_rng
 from gyre.real.train.model import FlatParameters, ModelConfig, build_gpt, causal_mask

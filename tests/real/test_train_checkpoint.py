@@ -10,37 +10,22 @@ as a checkpoint, one made by ``finalize`` is.
 
 from __future__ import annotations
 
-import datetime
 import json
 import random
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from gyre.real.train.checkpoint import (MANIFEST, checkpoint_name, complete_checkpoints, finalize, load_rank,
                                         save_rank)
-from gyre.real.train.cpu_compat import prepare_device, seed_model_rng
+from gyre.real.train.cpu_compat import seed_model_rng
 from gyre.real.train.model import FlatParameters, LossConfig, ModelConfig, build_gpt
 from gyre.real.train.state import OptimConfig, TrainingState
 from gyre.real.toy.microsteps import toy_batch
 
 CFG = ModelConfig()
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-
-@pytest.fixture(scope="module")
-def megatron():
-    from megatron.core import parallel_state
-
-    setup = prepare_device("cpu", threads=1)
-    if not dist.is_initialized():
-        store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
-    return setup
 
 
 def new_state(setup, cfg=CFG) -> TrainingState:

@@ -4,15 +4,13 @@ offload/restore, and the Qwen2 export checked against an independent Qwen2 forwa
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import math
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
-from gyre.real.train.cpu_compat import prepare_device, seed_model_rng
+from gyre.real.train.cpu_compat import seed_model_rng
 from gyre.real.train.model import (FlatParameters, LossConfig, ModelConfig, build_gpt, causal_mask,
                                    microstep_tensors, target_logprobs)
 from gyre.real.train.publish import hf_state_dict
@@ -23,20 +21,6 @@ from gyre.trajectory.packing import MicroStep
 CFG = ModelConfig()
 # Megatron-core warns at import that Apex / Transformer Engine are absent (expected on CPU).
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-
-@pytest.fixture(scope="module")
-def megatron():
-    """A one-process gloo world with Megatron's parallel state (what every cell sets up)."""
-    from megatron.core import parallel_state
-
-    setup = prepare_device("cpu", threads=1)
-    if not dist.is_initialized():
-        store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
-    return setup
 
 
 def new_state(setup, *, core=True, optim=OptimConfig(lr=1e-3)) -> TrainingState:

@@ -25,11 +25,9 @@ import torch
 
 try:
     from proxy_fixtures import free_port, shared_tiny_dir
-    from test_train_model import megatron  # noqa: F401  (fixture)
     from test_train_publish import megatron_named
 except ImportError:
     from .proxy_fixtures import free_port, shared_tiny_dir
-    from .test_train_model import megatron  # noqa: F401
     from .test_train_publish import megatron_named
 
 from gyre.real.engines.manager import EngineManager, EngineSpec, sglang_python
