@@ -127,6 +127,7 @@ class JobConfig:
     tp: int = 1                # tensor-parallel ranks per training cell (cuda: layout.tensor_parallel instead)
     cluster: dict[str, Any] = dataclasses.field(default_factory=dict)  # the [cluster] table: real.cluster.config
     cell_restarts: int = 2     # a run whose training cell died resumes itself this often (gyre run: CellFailed)
+    wandb: str = ""            # "offline": metrics also to an offline W&B run in WORKDIR/wandb (runtime.metrics)
 
     def __post_init__(self) -> None:
         if self.isolate not in ISOLATE_MODES:
@@ -139,6 +140,9 @@ class JobConfig:
             raise ValueError(f"schedule: {exc}") from None
         if isinstance(self.cell_restarts, bool) or not isinstance(self.cell_restarts, int) or self.cell_restarts < 0:
             raise ValueError(f"job field cell_restarts must be an integer >= 0, not {self.cell_restarts!r}")
+        if self.wandb not in ("", "offline"):
+            raise ValueError(f"job field wandb must be \"offline\" or \"\" (off), not {self.wandb!r}: a run never "
+                             "sends metrics over the network itself (wandb sync uploads an offline run)")
         if self.steps < 1 or self.steps % cfg.mu:
             raise ValueError(f"job field steps must be a positive multiple of mu = {cfg.mu} (whole bursts), "
                              f"not {self.steps}")
@@ -412,7 +416,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
                               progress=say, steps=job.steps)
         controller = Controller(cfg, backend, **controller_parts(resume, work / "log"))  # log: events.jsonl, live
         backend.bind(controller)
-        live = LiveMetrics(cfg, work, names, log=say, watch=watch).bind(controller, backend)
+        live = LiveMetrics(cfg, work, names, log=say, watch=watch, wandb=job.wandb).bind(controller, backend)
         backend.on_step = live.on_step  # metrics.jsonl + tb/, one record per step, during the run
         wiring = ResumeWiring(resume, controller, backend, work=work, tp=tp, seed=job.seed)  # runtime.restore
 

@@ -8,7 +8,12 @@ record, written while the run goes on:
 - ``RUN_DIR/tb/``: the record's numbers as TensorBoard scalars (tag = field,
   nested fields as ``breakdown_s/rollout_full``, ``engine_load/e0``), flushed
   per step. TensorBoard needs the ``tensorboard`` package; without it only
-  the JSON lines are written (said once through ``log``).
+  the JSON lines are written (said once through ``log``);
+- with ``wandb = "offline"`` in the job file (``JobConfig.wandb``): the same
+  scalars to a Weights & Biases run in offline mode under ``RUN_DIR/wandb/``
+  (nothing leaves the machine; ``wandb sync`` uploads it later). Needs the
+  ``wandb`` package (extra ``[wandb]``); without it the run says so once and
+  goes on.
 
 A record (``step_record``) holds: ``step`` (1-based) and ``version``, the
 ``burst`` in progress (1-based), ``time_s`` (the controller's clock),
@@ -38,6 +43,8 @@ raise: a failure is logged and the run continues; every record is on disk
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import json
 import math
@@ -165,13 +172,21 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-class MetricsWriter:
-    """Appends records to ``run_dir/metrics.jsonl`` and TensorBoard scalars under ``run_dir/tb``."""
+WANDB_MODES = ("", "offline")
 
-    def __init__(self, run_dir: str | Path, *, log: Callable[[str], None] = print, tensorboard: bool = True) -> None:
+
+class MetricsWriter:
+    """Appends records to ``run_dir/metrics.jsonl``, TensorBoard scalars under ``run_dir/tb`` and, with
+    ``wandb="offline"``, the same scalars to an offline W&B run under ``run_dir/wandb``."""
+
+    def __init__(self, run_dir: str | Path, *, log: Callable[[str], None] = print, tensorboard: bool = True,
+                 wandb: str = "", config: dict[str, Any] | None = None) -> None:
+        if wandb not in WANDB_MODES:
+            raise ValueError(f"wandb must be one of {WANDB_MODES} (\"\": off), not {wandb!r}")
         self.run_dir, self.log = Path(run_dir), log
         self.path = self.run_dir / "metrics.jsonl"
         self._tensorboard, self._tb = tensorboard, None
+        self._wandb_mode, self._wandb, self._config = wandb, None, dict(config or {})
         self.failed: set[str] = set()   # sinks given up on, each said once
 
     def write(self, record: dict[str, Any]) -> None:
@@ -191,6 +206,20 @@ class MetricsWriter:
                 writer.flush()
             except Exception as exc:  # an import or I/O failure of an optional sink must not stop the run
                 self._give_up("tensorboard", exc)
+        if self._wandb_mode and "wandb" not in self.failed:
+            try:
+                run = self._wandb or self._open_wandb()
+                run.log(scalars(record), step=record["step"])
+            except Exception as exc:
+                self._give_up("wandb", exc)
+
+    def _open_wandb(self):
+        import wandb
+
+        self._wandb = wandb.init(mode=self._wandb_mode, dir=str(self.run_dir), project="gyre",
+                                 name=self.run_dir.name, config=self._config,
+                                 settings=wandb.Settings(silent=True, console="off"))
+        return self._wandb
 
     def _open_tensorboard(self):
         from torch.utils.tensorboard import SummaryWriter
@@ -210,6 +239,15 @@ class MetricsWriter:
             except Exception as exc:
                 self._give_up("tensorboard", exc)
             self._tb = None
+        if self._wandb is not None:
+            try:
+                import wandb
+
+                self._wandb.finish()
+                wandb.teardown()  # waits for the W&B service to write the run out, so it is on disk on return
+            except Exception as exc:
+                self._give_up("wandb", exc)
+            self._wandb = None
 
 
 class LiveMetrics:
@@ -217,9 +255,10 @@ class LiveMetrics:
 
     def __init__(self, cfg: SchedulerConfig, run_dir: str | Path, engine_names: dict[int, str], *,
                  log: Callable[[str], None] = print, watch: Callable[[dict], None] | None = None,
-                 tensorboard: bool = True) -> None:
+                 tensorboard: bool = True, wandb: str = "") -> None:
         self.timeline = Timeline(cfg)
-        self.writer = MetricsWriter(run_dir, log=log, tensorboard=tensorboard)
+        self.writer = MetricsWriter(run_dir, log=log, tensorboard=tensorboard, wandb=wandb,
+                                    config=dataclasses.asdict(cfg))
         self.engine_names, self.log, self.watch = dict(engine_names), log, watch
         self.controller = self.backend = None
         self.records: list[dict[str, Any]] = []

@@ -58,6 +58,8 @@ def test_schedule_overrides_apply_on_top_of_the_preset(tmp_path):
     ("[job]\nharness_timeout_s = 100.0\noverall_timeout_s = 50.0\n", "harness_timeout_s <= overall_timeout_s"),
     ("[job]\ncell_restarts = -1\n", "cell_restarts must be an integer >= 0"),
     ("[job]\ncell_restarts = true\n", "cell_restarts must be an integer >= 0"),
+    ("[job]\nwandb = \"online\"\n", "wandb must be \"offline\" or"),
+    ("[job]\nwandb = true\n", "wandb must be \"offline\" or"),
 ])
 def test_a_bad_job_file_is_named(tmp_path, text, message):
     path = tmp_path / "job.toml"

@@ -210,3 +210,23 @@ def test_the_display_draws_a_bar_on_a_terminal():
     assert "2/4" in text and "burst 1, roles 0:T 1:R" in text and "[gyre run] a phase line" in text
     assert "progress:" not in text
     assert describe(record(3), 4).startswith("step 3/4, burst 1")
+
+
+def test_an_offline_wandb_run_holds_the_records_values(tmp_path):
+    """The real wandb package, offline: nothing leaves the machine, the run lands in RUN_DIR/wandb."""
+    pytest.importorskip("wandb")
+    writer = MetricsWriter(tmp_path, log=pytest.fail, tensorboard=False, wandb="offline", config={"N": 4})
+    for step in (1, 2):
+        writer.write(record(step, reward_mean=0.125 * step))
+    writer.close()
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1, list((tmp_path / "wandb").rglob("*"))
+    data = runs[0].read_bytes()  # protobuf records: the history's keys and JSON values are stored as text
+    for text in (b"engine_load/e0", b"breakdown_s/waiting", b"reward_mean", b"0.125", b"0.25"):
+        assert text in data, text
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
+
+
+def test_a_wandb_mode_other_than_offline_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="wandb must be one of"):
+        MetricsWriter(tmp_path, wandb="online")
