@@ -1,4 +1,4 @@
-"""End to end: ``gyre run`` SIGKILLed twice and its core cell once; it resumes each time and finishes (issue 16).
+"""End to end: ``gyre run`` SIGKILLed at three points and its core cell once; it resumes and finishes (issue 16).
 
 One small job (2 cells, N = B = 2, phi = 0.5, mu = 2, 6 steps: 3 bursts; the
 scripted harness sleeps 1 s after each of its 2 calls so executions are
@@ -9,27 +9,28 @@ replayed through a fresh core) and kills, with SIGKILL:
 1. the whole job (its process group and every engine group named in
    ``engines.json``), mid-rollout: after checkpoint v2 and publication 2, while
    an execution that is running has exactly one recorded call (a partial
-   record); then ``gyre run --resume`` with
-   ``GYRE_FAULT_PAUSE=step=15@3,publish=120@4``;
+   record); then ``gyre run --resume`` with ``GYRE_FAULT_PAUSE=step=120@3``;
 2. the core training cell alone (its pid from ``cells.json``), mid-step: once
    the batch of version 3 is open (``StartBatch(3)`` issued, its ``StepDone``
    held back). The job stops with ``CellFailed`` naming the cell and its exit
    code and resumes *itself* (same ``gyre run``, no operator) from checkpoint
    v2 with a new cell 0 (issue 16 item 3);
-3. the whole job again, during publication: once checkpoint v4 is complete
-   and publication 4 is pending (and, if an execution was running at the
+3. the whole job, mid-step: once that self-resumed attempt has the batch of
+   version 3 open again; then ``gyre run --resume`` with
+   ``GYRE_FAULT_PAUSE=publish=120@4``;
+4. the whole job, during publication: once checkpoint v4 is complete and
+   publication 4 is pending (and, if an execution was running at the
    checkpoint, once one such has finished, for up to 20 s: the last resume
    then re-admits it from its record);
 
-then ``gyre run --resume`` finishes the run. (Kill 2 once killed the whole job
-mid-step, and a separate run of this job killed the cell; one run of both
-saves ~3.5 min of the suite, and the mid-step resume is the same path.)
+then ``gyre run --resume`` finishes the run. (The cell's death once had a run
+of this job of its own; sharing this one saves ~2 min of the suite.)
 Checked after the last resume: exit 0, 6 steps and 6 published,
 ``replay_identical``; the final event log replays (``replay_run`` on
 events.csv and ``replay_journal`` on events.jsonl give the same actions);
 every group fed to training exactly once (B per step); ``StepDone`` versions
 0..5 once each in order, ``PublishDone`` 2, 4, 6; each resume took the
-checkpoint it should (v2, v2, v4), the partially recorded execution ran again
+checkpoint it should (v2, v2, v2, v4), the partially recorded execution ran again
 from the start (its partial record kept under attempts/1); metrics.jsonl, the
 summary's step reports and trace.csv cover every step and trained group once
 (the run calibrates); the measured staleness (from the final log) equals the
@@ -110,13 +111,13 @@ def calls_of(path: Path) -> list[str]:
 
 
 def wait_for(proc: subprocess.Popen, work: Path, ready, what: str, stderr: Path | None = None,
-             timeout: float = 400.0):
-    """Poll the journal until ``ready(core)`` is true; a resumed job only once it says it resumed (before,
-    the journal still holds the killed attempt's events)."""
+             timeout: float = 400.0, resumes: int = 1):
+    """Poll the journal until ``ready(core)`` is true; a resumed job only once it says it resumed ``resumes``
+    times (before, the journal still holds the killed attempt's events)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"the job exited ({proc.returncode}) before {what}"
-        if stderr is not None and "resumed at version" not in stderr.read_text():
+        if stderr is not None and stderr.read_text().count("resumed at version") < resumes:
             time.sleep(0.2)
             continue
         try:
@@ -177,7 +178,7 @@ def resume_record(work: Path, attempt: int) -> dict:
     return json.loads((work / "attempts" / str(attempt) / "resume.json").read_text())
 
 
-def test_a_run_killed_twice_and_its_cell_once_resumes_and_finishes(tmp_path):
+def test_a_run_killed_three_times_and_its_cell_once_resumes_and_finishes(tmp_path):
     work = tmp_path / "run"
     (tmp_path / "job.toml").write_text(JOB.format(work=work, tok=tmp_path / "tok"))
     t0 = time.monotonic()
@@ -187,36 +188,41 @@ def test_a_run_killed_twice_and_its_cell_once_resumes_and_finishes(tmp_path):
     partial = wait_for(proc, work, partial_execution(work), "a partially recorded execution after publication 2")
     snapshots.append(kill_job(proc, work))
 
-    proc = start(["--resume", str(work)], tmp_path, "run1", pause="step=15@3,publish=120@4")
+    proc = start(["--resume", str(work)], tmp_path, "run1", pause="step=120@3")
     wait_for(proc, work, lambda core: core.batch_open and core.version == 3, "the batch of version 3 to open",
              tmp_path / "run1.stderr")
     cell = int(json.loads((work / "cells.json").read_text())["0"]["pid"])
     os.kill(cell, signal.SIGKILL)  # the core cell alone, inside step 3: the job resumes itself
     time.sleep(1.0)
     snapshots.append({p.name: calls_of(p) for p in sorted((work / "records").glob("*.tito"))})
-    wait_for(proc, work, lambda core: complete(work, 4) and core.awaiting_publish and core.version == 4,
-             "checkpoint v4 and publication 4 pending")
-    finished_since_checkpoint(proc, work, 4, within=20.0)  # so the next resume re-admits it, when there is one
-    snapshots.append(kill_job(proc, work))
+    wait_for(proc, work, lambda core: core.batch_open and core.version == 3,
+             "the batch of version 3 to open again after the job resumed itself", tmp_path / "run1.stderr", resumes=2)
     err = (tmp_path / "run1.stderr").read_text()
     assert "training cell 0 (exit code -9) died" in err and "resuming at version 2" in err, err[-4000:]
-    assert int(json.loads((work / "cells.json").read_text())["0"]["pid"]) != cell  # a new cell 0 trained
+    assert int(json.loads((work / "cells.json").read_text())["0"]["pid"]) != cell  # a new cell 0
+    snapshots.append(kill_job(proc, work))
 
-    proc = start(["--resume", str(work)], tmp_path, "run2")
-    assert proc.wait(timeout=500) == 0, (tmp_path / "run2.stderr").read_text()[-3000:]
-    print(f"killed three times and finished in {time.monotonic() - t0:.0f} s")
+    proc = start(["--resume", str(work)], tmp_path, "run2", pause="publish=120@4")
+    wait_for(proc, work, lambda core: complete(work, 4) and core.awaiting_publish and core.version == 4,
+             "checkpoint v4 and publication 4 pending", tmp_path / "run2.stderr")
+    finished_since_checkpoint(proc, work, 4, within=20.0)  # so the next resume re-admits it, when there is one
+    snapshots.append(kill_job(proc, work))
+
+    proc = start(["--resume", str(work)], tmp_path, "run3")
+    assert proc.wait(timeout=500) == 0, (tmp_path / "run3.stderr").read_text()[-3000:]
+    print(f"killed four times and finished in {time.monotonic() - t0:.0f} s")
 
     # each resume went on from the checkpoint it should, with the outstanding work named
-    first, second, third = (resume_record(work, n) for n in (1, 2, 3))
-    assert (first["version"], second["version"], third["version"]) == (2, 2, 4)
+    first, second, third, fourth = (resume_record(work, n) for n in (1, 2, 3, 4))
+    assert (first["version"], second["version"], third["version"], fourth["version"]) == (2, 2, 2, 4)
     # the partially recorded execution ran again from the start: its partial record kept aside, untrained
     assert partial not in first["readmitted"]
     assert calls_of(work / "attempts" / "1" / "records" / f"x{partial}.tito") == snapshots[0][f"x{partial}.tito"]
     assert len(calls_of(work / "records" / f"x{partial}.tito")) == 2  # both calls of its re-run
-    assert {"kind": "publish", "version": 4} in third["outstanding"]
+    assert {"kind": "publish", "version": 4} in fourth["outstanding"]
     assert first["events_discarded"] > 0 and second["events_discarded"] > 0  # (a kill at once may discard none)
     print("resumes:", [{k: r[k] for k in ("version", "events_discarded", "rerun", "readmitted", "cancelled")}
-                       for r in (first, second, third)])
+                       for r in (first, second, third, fourth)])
 
     # the run finished, and its final event log replays
     s = json.loads((work / "summary.json").read_text())
@@ -249,5 +255,5 @@ def test_a_run_killed_twice_and_its_cell_once_resumes_and_finishes(tmp_path):
         for name, calls in snapshot.items():
             homes = [work / "records" / name, *sorted((work / "attempts").glob(f"*/records/{name}"))]
             assert any(h.is_file() and calls_of(h)[:len(calls)] == calls for h in homes), name
-    for n in (1, 2, 3):
+    for n in (1, 2, 3, 4):
         assert len(read_journal(work / "attempts" / str(n) / "events.jsonl").events) > 0
