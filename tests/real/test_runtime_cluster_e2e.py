@@ -47,8 +47,8 @@ start-up, ~95 s of steps, ~55 s of shutdown and the simulator's calibration). Ch
   event loop ~2 s while the burst's first step waited for its groups, a delay the simulator
   does not have (54-56% on Ray and 39% in CI before ``harness.runner`` started harnesses one
   at a time between the loop's other work).
-  The same cells trained in the same steps in 45% to 90% of the steps over nine runs here
-  (median ~80%; one run of the nine below half): a cell counts as training in a step when
+  The same cells trained in the same steps in 45% to 90% of the steps over ten runs here
+  (median ~75%; one run of the ten below half): a cell counts as training in a step when
   its training role overlaps the step at all, and the satellite's return to rollout races
   the step after a burst's first by a few tenths of a second (publication: 0.05-0.27 s,
   the simulator takes the mean). One flip of that race shifts the satellite's alternation
