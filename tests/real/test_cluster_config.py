@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,10 +24,15 @@ from pathlib import Path
 import pytest
 
 from gyre.real.cluster.agent import NodeAgent
-from gyre.real.cluster.config import ClusterConfig, check_interface, cluster_from_table, interface_address
+from gyre.real.cluster.config import ClusterConfig, check_interface, interface_address
 from gyre.real.engines.manager import EngineSpec, launch_command
 from gyre.real.runtime.job import load_job_config
 from gyre.real.train.context import CellConfig
+
+try:
+    from processes import alive, all_gone, group_members, wait_until
+except ImportError:
+    from .processes import alive, all_gone, group_members, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "configs" / "cpu_demo.toml"
@@ -123,7 +127,7 @@ def test_the_node_agent_signals_waits_for_and_kills_what_it_started(tmp_path):
     assert agent.signal("engine", signal.SIGTERM) and agent.wait("engine") == -signal.SIGTERM
     assert agent.shutdown() == ["rank"] and agent.poll("rank") == -signal.SIGKILL
     assert not agent.signal("rank", signal.SIGTERM)  # already gone
-    assert not _alive(single) and not _alive(group)
+    assert not alive(single) and not alive(group)
     with pytest.raises(KeyError, match="no process 'nothing'"):
         agent.wait("nothing")
 
@@ -140,13 +144,10 @@ def test_an_agents_processes_die_with_it(tmp_path):
     """)
     agent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     child = json.loads(agent.stdout.readline())
-    assert _alive(child)
+    assert alive(child)
     agent.kill()  # as Ray kills an actor: SIGKILL, no clean-up
     agent.wait(10)
-    deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(child), f"process {child} outlived its agent"
+    assert wait_until(lambda: not alive(child), 10), f"process {child} outlived its agent"
 
 
 def test_an_engine_group_behind_its_holder_dies_with_a_killed_agent(tmp_path):
@@ -165,39 +166,12 @@ def test_an_engine_group_behind_its_holder_dies_with_a_killed_agent(tmp_path):
     """)
     agent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     holder = json.loads(agent.stdout.readline())
-    deadline = time.monotonic() + 30
-    while len(_group(holder)) < 4 and time.monotonic() < deadline:  # holder, reaper, sh, sleep
-        time.sleep(0.1)
-    members = _group(holder)
+    wait_until(lambda: len(group_members(holder)) >= 4, 30)  # holder, reaper, sh, sleep
+    members = group_members(holder)
     assert len(members) == 4, members
     agent.kill()  # SIGKILL, and nobody kills the agent's children for it
     agent.wait(10)
-    deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in members) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(pid) for pid in members), [pid for pid in members if _alive(pid)]
-
-
-def _group(pgid: int) -> list[int]:
-    """Live processes in process group ``pgid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    assert all_gone(members, within_s=30), [pid for pid in members if alive(pid)]
 
 
 def test_the_holder_ends_like_its_command_and_its_command_dies_with_it(tmp_path):
@@ -215,7 +189,4 @@ def test_the_holder_ends_like_its_command_and_its_command_dies_with_it(tmp_path)
     assert proc.poll() is None and not marker.exists()
     proc.kill()  # as Ray's raylet kills an exiting worker's direct children
     proc.wait(10)
-    deadline = time.monotonic() + 10
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), "the holder's command got no SIGTERM when the holder was killed"
+    assert wait_until(marker.exists, 10), "the holder's command got no SIGTERM when the holder was killed"

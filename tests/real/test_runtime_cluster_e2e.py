@@ -83,7 +83,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +90,11 @@ import pytest
 from gyre.formats.trace import load_trace
 from gyre.real.engines.manager import sglang_python
 from gyre.real.harness.sandbox import netns_problem
+
+try:
+    from processes import alive, all_gone, group_members, wait_until
+except ImportError:
+    from .processes import alive, all_gone, group_members, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 20
@@ -155,7 +159,7 @@ def test_cpu_demo_placed_across_two_ray_nodes(tmp_path, two_node_cluster):
         assert roster[f"e{c}"]["pid"] in [pid for name, pid in started.items() if name.startswith(f"engine-e{c}-")]
         assert roster[f"e{c}"]["url"].startswith("http://127.0.0.1:")
     pids = [pid for c in cells.values() for pid in c["processes"].values()]
-    assert _all_gone(pids, within_s=30), [pid for pid in pids if _alive(pid)]
+    assert all_gone(pids, within_s=30), [pid for pid in pids if alive(pid)]
 
     # the run
     assert printed["reward_curve"] == s["reward_curve"] and len(progress) == STEPS, done.stderr[-2000:]
@@ -230,24 +234,6 @@ def _trend(values: list[float]) -> tuple[float, float]:
     return slope, (slope / stderr if stderr > 0 else (float("inf") if slope > 0 else 0.0))
 
 
-def _alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def _all_gone(pids: list[int], within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while any(_alive(pid) for pid in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
-
-
 DRIVER = """
 import json, sys, time
 from pathlib import Path
@@ -281,27 +267,12 @@ def test_a_killed_driver_leaves_no_process_on_any_node(tmp_path, two_node_cluste
         pids = json.loads(driver.stdout.readline() or "null")
         assert pids and len(pids) == 6, "the driver did not start its processes"
         engines = pids[3:]
-        deadline = time.monotonic() + 30  # each engine's group: holder, reaper, stand-in, its sleep
-        while min(len(_group(pid)) for pid in engines) < 4 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        members = [member for pid in engines for member in _group(pid)]
-        assert len(members) == 12 and all(_alive(pid) for pid in pids), (pids, members)
+        # each engine's group: holder, reaper, stand-in, its sleep
+        wait_until(lambda: min(len(group_members(pid)) for pid in engines) >= 4, 30, poll_s=0.2)
+        members = [member for pid in engines for member in group_members(pid)]
+        assert len(members) == 12 and all(alive(pid) for pid in pids), (pids, members)
     finally:
         driver.kill()  # SIGKILL: no finally, no close() in the driver
         driver.wait(10)
     everything = pids + members
-    assert _all_gone(everything, within_s=60), [pid for pid in everything if _alive(pid)]
-
-
-def _group(pgid: int) -> list[int]:
-    """Live processes in process group ``pgid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                found.append(int(entry.name))
-    return found
+    assert all_gone(everything, within_s=60), [pid for pid in everything if alive(pid)]

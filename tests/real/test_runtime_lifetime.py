@@ -19,50 +19,19 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from pathlib import Path
 
 import pytest
 
 from gyre.real.engines.manager import sglang_python
 
 try:
+    from processes import alive, group_members, wait_until
     from proxy_fixtures import free_port, shared_tiny_dir
 except ImportError:
+    from .processes import alive, group_members, wait_until
     from .proxy_fixtures import free_port, shared_tiny_dir
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
-    except FileNotFoundError:
-        return False
-
-
-def _group(pgid: int) -> list[int]:
-    """Live processes whose process group is ``pgid``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                pids.append(int(entry.name))
-    return pids
-
-
-def _wait(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 def _parent(script: str) -> tuple[subprocess.Popen, int]:
@@ -87,13 +56,13 @@ CHILD = """
 def test_a_child_dies_with_its_killed_parent_only_when_asked(guarded):
     parent, child = _parent(CHILD.format(guarded=guarded))
     try:
-        assert _alive(child)
+        assert alive(child)
         parent.kill()
         parent.wait(10)
-        gone = _wait(lambda: not _alive(child), 5.0)
+        gone = wait_until(lambda: not alive(child), 5.0)
         assert gone == guarded, f"child {'survived' if not gone else 'died'} with guarded={guarded}"
     finally:
-        if _alive(child):
+        if alive(child):
             os.kill(child, signal.SIGKILL)
 
 
@@ -134,13 +103,13 @@ def test_a_real_engine_group_dies_with_a_killed_job(tmp_path_factory):
     """)
     try:
         # wait until SGLang has started its scheduler beside the launcher: the group is more than one process
-        assert _wait(lambda: len(_group(pgid)) >= 2, 180), \
-            f"the engine never started its scheduler: {_group(pgid)}; log: {(logs / 'orphan-check.log').read_text()[-2000:]}"
+        assert wait_until(lambda: len(group_members(pgid)) >= 2, 180), \
+            f"the engine never started its scheduler: {group_members(pgid)}; log: {(logs / 'orphan-check.log').read_text()[-2000:]}"
         parent.kill()
         parent.wait(10)
-        assert _wait(lambda: not _group(pgid), 60), f"orphaned engine processes: {_group(pgid)}"
+        assert wait_until(lambda: not group_members(pgid), 60), f"orphaned engine processes: {group_members(pgid)}"
     finally:
-        for pid in _group(pgid):
+        for pid in group_members(pgid):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -162,10 +131,10 @@ def test_a_killed_reaper_takes_its_whole_group(tmp_path):
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert reaper.stdout.readline().strip() == "up"
-        assert len(_group(reaper.pid)) == 3  # reaper, the stubborn command, its sleep
+        assert len(group_members(reaper.pid)) == 3  # reaper, the stubborn command, its sleep
         reaper.send_signal(signal.SIGTERM)
         assert reaper.wait(30) == -signal.SIGKILL  # the grace ran out: the group, reaper included, was killed
-        assert _wait(lambda: not _group(reaper.pid), 5.0), _group(reaper.pid)
+        assert wait_until(lambda: not group_members(reaper.pid), 5.0), group_members(reaper.pid)
     finally:
-        for pid in _group(reaper.pid):
+        for pid in group_members(reaper.pid):
             os.kill(pid, signal.SIGKILL)
