@@ -144,9 +144,9 @@ class ChatService:
         return await asyncio.get_running_loop().run_in_executor(self.pool, self._render, state, request)
 
     async def encode(self, text: str, cache: PrefixCache | None = None) -> tuple[np.ndarray, int]:
-        """``ChatTokenizer.encode_prompt`` (int32 ids); long suffixes are encoded on a worker thread
-        so a 100 KB first prompt does not stall every other stream on the event loop."""
-        covered, ids = cache.best_prefix_array(text) if cache is not None else (0, np.zeros(0, dtype=np.int32))
+        """Ids of ``text`` (int32), reusing the longest cached prefix; returns (ids, reused ids). Long suffixes
+        are encoded on a worker thread so a 100 KB first prompt does not stall every other stream."""
+        covered, ids = cache.best_prefix(text) if cache is not None else (0, np.zeros(0, dtype=np.int32))
         if len(text) - covered < OFFLOAD_CHARS:
             return join_ids(ids, self.chat.encode(text[covered:])), len(ids)
         suffix = await asyncio.get_running_loop().run_in_executor(self.pool, self.chat.encode, text[covered:])

@@ -14,8 +14,10 @@ So tokens the engine sampled reappear in later inputs as the *same* ids, never
 re-tokenized, and the trajectory tree sees one path.
 
 Invariants:
-- ``encode_prompt`` returns ids whose decoding equals the rendered prompt text
-  whenever the tokenizer round-trips text (byte-level BPE does);
+- a prompt's ids (a cached prefix's ids joined with the encoded suffix:
+  ``PrefixCache.best_prefix``, ``join_ids``; ``proxy.model_call.ChatService.encode``)
+  decode to the rendered prompt text whenever the tokenizer round-trips text
+  (byte-level BPE does);
 - reuse is exact-prefix only: a candidate is used only if its text is a prefix
   of the new prompt text (equal 64-bit hashes of equal-length prefixes);
   otherwise the prompt is encoded from scratch;
@@ -67,14 +69,10 @@ class PrefixCache:
         full = prompt_text + output_text
         self._items.append(CachedCall(len(prompt_text), hash(prompt_text), len(full), hash(full), input_len, key))
 
-    def best_prefix(self, text: str) -> tuple[int, list[int]]:
-        """(characters covered, ids) of the longest cached text prefix of ``text``."""
-        covered, ids = self.best_prefix_array(text)
-        return covered, ids.tolist()
-
-    def best_prefix_array(self, text: str) -> tuple[int, np.ndarray]:
-        """``best_prefix`` with the ids as an int32 array (a view of the tree's; never a Python list:
-        a 30k-id list costs ~0.4 ms to build and ~0.7 ms to turn back into the record's array)."""
+    def best_prefix(self, text: str) -> tuple[int, np.ndarray]:
+        """(characters covered, int32 ids) of the longest cached text prefix of ``text``. The ids are a view
+        of the tree's, never a Python list: a 30k-id list costs ~0.4 ms to build and ~0.7 ms to turn back
+        into the record's array."""
         hashes: dict[int, int] = {}
 
         def prefix_hash(length: int) -> int:
@@ -131,11 +129,6 @@ class ChatTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
-
-    def encode_prompt(self, text: str, cache: PrefixCache | None = None) -> tuple[np.ndarray, int]:
-        """Ids of ``text`` (int32), reusing the longest cached prefix; returns (ids, reused ids)."""
-        covered, ids = cache.best_prefix_array(text) if cache is not None else (0, np.zeros(0, dtype=np.int32))
-        return join_ids(ids, self.encode(text[covered:])), len(ids)
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
         if self._backend is not None:  # the Rust tokenizer directly: what the wrapper does, minus its overhead
