@@ -134,6 +134,8 @@ class Placement:
         self.started: dict[str, dict[str, int]] = {}  # group name -> {process name: pid} its agent started
         self.store_host = ""
         self.head: dict[str, str] = {}
+        self._agents: list[Any] = []  # node agents and placement groups made so far (``close`` ends them)
+        self._pgs: list[Any] = []
         self._connected = False
 
     # ---- opening -------------------------------------------------------------------------------
@@ -267,7 +269,7 @@ class Placement:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        agents, pgs = getattr(self, "_agents", []), getattr(self, "_pgs", [])
+        agents, pgs = self._agents, self._pgs
         try:
             ray.get([a.shutdown.remote() for a in agents], timeout=60)
         except Exception:

@@ -369,8 +369,9 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
         if job.cluster:  # one placement group per cell on the Ray cluster (real.cluster)
             from gyre.real.cluster.placement import Placement
 
-            say(f"placing {cfg.K} cells on the Ray cluster at {job.cluster_config().address}")
-            placement = Placement(job.cluster_config(), progress=say).open(cells=cfg.K, tp=tp, engines=names)
+            cluster = job.cluster_config()
+            say(f"placing {cfg.K} cells on the Ray cluster at {cluster.address}")
+            placement = Placement(cluster, progress=say).open(cells=cfg.K, tp=tp, engines=names)
             plane.launcher = engines.launcher = placement
         say(f"schedule {job.preset}: K={cfg.K} cells, C_s={cfg.C_s}, phi={cfg.phi}, mu={cfg.mu}, "
             f"{cfg.granularity} transitions, streaming {'on' if cfg.streaming else 'off'}")

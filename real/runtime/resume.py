@@ -237,14 +237,14 @@ def _move(source: Path, dest: Path) -> None:
 
 def prepare_folder(plan: ResumePlan) -> Path:
     """Move aside what the resumed run must not see (module docstring); returns ``attempts/{n}``."""
-    work, keep = plan.work, set(plan.finished) | set(plan.readmit)
+    work, keep = plan.work, {execution_id(x) for x in set(plan.finished) | set(plan.readmit)}
     aside = work / "attempts" / str(plan.attempt)
     aside.mkdir(parents=True)
     shutil.copy2(work / LOG_DIR / JOURNAL_NAME, aside / JOURNAL_NAME)
     for folder, pattern, name_of in (("records", "x*.tito", lambda p: p.name[:-len(".tito")]),
                                      ("executions", "exec-*", lambda p: "x" + p.name[len("exec-"):])):
         for path in sorted((work / folder).glob(pattern)) if (work / folder).is_dir() else ():
-            if name_of(path) not in {execution_id(x) for x in keep}:
+            if name_of(path) not in keep:
                 _move(path, aside / folder / path.name)
     checkpoints = work / "checkpoints"
     no_engine_model = not (work / "engine-model").is_dir()  # killed before it was exported: version 0 is redone
