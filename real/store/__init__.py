@@ -4,7 +4,9 @@
   (``ExecutionStore``); a crash loses nothing acknowledged;
 - ``microstep_queue``: micro-step queues with atomic claims, in memory
   (threads) or on a directory (processes);
-- ``cli``: ``gyre traj stats|show`` over recorded logs.
+- ``cli``: ``gyre traj stats|show`` over recorded logs;
+- ``durable``: ``fsync_path``, forcing a file's bytes or a folder's entries
+  to disk (the record logs and the resume checkpoints use it).
 
 May import: ``gyre`` (trajectory records, trees, packing) and
 ``gyre.analysis`` (the prefix-graph drawing); nothing heavy.

@@ -62,6 +62,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from gyre.real.store.durable import fsync_path
 from gyre.trajectory.records import ModelCall, RecordError
 
 MAGIC = b"GYR1"
@@ -144,15 +145,6 @@ def _common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
     return first if n and differs[first] else n
 
 
-def _sync_directory(folder: Path) -> None:
-    """Make a file just created in ``folder`` survive a crash (its directory entry)."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class RecordLog:
     """Appends records of one execution to one file; see the module invariants."""
 
@@ -190,7 +182,7 @@ class RecordLog:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
         self._allocated = self._end
         if created and self.fsync:
-            _sync_directory(self.path.parent)
+            fsync_path(self.path.parent)  # the new log's directory entry
         return self
 
     def append(self, call: ModelCall) -> None:

@@ -45,6 +45,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gyre.real.store.durable import fsync_path
+
 PREFIX = "resume-v"
 MANIFEST = "manifest.json"
 
@@ -121,20 +123,8 @@ def fsync_tree(folder: str | os.PathLike) -> None:
     """Force every file in ``folder`` and the folder itself to disk."""
     for path in Path(folder).iterdir():
         if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    _fsync_dir(folder)
-
-
-def _fsync_dir(folder: str | os.PathLike) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            fsync_path(path)
+    fsync_path(folder)
 
 
 def finalize(tmp: str | os.PathLike, manifest: dict) -> Path:
@@ -143,14 +133,10 @@ def finalize(tmp: str | os.PathLike, manifest: dict) -> Path:
     final = tmp.parent / checkpoint_name(manifest["version"])
     fsync_tree(tmp)
     os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_path(final.parent)
     staging = final / f".{MANIFEST}.tmp"
     staging.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    fd = os.open(staging, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(staging)
     os.rename(staging, final / MANIFEST)
-    _fsync_dir(final)
+    fsync_path(final)
     return final
