@@ -298,7 +298,8 @@ class ProxyServer:
     # -- handlers -------------------------------------------------------------
 
     async def alive(self, request: web.Request) -> web.Response:
-        return json_response({"status": "ok", "model": self.config.model_name})
+        loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # "uvloop" or "asyncio"
+        return json_response({"status": "ok", "model": self.config.model_name, "loop": loop})
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self._call(request, anthropic, anthropic.parse)

@@ -4,7 +4,9 @@
 ``run``). ``--host``/``--port`` override the file; ``--port 0`` picks a free
 port. The chosen address is printed as one JSON line
 ``{"event": "listening", "url": ...}`` so a supervisor (or a test) can read it.
-The process stops cleanly on SIGINT/SIGTERM: aiohttp closes the listeners, and
+``--loop`` picks the event loop: uvloop (installed with the ``real`` extra; about a fifth less
+CPU per call than asyncio's own, ``bench/bench_proxy.py``) unless asked otherwise; ``GET /``
+names the loop that runs. The process stops cleanly on SIGINT/SIGTERM: aiohttp closes the listeners, and
 the record logs are closed; every record whose response completed is on disk.
 """
 
@@ -26,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="override the configured host")
     parser.add_argument("--port", type=int, default=None, help="override the configured port (0: any free port)")
     parser.add_argument("--log-level", default="WARNING", help="Python logging level")
+    parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                        help="event loop: uvloop (libuv, less CPU per call) or asyncio's own; auto: uvloop "
+                             "when installed")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,10 +46,25 @@ def run(args: argparse.Namespace) -> int:
     if overrides:
         config = config.with_overrides(**overrides)
     try:
-        asyncio.run(_serve(config))
+        _runner(args.loop)(_serve(config))
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _runner(loop: str):
+    """``asyncio.run`` or ``uvloop.run`` for ``--loop`` (``auto``: uvloop when it is installed)."""
+    import asyncio
+
+    if loop == "asyncio":
+        return asyncio.run
+    try:
+        import uvloop
+    except ImportError:
+        if loop == "uvloop":
+            raise SystemExit("gyre proxy --loop uvloop: uvloop is not installed (pip install 'gyre[real]')")
+        return asyncio.run
+    return uvloop.run
 
 
 async def _serve(config) -> None:

@@ -43,6 +43,13 @@ def _call(url: str, key: str, text: str) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read() or b"{}")
 
 
+def _alive(url: str) -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/", timeout=30) as response:
+        return json.loads(response.read())
+
+
 async def _on_loop(blocking):
     return blocking()  # runs on the loop itself, blocking it
 
@@ -78,6 +85,7 @@ def test_a_killed_proxy_comes_back_on_its_address_with_keys_and_records(model, t
         try:
             assert oct(os.stat(tmp_path / "proxy" / "proxy.json").st_mode & 0o777) == "0o600"  # the admin token
             key = new_key(proxy.url, "survivor")
+            assert _alive(proxy.url)["loop"] == "uvloop"  # the job's proxy runs on uvloop (installed with [real])
             assert _call(proxy.url, key, "one")[0] == 200
             first_pid = proxy.pid
             assert int((tmp_path / "proxy" / "proxy.pid").read_text()) == first_pid
@@ -129,3 +137,29 @@ def test_the_written_configuration_reads_back_as_the_same_config(model, tmp_path
     assert config_from_mapping(config_mapping(config)) == config
     with pytest.raises(ValueError, match="fixed port"):
         ProxyProcess(config.with_overrides(port=0), tmp_path / "proxy")
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_proxy_serves_on_the_event_loop_asked_for(model, tmp_path, loop):
+    """``gyre proxy --loop``: both loops serve a recorded call, and ``GET /`` names the one running."""
+    import subprocess
+    import sys
+
+    engine = ScriptedEngine(model, lambda prompt: "fine", engine_id="e0")
+    with ServerThread(engine.application) as engine_thread:
+        config = proxy_config(model, tmp_path / "records", {"e0": engine_thread.url}, port=free_port(), fsync=True)
+        (tmp_path / "proxy.json").write_text(json.dumps(config_mapping(config)))
+        process = subprocess.Popen([sys.executable, "-m", "gyre.real.proxy.cli", "--config", str(tmp_path / "proxy.json"),
+                                    "--loop", loop], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1"))
+        try:
+            line = process.stdout.readline()
+            assert line, process.stderr.read()
+            url = json.loads(line)["url"]
+            assert _alive(url)["loop"] == loop
+            status, answer = _call(url, new_key(url, f"on-{loop}"), "hi")
+            assert status == 200 and answer["content"][0]["text"] == "fine", answer
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(30) == 0
+    assert len(check_records(tmp_path / "records", f"on-{loop}", model)) == 1
