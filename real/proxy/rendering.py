@@ -18,8 +18,15 @@ the previous role), with a one-function stand-in for the tool list. With
 (else the template rewrites old text, e.g. a closing tag moves: full
 rendering), and the new text is ``cached text + render(P + A)[len(render(P)):]``.
 
+Most of those renderings repeat, so each is done once: the generation prompt
+(``prompted`` minus ``after``) is learned once per thinking flag and tool
+presence, and ``render(P)`` of a cached entry is kept on the entry. A follow-up
+then costs one small rendering (``P + A`` with the prompt) plus, the first time
+its base is extended, ``render(P)``; a repeated call of the same history costs
+none.
+
 The probe assumes a template renders a message from itself, that context and
-whether tools exist. To catch a template that breaks this, the first
+whether tools exist, and that the generation prompt is a fixed suffix. To catch a template that breaks this, the first
 ``verify_first`` incremental renderings and then one in ``verify_every`` are
 compared with a full rendering; on the first difference incremental rendering
 is switched off for good (a warning names it) and full renderings are used.
@@ -37,7 +44,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 log = logging.getLogger("gyre.proxy")
@@ -48,14 +55,16 @@ PROBE_TOOLS = [{"type": "function", "function": {"name": "probe", "description":
 RenderFn = Callable[[list[dict[str, Any]], "list[dict[str, Any]] | None", "bool | None", bool], str]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Rendered:
-    """One cached rendering: its inputs and its text without the generation prompt."""
+    """One cached rendering: its inputs and its text without the generation prompt.
+    ``probe_text`` holds ``render(probe_for(messages))`` (no prompt) once it is known."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     thinking: bool | None
     text: str
+    probe_text: str | None = field(default=None, compare=False)
 
 
 class RenderCache:
@@ -103,6 +112,7 @@ class IncrementalRenderer:
         self.full = 0          # full renderings
         self.incremental = 0   # renderings of only the new messages
         self.verified = 0      # incremental renderings checked against a full one
+        self._suffixes: dict[tuple[bool | None, bool], str | None] = {}  # generation prompts (see the docstring)
 
     def render(self, cache: RenderCache, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                thinking: bool | None) -> str:
@@ -119,13 +129,17 @@ class IncrementalRenderer:
         new = messages[len(base.messages):]
         stand_in = PROBE_TOOLS if tools else None
         try:
-            before = self._render(probe, stand_in, thinking, False)
-            after = self._render(probe + new, stand_in, thinking, False)
-            prompted = self._render(probe + new, stand_in, thinking, True)
+            if base.probe_text is None:
+                base.probe_text = self._render(probe, stand_in, thinking, False)
+            before = base.probe_text
+            suffix = self._prompt_suffix(probe, stand_in, thinking, before)
+            prompted = self._render(probe + new, stand_in, thinking, True) if new else before + (suffix or "")
         except Exception:  # noqa: BLE001 - the full rendering names the problem, if there is one
             return None
-        if not (after.startswith(before) and prompted.startswith(after)):
+        if suffix is None or not (prompted.endswith(suffix) and prompted.startswith(before)
+                                  and len(prompted) - len(suffix) >= len(before)):
             return None
+        after = prompted[:len(prompted) - len(suffix)]
         text = base.text + prompted[len(before):]
         self.incremental += 1
         if self._due():
@@ -137,8 +151,8 @@ class IncrementalRenderer:
                             "after %d calls); rendering every call in full from now on", self.incremental)
                 self._remember(cache, messages, tools, thinking, full)
                 return full
-        # the base's own message objects and tools: a chain of follow-ups shares one copy of its history
-        cache.remember(Rendered(base.messages + new, base.tools, thinking, base.text + after[len(before):]))
+        if new:  # the base's own message objects and tools: a chain of follow-ups shares one copy of its history
+            cache.remember(Rendered(base.messages + new, base.tools, thinking, base.text + after[len(before):]))
         return text
 
     def render_full(self, cache: RenderCache, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
@@ -157,14 +171,21 @@ class IncrementalRenderer:
         stand_in = PROBE_TOOLS if tools else None
         try:
             bare = self._render(probe, stand_in, thinking, False)
-            with_prompt = self._render(probe, stand_in, thinking, True)
+            suffix = self._prompt_suffix(probe, stand_in, thinking, bare)
         except Exception:  # noqa: BLE001 - nothing cached: the next call renders in full
             return
-        if not with_prompt.startswith(bare):
-            return
-        suffix = with_prompt[len(bare):]
-        if prompted.endswith(suffix):
-            cache.remember(Rendered(messages, tools, thinking, prompted[:len(prompted) - len(suffix)]))
+        if suffix is not None and prompted.endswith(suffix):
+            cache.remember(Rendered(messages, tools, thinking, prompted[:len(prompted) - len(suffix)], bare))
+
+    def _prompt_suffix(self, probe: list[dict[str, Any]], stand_in: list[dict[str, Any]] | None,
+                       thinking: bool | None, bare: str) -> str | None:
+        """The generation prompt the template appends (learned once per thinking flag and tool
+        presence, from ``probe`` whose rendering without it is ``bare``); None when it is not a suffix."""
+        key = (thinking, stand_in is not None)
+        if key not in self._suffixes:
+            with_prompt = self._render(probe, stand_in, thinking, True)
+            self._suffixes[key] = with_prompt[len(bare):] if with_prompt.startswith(bare) else None
+        return self._suffixes[key]
 
     def _due(self) -> bool:
         if self.incremental <= self.verify_first:

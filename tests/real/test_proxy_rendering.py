@@ -84,9 +84,15 @@ def histories(seed, calls_per_execution: int = 10):
     messages = ([{"role": "system", "content": text(rng, 40)}] if rng.random() < 0.7 else [])
     messages.append({"role": "user", "content": text(rng)})
     tools, thinking, calls = tools_for(rng), rng.choice([None, True, False]), []
+    earlier = messages
     for _ in range(calls_per_execution):
         yield [dict(m) for m in messages], tools, thinking
         roll = rng.random()
+        if roll >= 0.25 and roll < 0.3:  # a retry: the same history again
+            continue
+        if roll >= 0.3 and roll < 0.35:  # a sibling: another continuation of the call before this one
+            messages = earlier
+        earlier = messages
         if roll < 0.1 and len(messages) > 2:  # branch: cut back to an earlier user turn
             users = [i for i, m in enumerate(messages) if m["role"] == "user"]
             messages = messages[:users[int(rng.integers(0, len(users)))] + 1]
@@ -133,6 +139,37 @@ def test_incremental_rendering_equals_full_rendering_on_hypothesis_conversations
         assert got == want
         assert chat.encode(got) == chat.encode(want)
     assert renderer.enabled
+
+
+def test_renderings_are_not_repeated_a_follow_up_costs_at_most_two_a_retry_at_most_one(chat):
+    """Counted template renderings: the generation prompt is learned once; a follow-up renders its
+    probe with the new messages, plus its base's probe unless an earlier call rendered it; the same
+    history sent again renders at most that probe, and nothing the second time. Every answer is still
+    the full rendering."""
+    counted = []
+
+    def render(messages, tools, thinking, prompt):
+        counted.append(len(messages))
+        return full(chat, messages, tools, thinking, prompt)
+
+    def renders(history) -> int:
+        before = len(counted)
+        assert renderer.render(cache, history, [], None) == full(chat, history, [], None)
+        return len(counted) - before
+
+    renderer = IncrementalRenderer(render, verify_first=0, verify_every=0)
+    cache = RenderCache()
+    history = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
+    assert renders(history) == 3  # the full rendering, its probe and the generation prompt
+    for turn in range(3):
+        history = history + [{"role": "assistant", "content": f"a{turn}"}, {"role": "user", "content": f"q{turn}"}]
+        assert renders(history) == 1, turn  # the base's probe is known: from the full rendering, then a retry
+        assert renders(history) == 1, turn  # a retry: the new entry's probe, once
+        assert renders(history) == 0, turn
+    history = history + [{"role": "assistant", "content": "a"}, {"role": "user", "content": "q"}]
+    history = history + [{"role": "assistant", "content": "b"}, {"role": "user", "content": "r"}]
+    assert renders(history[:-2]) == 1 and renders(history) == 2  # a chain without retries: two each
+    assert renderer.full == 1 and renderer.incremental == 11
 
 
 def test_a_template_the_probe_cannot_see_through_is_caught_by_verification():
