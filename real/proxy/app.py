@@ -277,11 +277,15 @@ class ProxyServer:
         await response.prepare(request)
         chunks = api.stream(events, prepared)
         timeout = self.config.limits.client_write_timeout_s
-        try:
-            async with contextlib.aclosing(chunks):
+        clock = asyncio.get_running_loop().time
+        try:  # one deadline, armed around each write only (cheaper than a wait_for task per write)
+            async with asyncio.timeout(None) as deadline, contextlib.aclosing(chunks):
                 async for chunk in chunks:
-                    await asyncio.wait_for(response.write(chunk), timeout)
-            await asyncio.wait_for(response.write_eof(), timeout)
+                    deadline.reschedule(clock() + timeout)
+                    await response.write(chunk)
+                    deadline.reschedule(None)
+                deadline.reschedule(clock() + timeout)
+                await response.write_eof()
         except ConnectionError:
             log.info("client of %s went away mid-stream", prepared.execution_id)
         except asyncio.TimeoutError:  # generation closed (engine request aborted) by aclosing above
