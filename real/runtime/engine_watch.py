@@ -7,14 +7,16 @@ names it and its exit status, it is marked down (publishes skip it: the
 backend asks ``unavailable()``), ``EngineManager.restart`` relaunches it on
 the same port (the proxy's engine entry stays valid; meanwhile the proxy
 moves its calls to a live engine in the rollout role, or, with none, holds
-them until one answers (``RetryPolicy.hold_s``, ``runtime.job.ENGINE_HOLD_S``);
+them until one takes calls again (``RetryPolicy.hold_s``, ``runtime.job.ENGINE_HOLD_S``);
 the core, which knows
 nothing of the death, keeps placing work on the engine's cell), and it is
 brought back into the state the backend left it in.
 
-Known gap: between the restarted engine's first healthy answer and the load
-of the newest weights (well under a second on the toy model) the proxy may
-send it a call, which then samples from the initial weights. Each restart is recorded in ``restarts`` (engine, exit
+The proxy's *gate* (``gate(name, serving)``, the backend's ``gate_engine``)
+keeps a dead engine out of the proxy's routing: it is drained there when its
+revive begins and undrained only once it holds the newest weights, so no call
+reaches it between its first healthy answer and that load (the restart brings
+it up on the initial weights first). Each restart is recorded in ``restarts`` (engine, exit
 code, when, seconds to come back, weight version loaded); ``gyre run`` puts
 them in summary.json as ``engine_restarts``. ``engines.json`` in the run
 folder names each engine's process group (pid), URL and log, rewritten
@@ -50,6 +52,9 @@ Invariants:
   after each load and after any publication under way has ended, with no await
   between the last check and the discard), so a publish that skipped it cannot
   leave it on older weights;
+- a revived engine takes no proxy call before it is back: ``gate(name, False)``
+  runs before its restart, ``gate(name, True)`` only after it left ``down``,
+  only in the rollout role, and never for a lost engine;
 - a failed restart (``EngineError``) is recorded in ``errors`` with the engine
   and its log, never raised into the run; the engine is then shut down and
   *lost*: never restarted again, skipped by transitions and publishes;
@@ -125,9 +130,11 @@ class EngineWatch:
 
     def __init__(self, manager: Any, *, latest: Callable[[], tuple[int, str] | None],
                  publishing: Callable[[], Any] = lambda: None, progress: Callable[[str], None] | None = None,
+                 gate: Callable[[str, bool], None] = lambda name, serving: None,
                  poll_s: float = 1.0, restart_timeout_s: float = 300.0, roster: str | Path | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.manager, self.latest, self.publishing, self.poll_s = manager, latest, publishing, poll_s
+        self.gate = gate  # the proxy's routing of an engine: False drains it, True takes it back (see above)
         self.progress = progress or (lambda line: None)
         self.restart_timeout_s, self.roster = restart_timeout_s, None if roster is None else Path(roster)
         self.clock, self.wall = clock, wall
@@ -218,6 +225,7 @@ class EngineWatch:
     async def _revive_locked(self, name: str, code: int) -> None:
         role, t0, at = self.role.get(name, ROLLOUT), self.clock(), self.wall()
         self.down.add(name)
+        self.gate(name, False)  # on the loop: the backend's own drains and undrains are ordered with it
         dead = self.manager.engines[name]
         self.progress(f"engine {name} (pid {dead.process.pid}) exited: {describe_exit(code)}; "
                       f"restarting it in the {role} role")
@@ -241,6 +249,8 @@ class EngineWatch:
             await run(self.manager.shutdown, name)
             return
         self.down.discard(name)  # no await since the last latest() check: no publish can slip between
+        if self.role[name] == ROLLOUT:
+            self.gate(name, True)  # the newest weights are in: calls may reach it again
         back_s = self.clock() - t0
         self.restarts.append({"engine": name, "exit_code": code, "at_unix": at, "back_s": back_s,
                               "back_unix": at + back_s, "role": self.role[name], "version": version,

@@ -396,6 +396,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
         timings["startup_s"] = time.monotonic() - t0
         # from here on a dead engine is restarted with the newest published weights (runtime.engine_watch)
         supervisor = EngineWatch(engines, latest=lambda: backend.latest, publishing=lambda: backend._publishing,
+                                 gate=lambda name, serving: backend.gate_engine(name, serving),
                                  progress=say, roster=work / "engines.json").start()
         say(f"ready after {timings['startup_s']:.1f} s; running {job.steps} steps, {cfg.mu} per burst")
         proxy_cfg = ProxyConfig(model_path=str(model), records_dir=str(work / "records"), admin_token=ADMIN_TOKEN,

@@ -97,6 +97,10 @@ class FakeManager:
         self._live(name).released = True
         self.calls.append(("release", name))
 
+    def resume_memory(self, name, tags=None):
+        self._live(name).released = False
+        self.calls.append(("resume", name))
+
     def shutdown(self, name, grace_s=20.0):
         self.engines[name].stopped = True
         self.calls.append(("shutdown", name))
@@ -154,6 +158,41 @@ def test_one_restart_per_death_with_the_newest_weights_on_the_restart_thread(tmp
     assert watch.down == set() and watch.errors == []
     assert any("e1" in line and "SIGKILL" in line for line in lines), lines
     assert '"pid": 201' in (tmp_path / "engines.json").read_text()
+
+
+def gated(manager: FakeManager):
+    """A gate that logs into the manager's calls, so its order against restarts and loads shows."""
+    return lambda name, serving: manager.calls.append(("serve" if serving else "drain", name))
+
+
+def test_a_revived_engine_takes_proxy_calls_only_once_it_holds_the_newest_weights():
+    published = [(3, "/ckpt/v000003")]
+    manager = FakeManager(on_restart=lambda: published.append((4, "/ckpt/v000004")))
+    watch = watch_for(manager, latest=lambda: published[-1], gate=gated(manager))
+
+    async def scenario():
+        manager.kill("e1")
+        await until(lambda: watch.restarts)
+
+    supervised(watch, scenario)
+    assert [c[:2] for c in manager.calls] == [("drain", "e1"), ("restart", "e1"), ("load", "e1"), ("serve", "e1")]
+    assert manager.calls[2] == ("load", "e1", "/ckpt/v000004", "4")
+
+
+def test_an_engine_not_back_in_the_rollout_role_is_never_taken_back_by_the_gate():
+    manager = FakeManager(names=("e0", "e1", "e2"), fail_restart={"e2"})
+    watch = watch_for(manager, gate=gated(manager))
+
+    async def scenario():
+        await watch.engine_ops("e1", "training", manager.quiesce, manager.release_memory)
+        manager.kill("e1", code=1)  # its cell trains: back with its memory released, still drained
+        manager.kill("e2")  # its restart fails: lost, drained for good
+        await until(lambda: watch.restarts and watch.errors)
+
+    supervised(watch, scenario)
+    gates = [c for c in manager.calls if c[0] in ("drain", "serve")]
+    assert sorted(gates) == [("drain", "e1"), ("drain", "e2")], manager.calls
+    assert watch.lost == {"e2"} and watch.restarts[0]["role"] == "training"
 
 
 def test_a_publish_during_the_restart_is_loaded_before_the_engine_counts_as_up():
@@ -418,3 +457,38 @@ def test_stop_ends_the_queue_watcher_of_a_batch_the_run_never_trained(tmp_path):
 
     asyncio.run(main())
     assert backend.tasks == set() and len(backend.errors_after_stop) == 1
+
+
+def test_the_backends_gate_and_drains_keep_a_reviving_engine_out_of_the_proxy(tmp_path):
+    """``RealBackend.gate_engine`` undrains only an engine whose cell is in the rollout role; a transition
+    back to rollout leaves the undrain to the gate while the engine is down; a restarted proxy gets the
+    drain of a down engine back."""
+    manager = FakeManager(names=("e0", "e1", "e2"))
+    backend, _ = publishing_backend(tmp_path, manager, Ticket())
+    calls = []
+    backend.admin = lambda method, path, body=None: calls.append(path) or {"engines": []}
+    backend.rollout_ready.discard(2)  # cell 2 trains
+    backend.gate_engine("e1", False)
+    backend.gate_engine("e1", True)
+    backend.gate_engine("e2", True)
+    assert calls == ["/admin/engines/e1/drain", "/admin/engines/e1/undrain"]
+
+    calls.clear()
+    manager.kill("e0")  # found dead: a publish or a restarted proxy must not count on it
+    backend.reapply_proxy_state()
+    assert calls == ["/admin/engines/e0/drain", "/admin/engines/e2/drain"]
+
+    calls.clear()
+    backend.parts.watch.down.add("e2")  # cell 2 goes back to rollout while the watch revives its engine
+    backend.parts.watch.down.discard("e0")
+    manager.engines["e0"].code = None
+
+    async def back_to_rollout():
+        backend._engine_ops = lambda name, role, *ops: asyncio.sleep(0)
+        await backend._to_rollout(2, Ticket())
+
+    asyncio.run(back_to_rollout())
+    assert "/admin/engines/e2/undrain" not in calls and 2 in backend.rollout_ready
+    backend.parts.watch.down.discard("e2")
+    backend.gate_engine("e2", True)  # the watch, once the engine is back
+    assert calls[-1] == "/admin/engines/e2/undrain"
