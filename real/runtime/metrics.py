@@ -177,15 +177,18 @@ WANDB_MODES = ("", "offline")
 
 class MetricsWriter:
     """Appends records to ``run_dir/metrics.jsonl``, TensorBoard scalars under ``run_dir/tb`` and, with
-    ``wandb="offline"``, the same scalars to an offline W&B run under ``run_dir/wandb``."""
+    ``wandb="offline"``, the same scalars to an offline W&B run under ``run_dir/wandb``. ``purge_step``
+    (a resumed run: its first redone step) makes TensorBoard drop what an earlier attempt logged for that
+    step and later ones, as ``runtime.resume`` moves their ``metrics.jsonl`` lines aside."""
 
     def __init__(self, run_dir: str | Path, *, log: Callable[[str], None] = print, tensorboard: bool = True,
-                 wandb: str = "", config: dict[str, Any] | None = None) -> None:
+                 wandb: str = "", config: dict[str, Any] | None = None, purge_step: int | None = None) -> None:
         if wandb not in WANDB_MODES:
             raise ValueError(f"wandb must be one of {WANDB_MODES} (\"\": off), not {wandb!r}")
         self.run_dir, self.log = Path(run_dir), log
         self.path = self.run_dir / "metrics.jsonl"
         self._tensorboard, self._tb = tensorboard, None
+        self.purge_step = purge_step  # a resumed run: TensorBoard hides the scalars of steps >= it left before
         self._wandb_mode, self._wandb, self._config = wandb, None, dict(config or {})
         self.failed: set[str] = set()   # sinks given up on, each said once
 
@@ -224,7 +227,7 @@ class MetricsWriter:
     def _open_tensorboard(self):
         from torch.utils.tensorboard import SummaryWriter
 
-        self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+        self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=self.purge_step)
         return self._tb
 
     def _give_up(self, sink: str, exc: BaseException) -> None:
@@ -255,10 +258,10 @@ class LiveMetrics:
 
     def __init__(self, cfg: SchedulerConfig, run_dir: str | Path, engine_names: dict[int, str], *,
                  log: Callable[[str], None] = print, watch: Callable[[dict], None] | None = None,
-                 tensorboard: bool = True, wandb: str = "") -> None:
+                 tensorboard: bool = True, wandb: str = "", purge_step: int | None = None) -> None:
         self.timeline = Timeline(cfg)
         self.writer = MetricsWriter(run_dir, log=log, tensorboard=tensorboard, wandb=wandb,
-                                    config=dataclasses.asdict(cfg))
+                                    config=dataclasses.asdict(cfg), purge_step=purge_step)
         self.engine_names, self.log, self.watch = dict(engine_names), log, watch
         self.controller = self.backend = None
         self.records: list[dict[str, Any]] = []

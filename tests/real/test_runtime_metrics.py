@@ -187,6 +187,25 @@ def test_tensorboard_holds_the_records_values_before_close(tmp_path):
     writer.close()
 
 
+def test_a_resumed_runs_tensorboard_shows_each_step_once_with_the_redone_values(tmp_path):
+    """An attempt logged steps 1-4 and was killed; the resumed one (checkpoint after step 2) redoes 3 and 4:
+    TensorBoard shows steps 1-4 once each, 3 and 4 with the redone values."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first = MetricsWriter(tmp_path, log=pytest.fail)
+    for step in (1, 2, 3, 4):
+        first.write(record(step))
+    first.close()
+    resumed = MetricsWriter(tmp_path, log=pytest.fail, purge_step=3)
+    for step in (3, 4):
+        resumed.write(record(step, loss=10.0 * step))
+    resumed.close()
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 0.5), (2, 0.25), (3, 30.0), (4, 40.0)]
+
+
 def test_the_display_prints_plain_lines_off_a_terminal():
     out = io.StringIO()
     display = RunDisplay(4, out)
