@@ -32,7 +32,7 @@ every group fed to training exactly once (B per step); ``StepDone`` versions
 0..5 once each in order, ``PublishDone`` 2, 4, 6; each resume took the
 checkpoint it should (v2, v2, v2, v4), the partially recorded execution ran again
 from the start (its partial record kept under attempts/1); metrics.jsonl, the
-summary's step reports and trace.csv cover every step and trained group once
+summary's step reports, TensorBoard's scalars and trace.csv cover every step and trained group once
 (the run calibrates); the measured staleness (from the final log) equals the
 summary's and stays within 0.25 of phi + (mu - 1)/2, as a normal run's does;
 and no recorded call is lost: every record file seen at a kill is still there,
@@ -245,6 +245,13 @@ def test_a_run_killed_three_times_and_its_cell_once_resumes_and_finishes(tmp_pat
     assert abs(s["staleness_mean"] - cfg.predicted_staleness) <= 0.25
     records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     assert [r["version"] for r in records] == list(range(STEPS))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(work / "tb"))  # each step once, with the lineage's values (redone steps purged)
+    board.Reload()
+    losses = board.Scalars("loss")
+    assert [e.step for e in losses] == [r["step"] for r in records]
+    assert [e.value for e in losses] == pytest.approx([r["loss"] for r in records], rel=1e-6)
     # the summary covers the whole lineage (measurements up to each checkpoint came back with it)
     assert sorted(r["version"] for r in s["step_reports"]) == list(range(STEPS))
     traced = {int(row.split(",")[0]) for row in (work / "trace.csv").read_text().splitlines()[1:]}
