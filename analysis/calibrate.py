@@ -31,6 +31,11 @@ module turns them into a cost file the simulator reads (``gyre sim --costs``):
 | optimizer_s           | mean optimizer update seconds of the core cell                              |
 | weight_pull_s         | mean Mooncake pull of a joining satellite (0 when none joined)              |
 
+A resumed run (``gyre run --resume``): a transition or publication that spans a
+resume point is left out, since its time includes the crash and the recovery.
+The points are the events each attempt kept (``attempts/N/resume.json``,
+``runtime.resume``).
+
 Set to zero, with the reason: warm-up, drain and gradient reduction (one CPU
 process per cell, no pipeline), broadcast (inside the measured step), sandbox
 start-up and evaluation (inside the measured execution durations), and the
@@ -122,15 +127,38 @@ def _timeline(run_dir: Path):
     return cfg, timeline(cfg, load_events(log / "events.csv"))
 
 
-def _transition_times(cfg, tl) -> dict[tuple[bool, str], list[float]]:
-    """(satellite?, destination role) -> the completed transitions' costs, as the simulator models them."""
+def resume_times(run_dir: Path) -> list[float]:
+    """Event-log times at which a resumed attempt's events begin, for the attempts whose lineage the final
+    log holds (a later resume that kept fewer events discarded the earlier attempt's later start)."""
+    points: list[int] = []
+    attempts = [p for p in (run_dir / "attempts").glob("*/resume.json") if p.parent.name.isdigit()]
+    for path in sorted(attempts, key=lambda p: int(p.parent.name)):
+        kept = _read_json(path).get("events_kept")
+        if not isinstance(kept, int) or kept < 0:
+            raise CalibrationError(f"{path}: no events_kept count")
+        points = [b for b in points if b <= kept] + [kept]
+    if not points:
+        return []
+    with open(run_dir / EVENTS, newline="") as fh:
+        now = [float(row["now"]) for row in csv.DictReader(fh)]
+    return sorted({now[b] for b in points if b < len(now)})
+
+
+def _whole(start: float, end: float, cuts: list[float]) -> bool:
+    """Whether [start, end] lies within one attempt (no resume point after its start, up to its end)."""
+    return not any(start < t <= end for t in cuts)
+
+
+def _transition_times(cfg, tl, cuts: list[float] = ()) -> dict[tuple[bool, str], list[float]]:
+    """(satellite?, destination role) -> the completed transitions' costs, as the simulator models them
+    (``cuts``: resume times; a transition spanning one is no sample)."""
     from gyre.roles import DESTINATION, TO_ROLLOUT
 
     publications = list(tl.publications.values())
     out: dict[tuple[bool, str], list[float]] = {}
     for cell, spans in tl.roles.items():
         for span, _ in zip(spans, spans[1:]):  # a transition still open at the run's end is no sample
-            if span.label not in DESTINATION:
+            if span.label not in DESTINATION or not _whole(span.start_s, span.end_s, cuts):
                 continue
             start = span.start_s
             if span.label == TO_ROLLOUT:  # the simulator starts the cost once the publication in flight is done
@@ -148,7 +176,8 @@ def measure(run_dir: str | Path) -> dict[str, Any]:
     if not reports:
         raise CalibrationError(f"{run_dir / 'summary.json'}: no step_reports (a run from an older gyre?)")
     cfg, tl = _timeline(run_dir)
-    transitions = _transition_times(cfg, tl)
+    cuts = resume_times(run_dir)
+    transitions = _transition_times(cfg, tl, cuts)
     # a core unit that never moved one way (it stayed in training all run) takes the satellites' mean
     to_training, to_rollout = (transitions.get((False, role)) or transitions.get((True, role), [])
                                for role in ("training", "rollout"))
@@ -161,7 +190,8 @@ def measure(run_dir: str | Path) -> dict[str, Any]:
     trained = [tokens_by_group[g] for g in fed if g in tokens_by_group]
     if compute_s <= 0 or not trained:
         raise CalibrationError(f"{run_dir / 'summary.json'}: no training compute or no trained group with tokens")
-    publications = [span.end_s - span.start_s for span in tl.publications.values()]  # final StepDone -> PublishDone
+    publications = [span.end_s - span.start_s for span in tl.publications.values()  # final StepDone -> PublishDone
+                    if _whole(span.start_s, span.end_s, cuts)]
     pulls = [j["pull_s"] for r in reports for j in (r.get("joins") or {}).values() if j and "pull_s" in j]
     return {
         "to_training_s": (_mean(to_training, "core rollout -> training transition", EVENTS), len(to_training)),

@@ -97,8 +97,8 @@ def test_a_core_that_never_left_training_takes_the_satellites_rollout_cost(tmp_p
 
     measured = calibration._transition_times
 
-    def core_never_left(cfg, tl):
-        times = measured(cfg, tl)
+    def core_never_left(cfg, tl, cuts=()):
+        times = measured(cfg, tl, cuts)
         times.pop((False, "rollout"))
         return times
 
@@ -130,3 +130,34 @@ def test_a_broken_run_folder_names_what_is_missing(tmp_path, breakage, words):
         calibrate(run)
     for word in words:
         assert word in str(info.value)
+
+
+def test_a_resumed_runs_spans_across_a_resume_point_are_left_out(tmp_path):
+    """A resumed run's log continues across each resume point, so a publication or transition under way at
+    a crash ends after the recovery: simulated here by 100 s added from the resumed attempt's first event
+    (the first PublishDone) on. Without the cut it would inflate publish_s; with it every constant is the
+    same as the uninterrupted run's. A resume that kept fewer events discards an earlier attempt's point."""
+    import csv
+
+    run = _run_folder(tmp_path)
+    path = run / "log" / "events.csv"
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    cut = next(i for i, row in enumerate(rows) if row["kind"] == "publish_done")
+    for row in rows[cut:]:
+        row["now"] = str(float(row["now"]) + 100.0)
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    for attempt, kept in ((1, len(rows) - 1), (2, cut)):  # attempt 1's later point lies in a discarded lineage
+        (run / "attempts" / str(attempt)).mkdir(parents=True)
+        (run / "attempts" / str(attempt) / "resume.json").write_text(json.dumps({"events_kept": kept}))
+    costs = calibrate(run)
+    assert costs["publish_s"] == pytest.approx(PUBLISH_S, abs=1e-5)
+    for name, value in TRANSITIONS.items():
+        assert costs[name] == pytest.approx(value, abs=1e-5), name
+    (run / "attempts" / "3").mkdir()
+    (run / "attempts" / "3" / "resume.json").write_text(json.dumps({"version": 2}))
+    with pytest.raises(CalibrationError, match="attempts/3/resume.json: no events_kept"):
+        calibrate(run)
