@@ -26,7 +26,8 @@ its base is extended, ``render(P)``; a repeated call of the same history costs
 none.
 
 The probe assumes a template renders a message from itself, that context and
-whether tools exist, and that the generation prompt is a fixed suffix. To catch a template that breaks this, the first
+whether tools exist, and that the generation prompt is a fixed suffix. To catch
+a template that breaks this, the first
 ``verify_first`` incremental renderings and then one in ``verify_every`` are
 compared with a full rendering; on the first difference incremental rendering
 is switched off for good (a warning names it) and full renderings are used.

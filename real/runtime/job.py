@@ -418,8 +418,9 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
                               progress=say, steps=job.steps)
         controller = Controller(cfg, backend, **controller_parts(resume, work / "log"))  # log: events.jsonl, live
         backend.bind(controller)
-        live = LiveMetrics(cfg, work, names, log=say, watch=watch, wandb=job.wandb,  # redone steps: step = version + 1
-                           purge_step=None if resume is None else resume.version + 1).bind(controller, backend)
+        redone = None if resume is None else resume.version + 1  # the first redone step (step = version + 1)
+        live = LiveMetrics(cfg, work, names, log=say, watch=watch, wandb=job.wandb,
+                           purge_step=redone).bind(controller, backend)
         backend.on_step = live.on_step  # metrics.jsonl + tb/, one record per step, during the run
         wiring = ResumeWiring(resume, controller, backend, work=work, tp=tp, seed=job.seed)  # runtime.restore
 
