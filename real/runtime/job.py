@@ -78,7 +78,7 @@ from gyre.presets import ClusterShape, build_preset
 from gyre.real.runtime.backend import Parts, RealBackend
 from gyre.real.runtime.controller import Controller
 from gyre.real.runtime.engine_watch import EngineWatch
-from gyre.real.runtime.metrics import LiveMetrics
+from gyre.real.runtime.metrics import WANDB_MODES, LiveMetrics
 from gyre.real.runtime.proxy_process import ProxyProcess
 from gyre.real.engines.manager import HOST, EngineManager, EngineSpec, free_port
 from gyre.real.harness.plugins import resolve_harness
@@ -140,7 +140,7 @@ class JobConfig:
             raise ValueError(f"schedule: {exc}") from None
         if isinstance(self.cell_restarts, bool) or not isinstance(self.cell_restarts, int) or self.cell_restarts < 0:
             raise ValueError(f"job field cell_restarts must be an integer >= 0, not {self.cell_restarts!r}")
-        if self.wandb not in ("", "offline"):
+        if self.wandb not in WANDB_MODES:
             raise ValueError(f"job field wandb must be \"offline\" or \"\" (off), not {self.wandb!r}: a run never "
                              "sends metrics over the network itself (wandb sync uploads an offline run)")
         if self.steps < 1 or self.steps % cfg.mu:

@@ -45,7 +45,6 @@ raise: a failure is logged and the run continues; every record is on disk
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 import statistics
