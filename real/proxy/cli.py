@@ -37,11 +37,15 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from gyre.real.proxy.config import load_proxy_config
+    from gyre.real.proxy.config import ProxyConfigError, load_proxy_config
 
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = load_proxy_config(args.config)
+    try:
+        config = load_proxy_config(args.config)
+    except ProxyConfigError as exc:  # a missing, unreadable or invalid file: named, no traceback
+        print(f"gyre proxy: error: {exc}", file=sys.stderr)
+        return 2
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if overrides:
         config = config.with_overrides(**overrides)

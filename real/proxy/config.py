@@ -207,7 +207,10 @@ def config_from_mapping(data: Mapping[str, Any]) -> ProxyConfig:
 def load_proxy_config(path: str | Path) -> ProxyConfig:
     """Read ``path`` (``.toml`` or JSON) into a ``ProxyConfig``."""
     path = Path(path)
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProxyConfigError(f"{path}: cannot read: {exc}") from None
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:

@@ -246,6 +246,19 @@ def test_cli_registers_the_proxy_subcommand():
     assert args.func is proxy_cli.run and args.port == 0
 
 
+@pytest.mark.parametrize("content", [None, "{not json", '{"bogus": 1}'])
+def test_the_proxy_cli_names_a_bad_config_file_without_a_traceback(tmp_path, capsys, content):
+    from gyre.real.proxy import cli as proxy_cli
+
+    path = tmp_path / "proxy.json"
+    if content is not None:
+        path.write_text(content)
+    assert proxy_cli.main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gyre proxy: error: ") and (str(path) in err or "bogus" in err), err
+    assert "Traceback" not in err
+
+
 def _listed(found):
     covered, ids = found
     assert ids.dtype == np.int32, ids.dtype  # an array, never a Python list (proxy hot path)
