@@ -31,10 +31,11 @@ module turns them into a cost file the simulator reads (``gyre sim --costs``):
 | optimizer_s           | mean optimizer update seconds of the core cell                              |
 | weight_pull_s         | mean Mooncake pull of a joining satellite (0 when none joined)              |
 
-A resumed run (``gyre run --resume``): a transition or publication that spans a
-resume point is left out, since its time includes the crash and the recovery.
-The points are the events each attempt kept (``attempts/N/resume.json``,
-``runtime.resume``).
+A resumed run (``gyre run --resume``): its log's clock goes on from the last
+event the resume kept (``attempts/N/resume.json``, ``runtime.resume``), with
+the crash and the restore left out (``runtime.controller``), and the resumed
+attempt applies again every transition and publication outstanding there. So
+one that spans a resume point is measured from that point: the redone one.
 
 Set to zero, with the reason: warm-up, drain and gradient reduction (one CPU
 process per cell, no pipeline), broadcast (inside the measured step), sandbox
@@ -128,8 +129,9 @@ def _timeline(run_dir: Path):
 
 
 def resume_times(run_dir: Path) -> list[float]:
-    """Event-log times at which a resumed attempt's events begin, for the attempts whose lineage the final
-    log holds (a later resume that kept fewer events discarded the earlier attempt's later start)."""
+    """Event-log times at which a resumed attempt's clock began (its last kept event's ``now``), for the
+    attempts whose lineage the final log holds (a later resume that kept fewer events discarded the
+    earlier attempt's later start). An attempt that kept no event started over at 0: no point."""
     points: list[int] = []
     attempts = [p for p in (run_dir / "attempts").glob("*/resume.json") if p.parent.name.isdigit()]
     for path in sorted(attempts, key=lambda p: int(p.parent.name)):
@@ -141,28 +143,29 @@ def resume_times(run_dir: Path) -> list[float]:
         return []
     with open(run_dir / EVENTS, newline="") as fh:
         now = [float(row["now"]) for row in csv.DictReader(fh)]
-    return sorted({now[b] for b in points if b < len(now)})
+    return sorted({now[b - 1] for b in points if 0 < b <= len(now)})
 
 
-def _whole(start: float, end: float, cuts: list[float]) -> bool:
-    """Whether [start, end] lies within one attempt (no resume point after its start, up to its end)."""
-    return not any(start < t <= end for t in cuts)
+def _redone_from(start: float, end: float, cuts: list[float]) -> float:
+    """When the span [start, end] last began: ``start``, or the latest resume point inside it (the
+    resumed attempt applied the action again there)."""
+    return max([start, *(t for t in cuts if start < t < end)])
 
 
 def _transition_times(cfg, tl, cuts: list[float] = ()) -> dict[tuple[bool, str], list[float]]:
     """(satellite?, destination role) -> the completed transitions' costs, as the simulator models them
-    (``cuts``: resume times; a transition spanning one is no sample)."""
+    (``cuts``: resume times; a transition spanning one is measured from the latest, where it was redone)."""
     from gyre.roles import DESTINATION, TO_ROLLOUT
 
     publications = list(tl.publications.values())
     out: dict[tuple[bool, str], list[float]] = {}
     for cell, spans in tl.roles.items():
         for span, _ in zip(spans, spans[1:]):  # a transition still open at the run's end is no sample
-            if span.label not in DESTINATION or not _whole(span.start_s, span.end_s, cuts):
+            if span.label not in DESTINATION:
                 continue
-            start = span.start_s
+            start = _redone_from(span.start_s, span.end_s, cuts)
             if span.label == TO_ROLLOUT:  # the simulator starts the cost once the publication in flight is done
-                start = max([start, *(p.end_s for p in publications if p.start_s <= span.start_s < p.end_s)])
+                start = max([start, *(p.end_s for p in publications if p.start_s <= start < p.end_s)])
             out.setdefault((cell not in cfg.core_unit, DESTINATION[span.label]), []).append(
                 max(0.0, span.end_s - start))
     return out
@@ -190,8 +193,8 @@ def measure(run_dir: str | Path) -> dict[str, Any]:
     trained = [tokens_by_group[g] for g in fed if g in tokens_by_group]
     if compute_s <= 0 or not trained:
         raise CalibrationError(f"{run_dir / 'summary.json'}: no training compute or no trained group with tokens")
-    publications = [span.end_s - span.start_s for span in tl.publications.values()  # final StepDone -> PublishDone
-                    if _whole(span.start_s, span.end_s, cuts)]
+    publications = [span.end_s - _redone_from(span.start_s, span.end_s, cuts)  # final StepDone -> PublishDone
+                    for span in tl.publications.values()]
     pulls = [j["pull_s"] for r in reports for j in (r.get("joins") or {}).values() if j and "pull_s" in j]
     return {
         "to_training_s": (_mean(to_training, "core rollout -> training transition", EVENTS), len(to_training)),

@@ -17,7 +17,10 @@ controller's exact action sequence. A real job passes a
 ``gyre.formats.journal.JournalLog``, so each event is also on disk as it is
 fed (``events.jsonl``, readable after a kill -9); a resumed run passes the
 core and log replayed from it, and its clock goes on from the last replayed
-event's ``now``.
+event's ``now``. The clock starts when ``run`` starts (before it, it reads
+that starting time): set-up and a resume's restore are not in the log's
+time, so a resumed attempt's time is continuous with the attempt it goes on
+from (``analysis.calibrate`` measures a redone transition from there).
 
 Invariants: actions are applied in the order the core returns them, one
 event at a time; a backend error while applying an action stops the run
@@ -54,10 +57,15 @@ class Controller:
         self.backend = backend
         self.loop = DriverLoop(self.core, backend, log)
         self.log = self.loop.log
-        start, offset = time.monotonic(), self.core.now or 0.0  # a resumed run's clock goes on from its log
-        self.clock = clock or (lambda: offset + time.monotonic() - start)
+        self._offset = self.core.now or 0.0  # a resumed run's clock goes on from its log
+        self._started: float | None = None  # time.monotonic() when run() began
+        self.clock = clock or self._run_clock
         self._queue: asyncio.Queue[tuple[type, dict[str, Any], Callable[[], None] | None]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _run_clock(self) -> float:
+        """Seconds since ``run`` began, plus the replayed log's last ``now``."""
+        return self._offset if self._started is None else self._offset + time.monotonic() - self._started
 
     # ---- reports from backends -----------------------------------------------------
     def report(self, kind: type[ev.Event], *, then: Callable[[], None] | None = None, **fields: Any) -> None:
@@ -79,6 +87,7 @@ class Controller:
         """
         self._loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue()
+        self._started = time.monotonic()
         if resume is None:
             self.loop.feed(ev.Begin(self.clock()))
         else:

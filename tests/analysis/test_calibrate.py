@@ -132,32 +132,49 @@ def test_a_broken_run_folder_names_what_is_missing(tmp_path, breakage, words):
         assert word in str(info.value)
 
 
-def test_a_resumed_runs_spans_across_a_resume_point_are_left_out(tmp_path):
-    """A resumed run's log continues across each resume point, so a publication or transition under way at
-    a crash ends after the recovery: simulated here by 100 s added from the resumed attempt's first event
-    (the first PublishDone) on. Without the cut it would inflate publish_s; with it every constant is the
-    same as the uninterrupted run's. A resume that kept fewer events discards an earlier attempt's point."""
+def test_a_span_across_a_resume_point_is_measured_from_it():
+    """The resumed attempt applied an outstanding transition or publication again at the resume point, its
+    clock going on from there (``runtime.controller``): a span crossing a point is the redone one, measured
+    from the latest point it crosses; a span that begins at a point, or ends before it, is whole."""
+    from types import SimpleNamespace
+
+    from gyre.analysis.calibrate import _redone_from, _transition_times
+    from gyre.analysis.role_timeline import Span, Timeline
+    from gyre.roles import DESTINATION, TO_ROLLOUT, TO_TRAINING
+
+    assert DESTINATION[TO_TRAINING] == "training" and DESTINATION[TO_ROLLOUT] == "rollout"
+    cuts = [10.0, 20.0]
+    tl = Timeline()
+    tl.roles = {0: [Span(0.0, 4.0, "rollout"), Span(4.0, 7.0, TO_TRAINING), Span(7.0, 10.0, "training"),
+                    Span(10.0, 14.0, TO_ROLLOUT), Span(14.0, 30.0, "rollout")],  # begins at a point: whole
+                1: [Span(0.0, 8.0, "rollout"), Span(8.0, 22.5, TO_TRAINING),  # crosses 10 and 20: from 20
+                    Span(22.5, 30.0, "training")]}
+    tl.publications = {2: Span(9.0, 12.0, "publish")}  # crosses 10: from 10; ends after the core's from-time
+    cfg = SimpleNamespace(core_unit=(0,))
+    assert _transition_times(cfg, tl, cuts) == {(False, "training"): [3.0], (False, "rollout"): [2.0],
+                                                (True, "training"): [2.5]}
+    assert _transition_times(cfg, tl) == {(False, "training"): [3.0], (False, "rollout"): [2.0],
+                                          (True, "training"): [14.5]}
+    assert [_redone_from(s.start_s, s.end_s, cuts) for s in (tl.publications[2], *tl.roles[1])] == [
+        10.0, 0.0, 20.0, 22.5]
+
+
+def test_resume_points_are_the_last_events_each_attempt_kept(tmp_path):
+    """A point is the ``now`` of an attempt's last kept event; a later resume that kept fewer events discarded
+    an earlier attempt's later point; one that kept none started over; a record without the count is named."""
     import csv
 
+    from gyre.analysis.calibrate import resume_times
+
     run = _run_folder(tmp_path)
-    path = run / "log" / "events.csv"
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    cut = next(i for i, row in enumerate(rows) if row["kind"] == "publish_done")
-    for row in rows[cut:]:
-        row["now"] = str(float(row["now"]) + 100.0)
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    for attempt, kept in ((1, len(rows) - 1), (2, cut)):  # attempt 1's later point lies in a discarded lineage
+    with open(run / "log" / "events.csv", newline="") as fh:
+        now = [float(row["now"]) for row in csv.DictReader(fh)]
+    cut = len(now) // 2
+    for attempt, kept in ((1, 0), (2, len(now) - 1), (3, cut)):  # attempt 2's point lies in a discarded lineage
         (run / "attempts" / str(attempt)).mkdir(parents=True)
         (run / "attempts" / str(attempt) / "resume.json").write_text(json.dumps({"events_kept": kept}))
-    costs = calibrate(run)
-    assert costs["publish_s"] == pytest.approx(PUBLISH_S, abs=1e-5)
-    for name, value in TRANSITIONS.items():
-        assert costs[name] == pytest.approx(value, abs=1e-5), name
-    (run / "attempts" / "3").mkdir()
-    (run / "attempts" / "3" / "resume.json").write_text(json.dumps({"version": 2}))
-    with pytest.raises(CalibrationError, match="attempts/3/resume.json: no events_kept"):
+    assert resume_times(run) == [now[cut - 1]]
+    (run / "attempts" / "4").mkdir()
+    (run / "attempts" / "4" / "resume.json").write_text(json.dumps({"version": 2}))
+    with pytest.raises(CalibrationError, match="attempts/4/resume.json: no events_kept"):
         calibrate(run)

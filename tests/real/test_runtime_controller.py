@@ -161,3 +161,33 @@ def test_finish_publication_waits_for_the_last_burst_to_publish():
     asyncio.run(ctl.run(2, timeout_s=30, finish_publication=True))  # mu = 2: step 2 ends a burst
     assert ctl.core.version == 2 and not ctl.core.awaiting_publish and ctl.core.published == 2
     assert ctl.log.rows[-1]["kind"] == "publish_done"
+
+
+@pytest.mark.timeout(60)
+def test_the_clock_starts_with_the_run_and_a_resumed_core_goes_on_from_its_last_event():
+    """Set-up between construction and ``run`` is not in the log's time; a resumed core's clock starts at
+    its replayed ``now`` (so a resumed log is continuous: ``analysis.calibrate``)."""
+    import time
+
+    first = run(CFG, steps=2)
+    resumed_core = Scheduler(CFG)
+    for event in first.log.events():
+        resumed_core.handle(event)
+    backend = TimedBackend(CFG, 0)
+    ctl = Controller(CFG, backend, core=resumed_core)
+    backend.ctl = ctl
+    offset = resumed_core.now
+    time.sleep(0.3)  # set-up (a restore) before the run
+    assert ctl.clock() == offset
+    started = []
+
+    def resume() -> None:  # where the replayed log's outstanding actions are applied again
+        started.append(ctl.clock())
+
+    asyncio.run(ctl.run(2, timeout_s=30, resume=resume))  # the replayed core is at step 2 already
+    assert offset > 0 and started[0] - offset < 0.2, (offset, started)
+    fresh = Controller(CFG, TimedBackend(CFG, 0))
+    time.sleep(0.3)
+    fresh.backend.ctl = fresh
+    asyncio.run(fresh.run(1, timeout_s=30))
+    assert fresh.log.rows[0]["kind"] == "begin" and fresh.log.rows[0]["now"] < 0.2
