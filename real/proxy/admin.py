@@ -17,6 +17,8 @@ ids follow ``config.ID_RULE``; a key is issued only for a valid id.
 | DELETE /admin/engines/{id}              |                              | remove an idle, unrouted engine |
 | POST /admin/engines/{id}/drain          | {"evacuate": bool, "to"?}    | no new requests; optionally move its executions now |
 | POST /admin/engines/{id}/undrain        |                              | take new requests again |
+| POST /admin/engines/{id}/hold           |                              | not ready: its calls go elsewhere or wait; routes kept |
+| POST /admin/engines/{id}/release        |                              | ready again: its routed executions' calls come back |
 | GET  /admin/routes                      |                              | execution -> engine |
 | POST /admin/routes                      | {"execution_id", "engine"}   | reroute one execution (in-flight requests move) |
 | POST /admin/policy_version              | {"version": int}             | version recorded when engines do not report one |
@@ -57,6 +59,8 @@ class AdminApi:
                 web.delete("/admin/engines/{engine_id}", guard(self.remove_engine)),
                 web.post("/admin/engines/{engine_id}/drain", guard(self.drain)),
                 web.post("/admin/engines/{engine_id}/undrain", guard(self.undrain)),
+                web.post("/admin/engines/{engine_id}/hold", guard(self.hold)),
+                web.post("/admin/engines/{engine_id}/release", guard(self.release)),
                 web.get("/admin/routes", guard(self.get_routes)),
                 web.post("/admin/routes", guard(self.set_route)),
                 web.post("/admin/policy_version", guard(self.set_policy_version))]
@@ -163,6 +167,14 @@ class AdminApi:
 
     async def undrain(self, request: web.Request) -> web.Response:
         self.router.drain(request.match_info["engine_id"], draining=False)
+        return web.json_response(self.router.snapshot())
+
+    async def hold(self, request: web.Request) -> web.Response:
+        self.router.hold(request.match_info["engine_id"])
+        return web.json_response(self.router.snapshot())
+
+    async def release(self, request: web.Request) -> web.Response:
+        self.router.hold(request.match_info["engine_id"], held=False)
         return web.json_response(self.router.snapshot())
 
     async def get_routes(self, request: web.Request) -> web.Response:

@@ -10,6 +10,11 @@ Invariants:
 - a draining engine is never chosen for a new submission; an execution routed
   to it keeps its route until rerouted, but its new requests go elsewhere (and
   the route follows them);
+- a *held* engine (not ready: restarting, or loading the newest weights; set
+  by the job's engine watch) is never chosen for a new submission either, but
+  it still takes routes, and an execution routed to it keeps its route: its
+  new requests go to another engine for now, or wait (``proxy.generation``
+  holds them) when none is left, and come back to it once it is released;
 - ``reroute`` changes the route first and then moves every in-flight request of
   the execution that runs elsewhere, so a resubmission always finds the new route;
 - a flight is moved at most once per route change, and a flight moved before
@@ -34,12 +39,13 @@ class RoutingError(ValueError):
 class EngineState:
     spec: EngineSpec
     draining: bool = False
+    held: bool = False
     in_flight: int = 0
     failures: int = 0
     served: int = 0
 
     def as_dict(self, routed: int) -> dict[str, Any]:
-        return {"id": self.spec.id, "url": self.spec.url, "draining": self.draining,
+        return {"id": self.spec.id, "url": self.spec.url, "draining": self.draining, "held": self.held,
                 "in_flight": self.in_flight, "routed_executions": routed,
                 "failures": self.failures, "served": self.served}
 
@@ -85,7 +91,8 @@ class Router:
 
     def _least_loaded(self, exclude: Iterable[str]) -> EngineState | None:
         excluded = set(exclude)
-        candidates = [s for s in self.engines.values() if not s.draining and s.spec.id not in excluded]
+        candidates = [s for s in self.engines.values()
+                      if not (s.draining or s.held) and s.spec.id not in excluded]
         if not candidates:
             return None
         load = {s.spec.id: 0 for s in candidates}
@@ -98,10 +105,10 @@ class Router:
         """The engine for a new submission of ``execution_id`` (None: no engine left)."""
         excluded = set(exclude)
         current = self.engines.get(self.routes.get(execution_id, ""))
-        if current is not None and not current.draining and current.spec.id not in excluded:
+        if current is not None and not (current.draining or current.held) and current.spec.id not in excluded:
             return current
         chosen = self._least_loaded(excluded)
-        if chosen is not None:
+        if chosen is not None and (current is None or not current.held):  # a held route stays: it comes back
             self.routes[execution_id] = chosen.spec.id
         return chosen
 
@@ -138,6 +145,10 @@ class Router:
 
     def drain(self, engine_id: str, draining: bool = True) -> None:
         self._engine(engine_id).draining = draining
+
+    def hold(self, engine_id: str, held: bool = True) -> None:
+        """Hold (or release) ``engine_id``: see the module invariants."""
+        self._engine(engine_id).held = held
 
     def check_destination(self, dest_id: str) -> None:
         """RoutingError unless ``dest_id`` is a known engine that takes new requests."""

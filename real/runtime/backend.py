@@ -248,13 +248,16 @@ class RealBackend(ActionHandler):
 
     def reapply_proxy_state(self) -> None:
         """A restarted proxy (``runtime.proxy_process``) kept keys and records on disk but nothing in memory:
-        put back the policy version, the drains of engines not taking work, the routes of running executions."""
+        put back the policy version, the drains of engines not taking work, the holds of engines not back
+        (``gate_engine``), the routes of running executions."""
         if self.latest is not None:
             self.admin("POST", "/admin/policy_version", {"version": self.latest[0]})
         down = self.parts.watch.unavailable() if self.parts.watch is not None else set()
         for cell, name in self.parts.engine_names.items():
-            if cell not in self.rollout_ready or name in down:
+            if cell not in self.rollout_ready:
                 self.admin("POST", f"/admin/engines/{name}/drain", {"evacuate": False})
+            if name in down:
+                self.admin("POST", f"/admin/engines/{name}/hold")
         for x in list(self.running):
             if x in self._route:
                 self.admin("POST", "/admin/routes", {"execution_id": execution_id(x), "engine": self._route[x]})
@@ -429,20 +432,17 @@ class RealBackend(ActionHandler):
             version, path = self.latest
             await self._engine_ops(name, "rollout", lambda engine: self.parts.engines.update_weights_from_disk(
                 engine, path, weight_version=str(version)))
-        if self.parts.watch is None or name not in self.parts.watch.unavailable():
-            self.admin("POST", f"/admin/engines/{name}/undrain")  # else the watch's gate does, once it is back
+        self.admin("POST", f"/admin/engines/{name}/undrain")  # (still held while the watch revives it)
         self.rollout_ready.add(cell)
         self.metrics.transitions.append({"cell": cell, "role": "rollout", "total_s": self.clock() - t0,
                                          "publish_wait_s": publish_wait_s})
         self._report(ev.TransitionDone, cell=cell, role="rollout")
 
     def gate_engine(self, name: str, serving: bool) -> None:
-        """The engine watch's gate (``runtime.engine_watch``): a dead engine is drained in the proxy until it
-        is back with the newest weights; it is undrained then only if its cell is in the rollout role."""
-        if not serving:
-            self.admin("POST", f"/admin/engines/{name}/drain", {"evacuate": False})
-        elif any(self.parts.engine_names[c] == name for c in self.rollout_ready):
-            self.admin("POST", f"/admin/engines/{name}/undrain")
+        """The engine watch's gate (``runtime.engine_watch``): a dead engine is held in the proxy (its calls
+        go elsewhere or wait; the core's routes to it are still taken) until it is back with the newest
+        weights. Apart from the role's drain, so each is undone by its own owner."""
+        self.admin("POST", f"/admin/engines/{name}/{'release' if serving else 'hold'}")
 
     async def _engine_ops(self, name: str, role: str, *ops: Callable[[str], Any]) -> None:
         """Blocking engine calls ``op(name)``, in order, off the loop; with an engine watch, serialised with

@@ -13,10 +13,15 @@ nothing of the death, keeps placing work on the engine's cell), and it is
 brought back into the state the backend left it in.
 
 The proxy's *gate* (``gate(name, serving)``, the backend's ``gate_engine``)
-keeps a dead engine out of the proxy's routing: it is drained there when its
-revive begins and undrained only once it holds the newest weights, so no call
-reaches it between its first healthy answer and that load (the restart brings
-it up on the initial weights first). Each restart is recorded in ``restarts`` (engine, exit
+keeps a dead engine out of the proxy's routing: it is *held* there when its
+revive begins (``proxy.routing``: its calls go to another rollout engine or
+wait, while routes to it are still taken, since the core keeps placing work
+on it) and released only once it is back, in the rollout role with the
+newest weights, so no call reaches it between its first healthy answer and
+that load (the restart brings it up on the initial weights first). The hold
+is apart from the backend's drains (its cell's role): an engine back in the
+training role is released too, still drained until its cell's transition
+back loads the newest weights. Each restart is recorded in ``restarts`` (engine, exit
 code, when, seconds to come back, weight version loaded); ``gyre run`` puts
 them in summary.json as ``engine_restarts``. ``engines.json`` in the run
 folder names each engine's process group (pid), URL and log, rewritten
@@ -53,8 +58,8 @@ Invariants:
   between the last check and the discard), so a publish that skipped it cannot
   leave it on older weights;
 - a revived engine takes no proxy call before it is back: ``gate(name, False)``
-  runs before its restart, ``gate(name, True)`` only after it left ``down``,
-  only in the rollout role, and never for a lost engine;
+  runs before its restart, ``gate(name, True)`` only after it left ``down``
+  (in the rollout role, with the newest weights), and never for a lost engine;
 - a failed restart (``EngineError``) is recorded in ``errors`` with the engine
   and its log, never raised into the run; the engine is then shut down and
   *lost*: never restarted again, skipped by transitions and publishes;
@@ -134,7 +139,7 @@ class EngineWatch:
                  poll_s: float = 1.0, restart_timeout_s: float = 300.0, roster: str | Path | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.manager, self.latest, self.publishing, self.poll_s = manager, latest, publishing, poll_s
-        self.gate = gate  # the proxy's routing of an engine: False drains it, True takes it back (see above)
+        self.gate = gate  # the proxy's routing of an engine: False holds it, True releases it (see above)
         self.progress = progress or (lambda line: None)
         self.restart_timeout_s, self.roster = restart_timeout_s, None if roster is None else Path(roster)
         self.clock, self.wall = clock, wall
@@ -249,8 +254,7 @@ class EngineWatch:
             await run(self.manager.shutdown, name)
             return
         self.down.discard(name)  # no await since the last latest() check: no publish can slip between
-        if self.role[name] == ROLLOUT:
-            self.gate(name, True)  # the newest weights are in: calls may reach it again
+        self.gate(name, True)  # rollout: the newest weights are in; training: drained until its cell returns
         back_s = self.clock() - t0
         self.restarts.append({"engine": name, "exit_code": code, "at_unix": at, "back_s": back_s,
                               "back_unix": at + back_s, "role": self.role[name], "version": version,

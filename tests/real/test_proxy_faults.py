@@ -257,6 +257,30 @@ def test_a_call_with_every_engine_drained_is_held_until_one_is_back(held, model)
     assert float(record.role_hints["held_ms"]) >= 900 and record.role_hints["engines"] == "e1"
 
 
+def test_a_held_engine_takes_routes_and_its_calls_wait_for_its_release(held, model):
+    """The job's engine watch holds a restarting engine: the core's new executions are still routed to it
+    (a drained engine would refuse them, and the run would stop), and with the other engine drained (in
+    training) their calls wait and are served by it once it is released."""
+    url = held["url"]
+    assert admin(url, "POST", "/admin/engines/e0/hold")[0] == 200
+    assert admin(url, "POST", "/admin/engines/e1/drain", {"evacuate": False})[0] == 200
+    status, started = admin(url, "POST", "/admin/executions/start",
+                            {"executions": [{"execution_id": "held-route", "engine": "e0"}]})
+    assert status == 200 and started["routes"] == {"held-route": "e0"}, started
+    body = {"model": "m", "max_tokens": 400, "messages": [{"role": "user", "content": "go"}]}
+    thread, box = _in_background(lambda: _raw_post(url, "/v1/messages", started["api_keys"]["held-route"], body))
+    time.sleep(1.0)
+    assert thread.is_alive(), box  # held, not served by the held engine nor answered with the overload error
+    engines = {e["id"]: e for e in admin(url, "GET", "/admin/engines")[1]["engines"]}
+    assert engines["e0"]["held"] and not engines["e0"]["draining"] and engines["e0"]["in_flight"] == 0
+    assert admin(url, "POST", "/admin/engines/e0/release")[0] == 200
+    thread.join(30)
+    status, text = box["result"]
+    assert status == 200 and json.loads(text)["content"][0]["text"] == long_script("go")
+    (record,) = check_records(held["records"], "held-route", model)
+    assert record.role_hints["engines"] == "e0" and float(record.role_hints["held_ms"]) >= 900
+
+
 def test_a_call_whose_engines_fail_is_held_until_one_answers(held, model):
     """Both engines refuse far more submissions than the retry budget (an engine restarting): held, then served
     as one call with one record; without the hold the same outage is the overload error."""

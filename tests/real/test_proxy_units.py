@@ -158,6 +158,20 @@ def test_generation_gives_up_after_the_retry_budget():
         _run(_router(), FakeClient(list(range(10)), ["fail"] * 5), attempts=2)
 
 
+def test_a_call_routed_to_a_held_engine_runs_elsewhere_and_its_route_waits_for_the_release():
+    """A held engine (restarting) takes a route but no submission: the call goes to another engine without
+    moving the route, and once released the engine serves its executions again."""
+    router = _router()
+    router.hold("e0")
+    router.reroute("x", "e0")  # the core placed an execution on it: taken, not refused
+    generation, tokens = _run(router, FakeClient([7, 8], ["ok"]))
+    assert tokens == [7, 8] and generation.log.engines == ["e1"] and router.routes["x"] == "e0"
+    assert router.snapshot()["engines"][0]["held"] is True
+    router.hold("e0", held=False)
+    generation, _ = _run(router, FakeClient([7, 8], ["ok"]))
+    assert generation.log.engines == ["e0"]
+
+
 def test_all_engines_draining_is_overload():
     router = _router()
     router.drain("e0")
@@ -178,11 +192,16 @@ class RouterMachine(RuleBasedStateMachine):
 
     @rule(execution=st.sampled_from(["a", "b", "c"]))
     def submit(self, execution):
+        routed = self.router.engines.get(self.router.routes.get(execution, ""))
         engine = self.router.engine_for(execution)
         if engine is None:
-            assert all(s.draining for s in self.router.engines.values())
+            assert all(s.draining or s.held for s in self.router.engines.values())
             return
-        assert not engine.draining
+        assert not (engine.draining or engine.held)
+        if routed is not None and routed.held:  # served elsewhere for now; the route waits for its release
+            assert self.router.routes[execution] == routed.spec.id
+        else:
+            assert self.router.routes[execution] == engine.spec.id  # the route follows its requests
         flight = Flight(execution, f"r{len(self.flights)}")
         self.router.begin(flight, engine)
         self.flights.append(flight)
@@ -197,13 +216,18 @@ class RouterMachine(RuleBasedStateMachine):
     def drain(self, engine, draining):
         self.router.drain(engine, draining)
 
+    @rule(engine=st.sampled_from(["e0", "e1", "e2"]), held=st.booleans())
+    def hold(self, engine, held):
+        self.router.hold(engine, held)
+
     @rule(execution=st.sampled_from(["a", "b", "c"]), dest=st.sampled_from(["e0", "e1", "e2"]))
     def reroute(self, execution, dest):
         try:
             self.router.reroute(execution, dest)
         except RoutingError:
-            assert self.router.engines[dest].draining
+            assert self.router.engines[dest].draining  # a held engine still takes routes
             return
+        assert self.router.routes[execution] == dest
         for flight in self.flights:
             if flight.execution_id == execution and flight.engine_id != dest:
                 assert flight.moved, "every in-flight request elsewhere is moved"

@@ -50,7 +50,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(not sglang_python().exists(), reason=NO_VENV)]
 
 
-def _busy_rollout_engine(work: Path, proc: subprocess.Popen, timeout: float = 600.0) -> str:
+def _exited(proc: subprocess.Popen, stderr: Path) -> str:
+    """The run's exit code and, once it exited, the end of its stderr (what a failure needs to be read)."""
+    code = proc.poll()
+    return f"exit {code}" if code is None else f"exit {code}; stderr ends:\n{stderr.read_text()[-4000:]}"
+
+
+def _busy_rollout_engine(work: Path, proc: subprocess.Popen, stderr: Path, timeout: float = 600.0) -> str:
     """After the first publication: the engine of a rollout cell with the most executions placed on it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
@@ -62,10 +68,11 @@ def _busy_rollout_engine(work: Path, proc: subprocess.Popen, timeout: float = 60
             if load and max(load.values()) > 0:
                 return max(load, key=load.get)
         time.sleep(0.2)
-    raise AssertionError(f"no step after a publication with executions on a rollout engine (exit {proc.poll()})")
+    raise AssertionError(f"no step after a publication with executions on a rollout engine ({_exited(proc, stderr)})")
 
 
-def _restarted(work: Path, victim: str, pid: int, proc: subprocess.Popen, timeout: float = 600.0) -> None:
+def _restarted(work: Path, victim: str, pid: int, proc: subprocess.Popen, stderr: Path,
+               timeout: float = 600.0) -> None:
     """Wait until engines.json names a new process group for ``victim`` (its restart is done)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
@@ -73,7 +80,7 @@ def _restarted(work: Path, victim: str, pid: int, proc: subprocess.Popen, timeou
         if roster[victim]["pid"] != pid:
             return
         time.sleep(0.2)
-    raise AssertionError(f"{victim} was not restarted (exit {proc.poll()})")
+    raise AssertionError(f"{victim} was not restarted ({_exited(proc, stderr)})")
 
 
 def test_gyre_run_restarts_an_engine_killed_mid_run(tmp_path):
@@ -87,11 +94,11 @@ def test_gyre_run_restarts_an_engine_killed_mid_run(tmp_path):
     with open(tmp_path / "stderr.txt", "w") as stderr:
         proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True)
         try:
-            victim = _busy_rollout_engine(work, proc)
+            victim = _busy_rollout_engine(work, proc, tmp_path / "stderr.txt")
             pid = json.loads((work / "engines.json").read_text())[victim]["pid"]
             killed_at = time.time()
             os.killpg(pid, SIGKILL)
-            _restarted(work, victim, pid, proc)
+            _restarted(work, victim, pid, proc, tmp_path / "stderr.txt")
             records_at_kill = {path.name: path.read_bytes() for path in (work / "records").glob("*.tito")}
             proxy_pid = int((work / "proxy" / "proxy.pid").read_text())
             proxy_killed_at = time.time()

@@ -162,7 +162,7 @@ def test_one_restart_per_death_with_the_newest_weights_on_the_restart_thread(tmp
 
 def gated(manager: FakeManager):
     """A gate that logs into the manager's calls, so its order against restarts and loads shows."""
-    return lambda name, serving: manager.calls.append(("serve" if serving else "drain", name))
+    return lambda name, serving: manager.calls.append(("unhold" if serving else "hold", name))
 
 
 def test_a_revived_engine_takes_proxy_calls_only_once_it_holds_the_newest_weights():
@@ -175,23 +175,28 @@ def test_a_revived_engine_takes_proxy_calls_only_once_it_holds_the_newest_weight
         await until(lambda: watch.restarts)
 
     supervised(watch, scenario)
-    assert [c[:2] for c in manager.calls] == [("drain", "e1"), ("restart", "e1"), ("load", "e1"), ("serve", "e1")]
+    assert [c[:2] for c in manager.calls] == [("hold", "e1"), ("restart", "e1"), ("load", "e1"), ("unhold", "e1")]
     assert manager.calls[2] == ("load", "e1", "/ckpt/v000004", "4")
 
 
-def test_an_engine_not_back_in_the_rollout_role_is_never_taken_back_by_the_gate():
+def test_a_lost_engine_stays_held_and_one_back_in_training_is_released_after_its_memory_is():
+    """The hold is the watch's alone: released once the engine is back in any role (in training its cell's
+    drain keeps calls off it until the backend's transition back loads the newest weights); never for a
+    lost engine."""
     manager = FakeManager(names=("e0", "e1", "e2"), fail_restart={"e2"})
     watch = watch_for(manager, gate=gated(manager))
 
     async def scenario():
         await watch.engine_ops("e1", "training", manager.quiesce, manager.release_memory)
-        manager.kill("e1", code=1)  # its cell trains: back with its memory released, still drained
-        manager.kill("e2")  # its restart fails: lost, drained for good
+        manager.kill("e1", code=1)  # its cell trains: back with its memory released
+        manager.kill("e2")  # its restart fails: lost, held for good
         await until(lambda: watch.restarts and watch.errors)
 
     supervised(watch, scenario)
-    gates = [c for c in manager.calls if c[0] in ("drain", "serve")]
-    assert sorted(gates) == [("drain", "e1"), ("drain", "e2")], manager.calls
+    gates = [c for c in manager.calls if c[0] in ("hold", "unhold")]
+    assert sorted(gates) == [("hold", "e1"), ("hold", "e2"), ("unhold", "e1")], manager.calls
+    e1 = [c[0] for c in manager.calls if c[1:2] == ("e1",)]
+    assert e1.index("unhold") > max(i for i, c in enumerate(e1) if c == "release"), e1  # after its memory is
     assert watch.lost == {"e2"} and watch.restarts[0]["role"] == "training"
 
 
@@ -459,10 +464,10 @@ def test_stop_ends_the_queue_watcher_of_a_batch_the_run_never_trained(tmp_path):
     assert backend.tasks == set() and len(backend.errors_after_stop) == 1
 
 
-def test_the_backends_gate_and_drains_keep_a_reviving_engine_out_of_the_proxy(tmp_path):
-    """``RealBackend.gate_engine`` undrains only an engine whose cell is in the rollout role; a transition
-    back to rollout leaves the undrain to the gate while the engine is down; a restarted proxy gets the
-    drain of a down engine back."""
+def test_the_backends_gate_holds_apart_from_the_drains_of_roles(tmp_path):
+    """``RealBackend.gate_engine`` holds and releases an engine, whatever its cell's role; a transition back
+    to rollout undrains its engine even while the watch revives it (the hold keeps calls off it); a
+    restarted proxy gets the drains of training cells and the holds of down engines back."""
     manager = FakeManager(names=("e0", "e1", "e2"))
     backend, _ = publishing_backend(tmp_path, manager, Ticket())
     calls = []
@@ -470,13 +475,13 @@ def test_the_backends_gate_and_drains_keep_a_reviving_engine_out_of_the_proxy(tm
     backend.rollout_ready.discard(2)  # cell 2 trains
     backend.gate_engine("e1", False)
     backend.gate_engine("e1", True)
-    backend.gate_engine("e2", True)
-    assert calls == ["/admin/engines/e1/drain", "/admin/engines/e1/undrain"]
+    backend.gate_engine("e2", False)
+    assert calls == ["/admin/engines/e1/hold", "/admin/engines/e1/release", "/admin/engines/e2/hold"]
 
     calls.clear()
     manager.kill("e0")  # found dead: a publish or a restarted proxy must not count on it
     backend.reapply_proxy_state()
-    assert calls == ["/admin/engines/e0/drain", "/admin/engines/e2/drain"]
+    assert calls == ["/admin/engines/e0/hold", "/admin/engines/e2/drain"]
 
     calls.clear()
     backend.parts.watch.down.add("e2")  # cell 2 goes back to rollout while the watch revives its engine
@@ -488,7 +493,5 @@ def test_the_backends_gate_and_drains_keep_a_reviving_engine_out_of_the_proxy(tm
         await backend._to_rollout(2, Ticket())
 
     asyncio.run(back_to_rollout())
-    assert "/admin/engines/e2/undrain" not in calls and 2 in backend.rollout_ready
-    backend.parts.watch.down.discard("e2")
-    backend.gate_engine("e2", True)  # the watch, once the engine is back
-    assert calls[-1] == "/admin/engines/e2/undrain"
+    assert calls[-1] == "/admin/engines/e2/undrain" and 2 in backend.rollout_ready
+    assert "/admin/engines/e2/release" not in calls  # the watch's, once the engine is back
