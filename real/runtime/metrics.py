@@ -13,7 +13,9 @@ record, written while the run goes on:
   scalars to a Weights & Biases run in offline mode under ``RUN_DIR/wandb/``
   (nothing leaves the machine; ``wandb sync`` uploads it later). Needs the
   ``wandb`` package (extra ``[wandb]``); without it the run says so once and
-  goes on.
+  goes on. Every attempt of a resumed run logs to the same W&B run: its id is
+  kept in ``RUN_DIR/wandb/gyre-run-id`` (each attempt is its own offline
+  folder under that id; ``wandb sync`` of them all resumes the one run).
 
 A record (``step_record``) holds: ``step`` (1-based) and ``version``, the
 ``burst`` in progress (1-based), ``time_s`` (the controller's clock),
@@ -45,9 +47,11 @@ raise: a failure is logged and the run continues; every record is on disk
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import statistics
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -172,6 +176,7 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
 
 
 WANDB_MODES = ("", "offline")
+WANDB_ID_FILE = "gyre-run-id"  # under RUN_DIR/wandb: the one W&B run every attempt logs to
 
 
 class MetricsWriter:
@@ -219,9 +224,20 @@ class MetricsWriter:
         import wandb
 
         self._wandb = wandb.init(mode=self._wandb_mode, dir=str(self.run_dir), project="gyre",
-                                 name=self.run_dir.name, config=self._config,
-                                 settings=wandb.Settings(silent=True, console="off"))
+                                 name=self.run_dir.name, config=self._config, id=self.wandb_run_id(),
+                                 resume="allow", settings=wandb.Settings(silent=True, console="off"))
         return self._wandb
+
+    def wandb_run_id(self) -> str:
+        """The run folder's W&B run id: read from ``wandb/gyre-run-id``, or made (from the folder's path and
+        the time) and kept there by the first attempt."""
+        path = self.run_dir / "wandb" / WANDB_ID_FILE
+        if path.is_file() and (kept := path.read_text().strip()):
+            return kept
+        digest = hashlib.sha256(f"{self.run_dir.resolve()}:{time.time_ns()}".encode()).hexdigest()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"gyre-{digest[:12]}\n")
+        return path.read_text().strip()
 
     def _open_tensorboard(self):
         from torch.utils.tensorboard import SummaryWriter

@@ -246,6 +246,23 @@ def test_an_offline_wandb_run_holds_the_records_values(tmp_path):
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
 
 
+def test_every_attempt_of_a_resumed_run_logs_to_the_same_wandb_run(tmp_path):
+    """A resumed run's writer finds the W&B run id the first attempt kept: two offline folders, one run id;
+    a fresh run folder gets a new id."""
+    pytest.importorskip("wandb")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "other").mkdir()
+    for attempt in range(2):
+        writer = MetricsWriter(tmp_path / "run", log=pytest.fail, tensorboard=False, wandb="offline")
+        writer.write(record(attempt + 1))
+        writer.close()
+    runs = sorted((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    run_id = (tmp_path / "run" / "wandb" / "gyre-run-id").read_text().strip()
+    assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs), runs
+    other = MetricsWriter(tmp_path / "other", log=pytest.fail, tensorboard=False, wandb="offline")
+    assert other.wandb_run_id() != run_id and other.wandb_run_id() == other.wandb_run_id()
+
+
 def test_a_wandb_mode_other_than_offline_is_refused(tmp_path):
     with pytest.raises(ValueError, match="wandb must be one of"):
         MetricsWriter(tmp_path, wandb="online")
