@@ -258,7 +258,10 @@ def test_every_attempt_of_a_resumed_run_logs_to_the_same_wandb_run(tmp_path):
         writer.close()
     runs = sorted((tmp_path / "run" / "wandb").glob("offline-run-*"))
     run_id = (tmp_path / "run" / "wandb" / "gyre-run-id").read_text().strip()
-    assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs), runs
+    assert len(runs) == 2 and all(f"-{run_id}" in r.name for r in runs), runs  # (same second: "-1" added)
+    for run in runs:  # the run's id inside each attempt's records, which is what ``wandb sync`` resumes by
+        [data] = [f.read_bytes() for f in run.glob("run-*.wandb")]
+        assert run_id.encode() in data, run
     other = MetricsWriter(tmp_path / "other", log=pytest.fail, tensorboard=False, wandb="offline")
     assert other.wandb_run_id() != run_id and other.wandb_run_id() == other.wandb_run_id()
 
