@@ -55,7 +55,7 @@ check: $(VENV)/.check-installed
 	GYRE_TEST_TIER=check $(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:cacheprovider $(CHECK_DIRS)
 
 test: $(VENV)/.dev-installed .venv-sglang/.installed .harness/.installed
-	bash tools/isolated.sh $(BIN)/python -m pytest -q
+	bash tools/isolated.sh $(BIN)/python -m pytest -q --durations=15
 
 figs: $(VENV)/.base-installed
 	$(BIN)/gyre figs --out figs
