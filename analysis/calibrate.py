@@ -125,13 +125,15 @@ def _timeline(run_dir: Path):
         if not (log / name).is_file():
             raise CalibrationError(f"{log / name}: missing (is this a `gyre run` folder?)")
     cfg = run_config(log)
-    return cfg, timeline(cfg, load_events(log / "events.csv"))
+    events = load_events(log / "events.csv")
+    return cfg, timeline(cfg, events), [e.now for e in events]
 
 
-def resume_times(run_dir: Path) -> list[float]:
-    """Event-log times at which a resumed attempt's clock began (its last kept event's ``now``), for the
-    attempts whose lineage the final log holds (a later resume that kept fewer events discarded the
-    earlier attempt's later start). An attempt that kept no event started over at 0: no point."""
+def resume_times(run_dir: Path, now: list[float]) -> list[float]:
+    """Event-log times at which a resumed attempt's clock began (its last kept event's ``now``; ``now``:
+    the final log's event times), for the attempts whose lineage the final log holds (a later resume
+    that kept fewer events discarded the earlier attempt's later start). An attempt that kept no event
+    started over at 0: no point."""
     points: list[int] = []
     attempts = [p for p in (run_dir / "attempts").glob("*/resume.json") if p.parent.name.isdigit()]
     for path in sorted(attempts, key=lambda p: int(p.parent.name)):
@@ -139,10 +141,6 @@ def resume_times(run_dir: Path) -> list[float]:
         if not isinstance(kept, int) or kept < 0:
             raise CalibrationError(f"{path}: no events_kept count")
         points = [b for b in points if b <= kept] + [kept]
-    if not points:
-        return []
-    with open(run_dir / EVENTS, newline="") as fh:
-        now = [float(row["now"]) for row in csv.DictReader(fh)]
     return sorted({now[b - 1] for b in points if 0 < b <= len(now)})
 
 
@@ -178,8 +176,8 @@ def measure(run_dir: str | Path) -> dict[str, Any]:
     reports = s.get("step_reports")
     if not reports:
         raise CalibrationError(f"{run_dir / 'summary.json'}: no step_reports (a run from an older gyre?)")
-    cfg, tl = _timeline(run_dir)
-    cuts = resume_times(run_dir)
+    cfg, tl, now = _timeline(run_dir)
+    cuts = resume_times(run_dir, now)
     transitions = _transition_times(cfg, tl, cuts)
     # a core unit that never moved one way (it stayed in training all run) takes the satellites' mean
     to_training, to_rollout = (transitions.get((False, role)) or transitions.get((True, role), [])

@@ -173,7 +173,7 @@ def test_resume_points_are_the_last_events_each_attempt_kept(tmp_path):
     for attempt, kept in ((1, 0), (2, len(now) - 1), (3, cut)):  # attempt 2's point lies in a discarded lineage
         (run / "attempts" / str(attempt)).mkdir(parents=True)
         (run / "attempts" / str(attempt) / "resume.json").write_text(json.dumps({"events_kept": kept}))
-    assert resume_times(run) == [now[cut - 1]]
+    assert resume_times(run, now) == [now[cut - 1]]
     (run / "attempts" / "4").mkdir()
     (run / "attempts" / "4" / "resume.json").write_text(json.dumps({"version": 2}))
     with pytest.raises(CalibrationError, match="attempts/4/resume.json: no events_kept"):
