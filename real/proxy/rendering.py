@@ -27,10 +27,10 @@ none.
 
 The probe assumes a template renders a message from itself, that context and
 whether tools exist, and that the generation prompt is a fixed suffix. To catch
-a template that breaks this, the first
-``verify_first`` incremental renderings and then one in ``verify_every`` are
-compared with a full rendering; on the first difference incremental rendering
-is switched off for good (a warning names it) and full renderings are used.
+a template that breaks this, the first ``verify_first`` incremental renderings
+and then one in ``verify_every`` are compared with a full rendering; on the
+first difference incremental rendering is switched off for good (a warning
+names it) and full renderings are used.
 
 Invariants:
 - ``render`` returns exactly ``ChatTokenizer.render(messages, tools, thinking)``

@@ -21,11 +21,11 @@ newest weights, so no call reaches it between its first healthy answer and
 that load (the restart brings it up on the initial weights first). The hold
 is apart from the backend's drains (its cell's role): an engine back in the
 training role is released too, still drained until its cell's transition
-back loads the newest weights. Each restart is recorded in ``restarts`` (engine, exit
-code, when, seconds to come back, weight version loaded); ``gyre run`` puts
-them in summary.json as ``engine_restarts``. ``engines.json`` in the run
-folder names each engine's process group (pid), URL and log, rewritten
-after every restart.
+back loads the newest weights. Each restart is recorded in ``restarts``
+(engine, exit code, when, seconds to come back, weight version loaded);
+``gyre run`` puts them in summary.json as ``engine_restarts``.
+``engines.json`` in the run folder names each engine's process group (pid),
+URL and log, rewritten after every restart.
 
 Restarts block for up to minutes, so they run off the event loop, on ONE
 dedicated thread (``RestartThread``) that lives from ``start`` to ``close``:

@@ -234,10 +234,10 @@ class MetricsWriter:
         path = self.run_dir / "wandb" / WANDB_ID_FILE
         if path.is_file() and (kept := path.read_text().strip()):
             return kept
-        digest = hashlib.sha256(f"{self.run_dir.resolve()}:{time.time_ns()}".encode()).hexdigest()
+        run_id = "gyre-" + hashlib.sha256(f"{self.run_dir.resolve()}:{time.time_ns()}".encode()).hexdigest()[:12]
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"gyre-{digest[:12]}\n")
-        return path.read_text().strip()
+        path.write_text(run_id + "\n")
+        return run_id
 
     def _open_tensorboard(self):
         from torch.utils.tensorboard import SummaryWriter
