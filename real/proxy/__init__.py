@@ -12,7 +12,7 @@
   model's template; ``toolcalls``: the model's tool-call output format;
 - ``generation`` / ``engine_client`` / ``routing``: one call's generation kept
   alive across reroutes and engine failures, the SGLang client, the routing
-  table;
+  table; ``http_client``: the lean keep-alive HTTP/1.1 client under it;
 - ``recording``: per-execution state, TITO records into ``gyre.real.store``.
 
 May import: ``gyre`` (trajectory records, trees, tool-call cache) and

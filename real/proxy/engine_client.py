@@ -30,19 +30,17 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
-import aiohttp
-
+from gyre.real.proxy.config import EngineSpec, RetryPolicy
+from gyre.real.proxy.http_client import HttpClient, HttpError, Response
 from gyre.real.proxy.ids_json import IdsJson, encode_ids
 
 JSON_HEADERS = {"Content-Type": "application/json"}
-
-from gyre.real.proxy.config import EngineSpec, RetryPolicy
+DRAIN_TIMEOUT_S = 1.0  # how long the end of a finished stream may take before its connection is dropped
 
 
 class EngineCallError(Exception):
@@ -147,18 +145,14 @@ def _event_data(event: bytes) -> bytes | None:
 
 
 class EngineClient:
-    """Streams ``/generate`` from engines over one shared aiohttp session."""
+    """Streams ``/generate`` from engines over pooled keep-alive connections (``proxy.http_client``)."""
 
     def __init__(self, retry: RetryPolicy) -> None:
         self.retry = retry
-        self._session: aiohttp.ClientSession | None = None
+        self._session: HttpClient | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.retry.connect_timeout_s,
-                                        sock_read=self.retry.read_timeout_s)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                              json_serialize=lambda o: json.dumps(o, separators=(",", ":")))
+        self._session = HttpClient(self.retry.connect_timeout_s, self.retry.read_timeout_s)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -175,8 +169,9 @@ class EngineClient:
         decoder = ChunkDecoder(engine.id)
         ids_text = ids_json.encode(input_ids) if ids_json is not None else encode_ids(input_ids)
         try:
-            async with self._session.post(f"{engine.url}/generate", data=generate_body(rid, ids_text, sampling),
-                                          headers=JSON_HEADERS) as resp:
+            resp = await self._session.request("POST", f"{engine.url}/generate",
+                                               generate_body(rid, ids_text, sampling), JSON_HEADERS)
+            async with resp:
                 if attach is not None:
                     attach(resp)
                 if resp.status != 200:
@@ -195,22 +190,24 @@ class EngineClient:
                     if finished:
                         await self._drain(resp)
             raise EngineCallError(engine.id, "stream ended without a finish reason")
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
-            raise EngineCallError(engine.id, f"{type(exc).__name__}: {exc}") from None
+        except ConnectionError as exc:  # HttpError included
+            raise EngineCallError(engine.id, str(exc) if isinstance(exc, HttpError)
+                                  else f"{type(exc).__name__}: {exc}") from None
 
     @staticmethod
-    async def _drain(resp: aiohttp.ClientResponse) -> None:
-        """Read what follows the finish chunk (``[DONE]``) so the connection goes back to the pool."""
-        try:
-            await asyncio.wait_for(resp.content.read(), timeout=1.0)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
-            pass
+    async def _drain(resp: Response) -> None:
+        """Read what follows the finish chunk (``[DONE]``) so the connection goes back to the pool;
+        an engine that does not end its stream then loses the connection instead (``Response.close``)."""
+        resp.read_timeout_s = DRAIN_TIMEOUT_S
+        with contextlib.suppress(ConnectionError):
+            async for _ in resp.iter_any():
+                pass
 
-    async def _chunks(self, resp: aiohttp.ClientResponse, decoder: ChunkDecoder) -> AsyncIterator[TokenChunk]:
+    async def _chunks(self, resp: Response, decoder: ChunkDecoder) -> AsyncIterator[TokenChunk]:
         """One ``TokenChunk`` per network read: the events that arrived together are merged, so
         a burst of tokens costs one decode, one parse and one client write, not one per token."""
         buffer = bytearray()
-        async for data in resp.content.iter_any():
+        async for data in resp.iter_any():
             buffer += data.replace(b"\r\n", b"\n")
             ready: list[TokenChunk] = []
             error: EngineCallError | None = None
@@ -242,8 +239,10 @@ class EngineClient:
         if self._session is None:
             return False
         try:
-            timeout = aiohttp.ClientTimeout(total=self.retry.connect_timeout_s)
-            async with self._session.post(f"{engine.url}/abort_request", json={"rid": rid}, timeout=timeout) as resp:
+            resp = await self._session.request("POST", f"{engine.url}/abort_request", json.dumps({"rid": rid}).encode(),
+                                               JSON_HEADERS, read_timeout_s=self.retry.connect_timeout_s)
+            async with resp:
+                await resp.read()
                 return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
+        except ConnectionError:
             return False

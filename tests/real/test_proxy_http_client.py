@@ -1,0 +1,316 @@
+"""The proxy's engine-side HTTP client (``real/proxy/http_client.py``), against real sockets.
+
+Each invariant of the module is checked here: chunked decoding under any split
+(Hypothesis), connection reuse only after a whole response, the one resend on a
+reused connection the server closed idle, ``close()`` aborting a waiting read,
+the per-wait read timeout, and every failure as ``HttpError``. The servers are
+raw asyncio servers on 127.0.0.1 scripted per test, so each can misbehave
+exactly as the test needs; the same client against real SGLang and the scripted
+aiohttp engine is exercised by every proxy test (``test_proxy_sglang.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Awaitable, Callable
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from gyre.real.proxy import http_client
+from gyre.real.proxy.http_client import HttpClient, HttpError, _Dechunker
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+def _chunked(body: bytes, sizes: list[int], extension: bool) -> bytes:
+    out, at = bytearray(), 0
+    for size in sizes:
+        piece = body[at:at + size]
+        if not piece:
+            break
+        out += f"{len(piece):x}{';ext=1' if extension else ''}\r\n".encode() + piece + b"\r\n"
+        at += len(piece)
+    if at < len(body):
+        out += f"{len(body) - at:X}\r\n".encode() + body[at:] + b"\r\n"
+    return bytes(out + b"0\r\nX-Trailer: 1\r\n\r\n")
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.binary(max_size=300), sizes=st.lists(st.integers(1, 40), max_size=12),
+       cuts=st.lists(st.integers(1, 30), max_size=40), extension=st.booleans(), tail=st.binary(max_size=5))
+def test_dechunking_is_exact_under_any_split(body, sizes, cuts, extension, tail) -> None:
+    """However the wire bytes arrive, the decoded body is exact, the end is found, and the
+    bytes after the end (the next response) stay in the buffer."""
+    wire = _chunked(body, sizes, extension) + tail
+    decoder, buffer, out, at = _Dechunker(), bytearray(), bytearray(), 0
+    for cut in [*cuts, len(wire)]:
+        buffer += wire[at:at + cut]
+        at += cut
+        out += decoder.take(buffer)
+        if decoder.done:
+            break
+    buffer += wire[at:]
+    out += decoder.take(buffer)
+    assert decoder.done and bytes(out) == body and bytes(buffer) == tail
+
+
+@pytest.mark.parametrize("wire", [b"zz\r\n", b"-1\r\n", b"+5\r\nhello\r\n", b"3\r\nabcdef\r\n",
+                                  b"1" * 5000])
+def test_a_malformed_chunked_body_is_an_http_error(wire) -> None:
+    with pytest.raises(HttpError, match="malformed chunked body"):
+        _Dechunker().take(bytearray(wire))
+
+
+class Server:
+    """A raw HTTP server on 127.0.0.1: ``handler(reader, writer, connection_number)`` per connection."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler, self.connections, self.requests = handler, 0, 0
+        self.server: asyncio.AbstractServer | None = None
+
+    async def __aenter__(self) -> str:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            try:
+                with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+                    await self.handler(reader, writer, self.connections)
+            finally:
+                writer.close()
+
+        self.server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+
+    async def read_request(self, reader: asyncio.StreamReader) -> bytes:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length"))
+        self.requests += 1
+        return await reader.readexactly(length)
+
+
+def _ok(body: bytes, extra: str = "") -> bytes:
+    return f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+def run(coro: Awaitable) -> object:
+    return asyncio.run(coro)
+
+
+def test_a_connection_is_reused_only_after_its_whole_response() -> None:
+    async def main() -> None:
+        async def handler(reader, writer, n):
+            while True:
+                body = await server.read_request(reader)
+                if body == b"stream":  # chunked, sent whole
+                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+                else:
+                    writer.write(_ok(b"echo:" + body))
+                await writer.drain()
+
+        server = Server(handler)
+        async with server as url:
+            client = HttpClient(1.0, 5.0)
+            for i in range(3):
+                async with await client.request("POST", url + "/x", f"r{i}".encode()) as resp:
+                    assert resp.status == 200 and await resp.read() == f"echo:r{i}".encode()
+            async with await client.request("POST", url + "/x", b"stream") as resp:
+                assert await resp.read() == b"hello"
+            assert server.connections == 1  # four requests, one connection
+            resp = await client.request("POST", url + "/x", b"stream")
+            resp.close()  # not read to its end: the connection is dropped, not pooled
+            async with await client.request("POST", url + "/x", b"again") as resp:
+                assert await resp.read() == b"echo:again"
+            assert server.connections == 2
+            await client.close()
+
+    run(main())
+
+
+def test_a_reused_connection_closed_by_the_server_is_resent_once_on_a_new_one() -> None:
+    async def main() -> None:
+        async def handler(reader, writer, n):
+            await server.read_request(reader)
+            writer.write(_ok(b"first"))
+            await writer.drain()
+            if n == 1:  # the next request on this connection is read, then the connection closes unanswered
+                await server.read_request(reader)
+                return
+            while True:
+                await server.read_request(reader)
+                writer.write(_ok(b"fresh"))
+                await writer.drain()
+
+        server = Server(handler)
+        async with server as url:
+            client = HttpClient(1.0, 5.0)
+            async with await client.request("POST", url, b"a") as resp:
+                assert await resp.read() == b"first"
+            async with await client.request("POST", url, b"b") as resp:
+                assert await resp.read() == b"first"  # answered by the second connection's first reply
+            assert server.connections == 2
+            await client.close()
+
+    run(main())
+
+
+def test_a_fresh_connection_that_closes_unanswered_is_an_error_not_a_resend() -> None:
+    async def main() -> None:
+        async def handler(reader, writer, n):
+            await server.read_request(reader)
+
+        server = Server(handler)
+        async with server as url:
+            client = HttpClient(1.0, 5.0)
+            with pytest.raises(HttpError, match="closed"):
+                await client.request("POST", url, b"a")
+            assert server.connections == 1 and server.requests == 1
+            await client.close()
+
+    run(main())
+
+
+def test_close_aborts_a_waiting_read_and_every_later_one() -> None:
+    async def main() -> None:
+        async def handler(reader, writer, n):
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+            await writer.drain()
+            await asyncio.sleep(30)
+
+        server = Server(handler)
+        async with server as url:
+            client = HttpClient(1.0, 60.0)
+            resp = await client.request("POST", url, b"")
+            pieces = resp.iter_any()
+            assert await pieces.__anext__() == b"abc"
+            waiting = asyncio.ensure_future(pieces.__anext__())
+            await asyncio.sleep(0.05)
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            resp.close()
+            with pytest.raises(HttpError, match="response closed"):
+                await waiting
+            assert loop.time() - start < 1.0
+            with pytest.raises(HttpError):
+                await resp.read()
+            await client.close()
+
+    run(main())
+
+
+def test_the_read_timeout_bounds_each_wait_not_the_whole_response(monkeypatch) -> None:
+    async def main() -> None:
+        async def handler(reader, writer, n):
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for _ in range(6):  # 0.6 s in all, never 0.3 s without a byte
+                writer.write(b"1\r\nx\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.1)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")  # then silence
+            await writer.drain()
+            await asyncio.sleep(30)
+
+        server = Server(handler)
+        async with server as url:
+            client = HttpClient(1.0, 0.3)
+            async with await client.request("POST", url, b"") as resp:
+                assert await resp.read() == b"xxxxxx"
+            async with await client.request("POST", url, b"") as resp:
+                with pytest.raises(HttpError, match="read timeout"):
+                    await resp.read()
+            await client.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("answer, match", [
+    (b"SPDY/9 200 OK\r\n\r\n", "malformed status line"),
+    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: many\r\n\r\n", "malformed Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", "cut short"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab", "cut short"),
+    (b"HTTP/1.1 200 OK\r\nX: " + b"y" * (70 * 1024), "head over"),
+])
+def test_a_broken_answer_is_an_http_error_naming_it(answer, match) -> None:
+    async def main() -> None:
+        async def handler(reader, writer, n):
+            await server.read_request(reader)
+            writer.write(answer)
+            await writer.drain()
+
+        server = Server(handler)
+        async with server as url:
+            client = HttpClient(1.0, 5.0)
+            with pytest.raises(HttpError, match=match):
+                async with await client.request("POST", url, b"") as resp:
+                    await resp.read()
+            await client.close()
+
+    run(main())
+
+
+def test_interim_heads_are_skipped_and_a_close_delimited_body_is_read_to_the_end() -> None:
+    async def main() -> None:
+        async def handler(reader, writer, n):
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 503 Busy\r\nConnection: close\r\n\r\nlater")
+            await writer.drain()
+
+        server = Server(handler)
+        async with server as url:
+            client = HttpClient(1.0, 5.0)
+            async with await client.request("POST", url, b"") as resp:
+                assert resp.status == 503 and await resp.text() == "later"
+            await client.close()
+
+    run(main())
+
+
+def test_a_refused_connection_and_a_non_http_url_are_http_errors() -> None:
+    async def main() -> None:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        client = HttpClient(1.0, 5.0)
+        with pytest.raises(HttpError, match=f"cannot connect to 127.0.0.1:{port}"):
+            await client.request("POST", f"http://127.0.0.1:{port}/generate", b"")
+        with pytest.raises(HttpError, match="not an http"):
+            await client.request("GET", "ftp://127.0.0.1/x")
+        await client.close()
+        with pytest.raises(HttpError, match="client closed"):
+            await client.request("GET", "http://127.0.0.1:1/")
+
+    run(main())
+
+
+def test_an_idle_connection_is_not_reused_after_idle_s(monkeypatch) -> None:
+    monkeypatch.setattr(http_client, "IDLE_S", 0.1)
+
+    async def main() -> None:
+        async def handler(reader, writer, n):
+            while True:
+                await server.read_request(reader)
+                writer.write(_ok(b"ok"))
+                await writer.drain()
+
+        server = Server(handler)
+        async with server as url:
+            client = HttpClient(1.0, 5.0)
+            for pause in (0.0, 0.0, 0.25):
+                await asyncio.sleep(pause)
+                async with await client.request("GET", url) as resp:
+                    assert await resp.read() == b"ok"
+            assert server.connections == 2  # the third request found its connection idle too long
+            await client.close()
+
+    run(main())
