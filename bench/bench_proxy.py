@@ -34,7 +34,12 @@ machine; a follow-up call in a 30k-token execution adding under 2 ms. Each is
 printed as met or NOT met, next to the proxy's CPU time per call (the figure
 that holds when other work shares the machine; wall times do not).
 
-``GYRE_BENCH_PROXY=latency,big,rps,commit,durability`` runs only those cases
+- ``gc``: the 64- and 384-client windows again on a proxy started with ``--gc
+  default`` (CPython's collector settings; ``proxy.collector``), beside the
+  tuned one: each window prints the collector's share of the proxy's CPU time
+  (``GET /`` counts the collections' time) and each proxy its longest pause.
+
+``GYRE_BENCH_PROXY=latency,big,rps,gc,commit,durability`` runs only those cases
 (default: all), so a run can stay short on a shared machine.
 """
 
@@ -265,9 +270,41 @@ def durability_cost(writes: int = 400) -> dict:
     return figures
 
 
+def _collector(url: str) -> dict:
+    """The proxy's garbage-collector counters (``GET /``, ``proxy.collector``)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/", timeout=10) as answer:
+        return json.loads(answer.read())["gc"]
+
+
+def _windows(proxy, proxy_url: str, engine, client_counts, window_s: float, suffix: str = "") -> dict:
+    """Calls/s, CPU per call (proxy, engine, their ratio) and the collector's share, per client count."""
+    figures = {}
+    for clients in client_counts:
+        cpu, engine_cpu, gc_before = _cpu_seconds(proxy.pid), _cpu_seconds(engine.pid), _collector(proxy_url)
+        rps, done = asyncio.run(_throughput(proxy_url, clients, window_s))
+        proxy_s, engine_s = _cpu_seconds(proxy.pid) - cpu, _cpu_seconds(engine.pid) - engine_cpu
+        gc_s = _collector(proxy_url)["seconds"] - gc_before["seconds"]
+        figures[f"rps_{clients}{suffix}"] = rps
+        figures[f"cpu_ms_per_call_{clients}{suffix}"] = proxy_s * 1e3 / max(done, 1)
+        figures[f"engine_cpu_ms_per_call_{clients}{suffix}"] = engine_s * 1e3 / max(done, 1)
+        # the machine's speed drifts by up to 1.5x within an hour here; both processes drift together,
+        # so this ratio compares two runs far better than either CPU time alone
+        figures[f"proxy_over_engine_cpu_{clients}{suffix}"] = proxy_s / max(engine_s, 1e-9)
+        figures[f"gc_cpu_share_pct_{clients}{suffix}"] = 100 * gc_s / max(proxy_s, 1e-9)
+    figures[f"gc_longest_pause_ms{suffix}"] = _collector(proxy_url)["longest_ms"]
+    return figures
+
+
+def _stop(process) -> None:
+    process.send_signal(signal.SIGTERM)
+    process.wait(20)
+
+
 def _cases() -> set[str]:
     chosen = os.environ.get("GYRE_BENCH_PROXY", "")
-    return set(chosen.split(",")) if chosen else {"latency", "big", "rps", "commit", "durability"}
+    return set(chosen.split(",")) if chosen else {"latency", "big", "rps", "gc", "commit", "durability"}
 
 
 def main(calls: int = 300, window_s: float = 4.0) -> dict:
@@ -297,19 +334,20 @@ def main(calls: int = 300, window_s: float = 4.0) -> dict:
                 figures["latency_cpu_ms_per_call"] = (_cpu_seconds(proxy.pid) - cpu) * 1e3 / (calls + 20)
             if "big" in cases:
                 figures.update(asyncio.run(_big_latency(engine_url, proxy_url, chat, 30, proxy.pid)))
-            for clients in (1, 64, 384) if "rps" in cases else ():
-                cpu, engine_cpu = _cpu_seconds(proxy.pid), _cpu_seconds(engine.pid)
-                figures[f"rps_{clients}"], done = asyncio.run(_throughput(proxy_url, clients, window_s))
-                figures[f"cpu_ms_per_call_{clients}"] = (_cpu_seconds(proxy.pid) - cpu) * 1e3 / max(done, 1)
-                engine_ms = (_cpu_seconds(engine.pid) - engine_cpu) * 1e3 / max(done, 1)
-                figures[f"engine_cpu_ms_per_call_{clients}"] = engine_ms
-                # the machine's speed drifts by up to 1.5x within an hour here; both processes drift together,
-                # so this ratio compares two runs far better than either CPU time alone
-                figures[f"proxy_over_engine_cpu_{clients}"] = figures[f"cpu_ms_per_call_{clients}"] / max(engine_ms, 1e-9)
+            if "rps" in cases:
+                figures.update(_windows(proxy, proxy_url, engine, (1, 64, 384), window_s))
         finally:
-            for process in (proxy, engine):
-                process.send_signal(signal.SIGTERM)
-                process.wait(20)
+            _stop(proxy)
+        if "gc" in cases:  # the same load on a proxy whose collector keeps CPython's defaults
+            config["records_dir"] = str(Path(scratch) / "records-gc-default")
+            (Path(scratch) / "proxy.json").write_text(json.dumps(config))
+            proxy, proxy_url = _spawn(["-m", "gyre.real.proxy.cli", "--config", str(Path(scratch) / "proxy.json"),
+                                       "--port", "0", "--gc", "default"])
+            try:
+                figures.update(_windows(proxy, proxy_url, engine, (64, 384), window_s, suffix="_gc_default"))
+            finally:
+                _stop(proxy)
+        _stop(engine)
     if "commit" in cases:
         figures.update(commit_cost())
     if "durability" in cases:

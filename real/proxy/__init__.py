@@ -2,6 +2,7 @@
 
 - ``app`` / ``admin`` / ``cli`` / ``config``: the aiohttp server, its admin API
   (execution keys, routes, drains), ``gyre proxy --config FILE``;
+  ``collector``: the process's garbage collector, tuned for a server;
 - ``request`` / ``fields``: the typed request every body is parsed into before
   any response starts, the proxy's errors, the JSON field readers and the
   always-encodable JSON writer (standard library only: ``tests/proxy_parse``);

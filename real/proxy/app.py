@@ -42,7 +42,7 @@ from typing import Any, AsyncIterator
 
 from aiohttp import web
 
-from gyre.real.proxy import fields
+from gyre.real.proxy import collector, fields
 from gyre.real.proxy.api import anthropic, openai_chat, openai_responses
 from gyre.real.proxy.admin import AdminApi
 from gyre.real.proxy.model_call import ChatService
@@ -303,7 +303,7 @@ class ProxyServer:
 
     async def alive(self, request: web.Request) -> web.Response:
         loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # "uvloop" or "asyncio"
-        return json_response({"status": "ok", "model": self.config.model_name, "loop": loop})
+        return json_response({"status": "ok", "model": self.config.model_name, "loop": loop, "gc": collector.stats()})
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self._call(request, anthropic, anthropic.parse)

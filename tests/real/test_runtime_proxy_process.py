@@ -139,9 +139,10 @@ def test_the_written_configuration_reads_back_as_the_same_config(model, tmp_path
         ProxyProcess(config.with_overrides(port=0), tmp_path / "proxy")
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_the_proxy_serves_on_the_event_loop_asked_for(model, tmp_path, loop):
-    """``gyre proxy --loop``: both loops serve a recorded call, and ``GET /`` names the one running."""
+@pytest.mark.parametrize("loop, gc_mode", [("asyncio", "default"), ("uvloop", "tuned")])
+def test_the_proxy_serves_on_the_event_loop_asked_for(model, tmp_path, loop, gc_mode):
+    """``gyre proxy --loop --gc``: both loops and both collector set-ups serve a recorded call, and
+    ``GET /`` names the loop and reports the collector (``proxy.collector``)."""
     import subprocess
     import sys
 
@@ -149,14 +150,20 @@ def test_the_proxy_serves_on_the_event_loop_asked_for(model, tmp_path, loop):
     with ServerThread(engine.application) as engine_thread:
         config = proxy_config(model, tmp_path / "records", {"e0": engine_thread.url}, port=free_port(), fsync=True)
         (tmp_path / "proxy.json").write_text(json.dumps(config_mapping(config)))
-        command = [sys.executable, "-m", "gyre.real.proxy.cli", "--config", str(tmp_path / "proxy.json"), "--loop", loop]
+        command = [sys.executable, "-m", "gyre.real.proxy.cli", "--config", str(tmp_path / "proxy.json"), "--loop", loop,
+                   "--gc", gc_mode]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1"))
         try:
             line = process.stdout.readline()
             assert line, process.stderr.read()
             url = json.loads(line)["url"]
-            assert _alive(url)["loop"] == loop
+            alive = _alive(url)
+            assert alive["loop"] == loop and alive["gc"]["mode"] == gc_mode, alive
+            if gc_mode == "tuned":  # what startup built is frozen out of collection, the young collected less often
+                assert alive["gc"]["frozen"] > 10_000 and alive["gc"]["threshold0"] == 50_000, alive
+            else:
+                assert alive["gc"]["frozen"] == 0 and alive["gc"]["threshold0"] == 700, alive
             status, answer = _call(url, new_key(url, f"on-{loop}"), "hi")
             assert status == 200 and answer["content"][0]["text"] == "fine", answer
         finally:
