@@ -49,7 +49,7 @@ from gyre.real.proxy.model_call import ChatService
 from gyre.real.proxy.config import ProxyConfig
 from gyre.real.proxy.engine_client import EngineClient
 from gyre.real.proxy.recording import KeyRegistry, Recorder
-from gyre.real.proxy.request import ApiError, Finished, error_for
+from gyre.real.proxy.request import ApiError, Finished, LastChunk, error_for
 from gyre.real.proxy.routing import Router
 from gyre.real.proxy.tokenize import ChatTokenizer
 
@@ -278,14 +278,20 @@ class ProxyServer:
         chunks = api.stream(events, prepared)
         timeout = self.config.limits.client_write_timeout_s
         clock = asyncio.get_running_loop().time
+        ended = False
         try:  # one deadline, armed around each write only (cheaper than a wait_for task per write)
             async with asyncio.timeout(None) as deadline, contextlib.aclosing(chunks):
                 async for chunk in chunks:
                     deadline.reschedule(clock() + timeout)
-                    await response.write(chunk)
+                    if isinstance(chunk, LastChunk):  # the stream's end goes out in the same write
+                        ended = True
+                        await response.write_eof(chunk)
+                    else:
+                        await response.write(chunk)
                     deadline.reschedule(None)
-                deadline.reschedule(clock() + timeout)
-                await response.write_eof()
+                if not ended:
+                    deadline.reschedule(clock() + timeout)
+                    await response.write_eof()
         except ConnectionError:
             log.info("client of %s went away mid-stream", prepared.execution_id)
         except asyncio.TimeoutError:  # generation closed (engine request aborted) by aclosing above
@@ -294,6 +300,8 @@ class ProxyServer:
                 request.transport.abort()
         except Exception:  # noqa: BLE001 - the status line is out: end the stream, never start a second one
             log.exception("stream of %s failed", prepared.execution_id)
+            if ended:
+                return response  # the stream already ended whole
             with contextlib.suppress(Exception):
                 await response.write(api.stream_error(ApiError(500, "internal", "internal proxy error")))
                 await response.write_eof()

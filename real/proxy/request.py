@@ -106,6 +106,11 @@ class Finished:
     tokens: list[str] = field(default_factory=list)  # text of each output token (Chat logprobs)
 
 
+class LastChunk(bytes):
+    """The final bytes of an event stream: the server sends them together with the stream's end
+    (one socket write, not two). An API's ``stream`` yields nothing after it."""
+
+
 def check_tool_results(messages: list[dict[str, Any]], where: str) -> None:
     """Every tool result answers a tool call of an earlier assistant message, once per issue."""
     issued: set[str] = set()

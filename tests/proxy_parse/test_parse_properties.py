@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from gyre.real.proxy import fields
 from gyre.real.proxy.api import anthropic, openai_chat, openai_responses
-from gyre.real.proxy.request import ApiError, ChatRequest, EngineRejected, Finished, Overloaded, Prepared
+from gyre.real.proxy.request import ApiError, ChatRequest, EngineRejected, Finished, LastChunk, Overloaded, Prepared
 from gyre.real.proxy.toolcalls import OutputEvent, StopHoldback, ToolCall, parse_tool_call, trim_stop
 
 try:
@@ -215,11 +215,13 @@ async def _collect(module, prepared, events, end):
             raise end
         yield end
 
-    return b"".join([chunk async for chunk in module.stream(source(), prepared)])
+    return [chunk async for chunk in module.stream(source(), prepared)]
 
 
 @pytest.mark.parametrize("api", APIS)
 def test_hostile_outputs_always_write_valid_json(api):
+    """Every stream is valid JSON events, and it ends with exactly one ``LastChunk`` (written
+    together with the HTTP stream's end), whether the call finished or failed."""
     module = MODULES[api]
 
     @FUZZ
@@ -227,7 +229,10 @@ def test_hostile_outputs_always_write_valid_json(api):
     def run(output, logprobs):
         events, end = output
         prepared = _prepared(api, logprobs=logprobs and api == "chat")
-        _check_bytes(asyncio.run(_collect(module, prepared, events, end)), sse=True)
+        chunks = asyncio.run(_collect(module, prepared, events, end))
+        assert chunks and isinstance(chunks[-1], LastChunk)
+        assert not any(isinstance(chunk, LastChunk) for chunk in chunks[:-1])
+        _check_bytes(b"".join(chunks), sse=True)
         if isinstance(end, Finished):
             _check_bytes(fields.json_bytes(module.response(prepared, end)), sse=False)
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 from gyre.real.proxy import fields
-from gyre.real.proxy.request import (ApiError, ChatRequest, Finished, Prepared, bad_request, check_tool_results,
-                                     error_for)
+from gyre.real.proxy.request import (ApiError, ChatRequest, Finished, LastChunk, Prepared, bad_request,
+                                     check_tool_results, error_for)
 from gyre.real.proxy.toolcalls import OutputEvent
 
 ID_PREFIX = "toolu_"
@@ -277,13 +277,13 @@ async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepar
                                                                "stop_sequence": item.stop_sequence},
                                                      "usage": {"output_tokens": item.output_tokens}}))
                 pending.append(sse("message_stop", {"type": "message_stop"}))
-                yield b"".join(pending)
+                yield LastChunk(b"".join(pending))
                 return
             pending += blocks.event(item)
             yield b"".join(pending)
             pending = []
     except Exception as exc:  # noqa: BLE001 - once the stream began, every failure is an in-stream error event
-        yield b"".join([*pending, stream_error(error_for(exc))])
+        yield LastChunk(b"".join([*pending, stream_error(error_for(exc))]))
 
 
 def stream_error(error: ApiError) -> bytes:

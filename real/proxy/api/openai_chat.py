@@ -23,8 +23,8 @@ import time
 from typing import Any, AsyncIterator
 
 from gyre.real.proxy import fields
-from gyre.real.proxy.request import (ApiError, ChatRequest, Finished, Prepared, bad_request, check_tool_results,
-                                     error_for)
+from gyre.real.proxy.request import (ApiError, ChatRequest, Finished, LastChunk, Prepared, bad_request,
+                                     check_tool_results, error_for)
 from gyre.real.proxy.toolcalls import OutputEvent
 
 ID_PREFIX = "call_"
@@ -221,7 +221,7 @@ async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepar
     try:
         async for item in events:
             if isinstance(item, Finished):
-                yield b"".join([*pending, *_final(prepared, item)])
+                yield LastChunk(b"".join([*pending, *_final(prepared, item)]))
                 return
             if item.kind == "text":
                 pending.append(_chunk(prepared, {"content": item.text}))
@@ -237,4 +237,4 @@ async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepar
         error = error_for(exc)
         if error.kind == "overloaded":
             error = ApiError(503, "overloaded", f"The server is overloaded: {exc}")
-        yield b"".join([*pending, stream_error(error)])
+        yield LastChunk(b"".join([*pending, stream_error(error)]))

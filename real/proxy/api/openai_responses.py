@@ -31,7 +31,8 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 from gyre.real.proxy import fields
-from gyre.real.proxy.request import ChatRequest, Finished, Prepared, bad_request, check_tool_results, error_for
+from gyre.real.proxy.request import (ChatRequest, Finished, LastChunk, Prepared, bad_request, check_tool_results,
+                                     error_for)
 from gyre.real.proxy.api.openai_chat import error_body, parse_arguments, text_content
 from gyre.real.proxy.toolcalls import OutputEvent
 
@@ -230,7 +231,8 @@ async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepar
         async for item in events:
             if isinstance(item, Finished):
                 final = response(prepared, item)
-                yield b"".join([*pending, *writer.close(), emit(f"response.{final['status']}", response=final)])
+                yield LastChunk(b"".join([*pending, *writer.close(),
+                                          emit(f"response.{final['status']}", response=final)]))
                 return
             yield b"".join([*pending, *writer.event(item)])
             pending = []
@@ -240,7 +242,7 @@ async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepar
         code = "server_is_overloaded" if error.kind == "overloaded" else \
             "invalid_request" if error.status < 500 else "server_error"
         failed["error"] = {"code": code, "message": error.message}
-        yield b"".join([*pending, emit("response.failed", response=failed)])
+        yield LastChunk(b"".join([*pending, emit("response.failed", response=failed)]))
 
 
 class _ItemWriter:
