@@ -299,6 +299,13 @@ def _windows(proxy, proxy_url: str, engine, client_counts, window_s: float, suff
     return figures
 
 
+def _start_proxy(scratch: Path, config: dict, records: str, *flags: str) -> tuple[subprocess.Popen, str]:
+    """A proxy process (durable records in ``scratch/records``) on ``config``, with extra CLI ``flags``."""
+    path = scratch / f"proxy-{records}.json"
+    path.write_text(json.dumps(dict(config, records_dir=str(scratch / records))))
+    return _spawn(["-m", "gyre.real.proxy.cli", "--config", str(path), "--port", "0", *flags])
+
+
 def _stop(process) -> None:
     process.send_signal(signal.SIGTERM)
     process.wait(20)
@@ -322,34 +329,31 @@ def main(calls: int = 300, window_s: float = 4.0) -> dict:
         input_ids = chat.encode(chat.render([{"role": "user", "content": "how are you?"}], None))
         engine, engine_url = _spawn([str(ROOT / "tests" / "real" / "proxy_fixtures.py"), "--model", str(model),
                                      "--script", "short"])
-        config = {"model_path": str(model), "records_dir": str(Path(scratch) / "records"), "fsync": True,
+        config = {"model_path": str(model), "fsync": True,
                   "admin_token": "bench-admin-token", "engines": [{"id": "e0", "url": engine_url}],
                   "executions": {f"bench-key-{i}": f"bench-{i}" for i in range(400)}}
-        (Path(scratch) / "proxy.json").write_text(json.dumps(config))
-        proxy, proxy_url = _spawn(["-m", "gyre.real.proxy.cli", "--config", str(Path(scratch) / "proxy.json"),
-                                   "--port", "0"])
         figures: dict = {}
         try:
-            if "latency" in cases:
-                cpu = _cpu_seconds(proxy.pid)
-                figures.update(asyncio.run(_latency(engine_url, proxy_url, input_ids, calls)))
-                figures["latency_cpu_ms_per_call"] = (_cpu_seconds(proxy.pid) - cpu) * 1e3 / (calls + 20)
-            if "big" in cases:
-                figures.update(asyncio.run(_big_latency(engine_url, proxy_url, chat, 30, proxy.pid)))
-            if "rps" in cases:
-                figures.update(_windows(proxy, proxy_url, engine, (1, 64, 384), window_s))
-        finally:
-            _stop(proxy)
-        if "gc" in cases:  # the same load on a proxy whose collector keeps CPython's defaults
-            config["records_dir"] = str(Path(scratch) / "records-gc-default")
-            (Path(scratch) / "proxy.json").write_text(json.dumps(config))
-            proxy, proxy_url = _spawn(["-m", "gyre.real.proxy.cli", "--config", str(Path(scratch) / "proxy.json"),
-                                       "--port", "0", "--gc", "default"])
+            proxy, proxy_url = _start_proxy(Path(scratch), config, "records")
             try:
-                figures.update(_windows(proxy, proxy_url, engine, (64, 384), window_s, suffix="_gc_default"))
+                if "latency" in cases:
+                    cpu = _cpu_seconds(proxy.pid)
+                    figures.update(asyncio.run(_latency(engine_url, proxy_url, input_ids, calls)))
+                    figures["latency_cpu_ms_per_call"] = (_cpu_seconds(proxy.pid) - cpu) * 1e3 / (calls + 20)
+                if "big" in cases:
+                    figures.update(asyncio.run(_big_latency(engine_url, proxy_url, chat, 30, proxy.pid)))
+                if "rps" in cases:
+                    figures.update(_windows(proxy, proxy_url, engine, (1, 64, 384), window_s))
             finally:
                 _stop(proxy)
-        _stop(engine)
+            if "gc" in cases:  # the same load on a proxy whose collector keeps CPython's defaults
+                proxy, proxy_url = _start_proxy(Path(scratch), config, "records-gc-default", "--gc", "default")
+                try:
+                    figures.update(_windows(proxy, proxy_url, engine, (64, 384), window_s, suffix="_gc_default"))
+                finally:
+                    _stop(proxy)
+        finally:
+            _stop(engine)
     if "commit" in cases:
         figures.update(commit_cost())
     if "durability" in cases:
