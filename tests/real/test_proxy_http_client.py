@@ -92,6 +92,13 @@ class Server:
         self.requests += 1
         return await reader.readexactly(length)
 
+    async def reply(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: bytes) -> bytes:
+        """Read one request, send ``answer``; returns the request's body."""
+        body = await self.read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+        return body
+
 
 def _ok(body: bytes, extra: str = "") -> bytes:
     return f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
@@ -134,16 +141,12 @@ def test_a_connection_is_reused_only_after_its_whole_response() -> None:
 def test_a_reused_connection_closed_by_the_server_is_resent_once_on_a_new_one() -> None:
     async def main() -> None:
         async def handler(reader, writer, n):
-            await server.read_request(reader)
-            writer.write(_ok(b"first"))
-            await writer.drain()
+            await server.reply(reader, writer, _ok(b"first"))
             if n == 1:  # the next request on this connection is read, then the connection closes unanswered
                 await server.read_request(reader)
                 return
             while True:
-                await server.read_request(reader)
-                writer.write(_ok(b"fresh"))
-                await writer.drain()
+                await server.reply(reader, writer, _ok(b"fresh"))
 
         server = Server(handler)
         async with server as url:
@@ -177,9 +180,7 @@ def test_a_fresh_connection_that_closes_unanswered_is_an_error_not_a_resend() ->
 def test_close_aborts_a_waiting_read_and_every_later_one() -> None:
     async def main() -> None:
         async def handler(reader, writer, n):
-            await server.read_request(reader)
-            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
-            await writer.drain()
+            await server.reply(reader, writer, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
             await asyncio.sleep(30)
 
         server = Server(handler)
@@ -243,9 +244,7 @@ def test_the_read_timeout_bounds_each_wait_not_the_whole_response(monkeypatch) -
 def test_a_broken_answer_is_an_http_error_naming_it(answer, match) -> None:
     async def main() -> None:
         async def handler(reader, writer, n):
-            await server.read_request(reader)
-            writer.write(answer)
-            await writer.drain()
+            await server.reply(reader, writer, answer)
 
         server = Server(handler)
         async with server as url:
@@ -261,9 +260,8 @@ def test_a_broken_answer_is_an_http_error_naming_it(answer, match) -> None:
 def test_interim_heads_are_skipped_and_a_close_delimited_body_is_read_to_the_end() -> None:
     async def main() -> None:
         async def handler(reader, writer, n):
-            await server.read_request(reader)
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 503 Busy\r\nConnection: close\r\n\r\nlater")
-            await writer.drain()
+            await server.reply(reader, writer,
+                               b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 503 Busy\r\nConnection: close\r\n\r\nlater")
 
         server = Server(handler)
         async with server as url:
@@ -299,9 +297,7 @@ def test_an_idle_connection_is_not_reused_after_idle_s(monkeypatch) -> None:
     async def main() -> None:
         async def handler(reader, writer, n):
             while True:
-                await server.read_request(reader)
-                writer.write(_ok(b"ok"))
-                await writer.drain()
+                await server.reply(reader, writer, _ok(b"ok"))
 
         server = Server(handler)
         async with server as url:
