@@ -6,17 +6,21 @@ returns (``reward_curve``, ``losses``, ``staleness_per_group``,
 ``run.svg``: left, the mean reward of the groups trained at each step, with
 the means of the first and last five steps drawn as levels; right, the
 measured staleness of every trained group beside the prediction
-phi + (mu - 1)/2. Steps where a satellite cell took part are marked.
+phi + (mu - 1)/2. Steps where a satellite cell took part are marked, and the
+reward panel's title gives the reward's trend (``reward_trend``: least-squares
+slope per step and its t statistic, the measure the Ray e2e test asserts on).
 It is ``draw_real_run(real_run_data(summary))`` saved: ``real_run_data``
 computes every number the picture shows, ``draw_real_run`` only draws them.
 
 Invariants: pure function of the summary (no clock, no I/O besides the two
 files); a summary without steps raises ``ValueError`` naming what is missing;
-steps are numbered from 1; the level means cover ``min(5, steps)`` steps.
+steps are numbered from 1; the level means cover ``min(5, steps)`` steps;
+the trend is None below three steps (no residual degree of freedom).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +46,23 @@ class RealRunData:
     staleness: list[float]  # per trained group, feed order
     staleness_mean: float | None  # None without groups
     predicted: float | None
+    trend: tuple[float, float] | None  # reward_trend(reward); None below three steps
+
+
+def reward_trend(values: list[float]) -> tuple[float, float]:
+    """Least-squares slope of ``values`` against their index, and its t statistic (slope / its standard
+    error, n - 2 degrees of freedom): +inf or -inf for an exact line, 0 for a constant."""
+    n = len(values)
+    if n < 3:
+        raise ValueError(f"a trend needs at least 3 values, got {n}")
+    x_mean, y_mean = (n - 1) / 2, statistics.fmean(values)
+    sxx = sum((x - x_mean) ** 2 for x in range(n))
+    slope = sum((x - x_mean) * (y - y_mean) for x, y in enumerate(values)) / sxx
+    residual = sum((y - y_mean - slope * (x - x_mean)) ** 2 for x, y in enumerate(values))
+    stderr = (residual / (n - 2) / sxx) ** 0.5
+    if stderr > 0:
+        return slope, slope / stderr
+    return slope, math.copysign(math.inf, slope) if slope else 0.0
 
 
 def real_run_data(summary: dict[str, Any]) -> RealRunData:
@@ -57,7 +78,8 @@ def real_run_data(summary: dict[str, Any]) -> RealRunData:
         joined=[s for s, cells in zip(steps, summary.get("participants") or []) if len(cells) > 1],
         level_steps=k, first_mean=statistics.fmean(curve[:k]), last_mean=statistics.fmean(curve[-k:]),
         staleness=staleness, staleness_mean=statistics.fmean(staleness) if staleness else None,
-        predicted=summary.get("staleness_predicted"))
+        predicted=summary.get("staleness_predicted"),
+        trend=reward_trend(curve) if len(curve) >= 3 else None)
 
 
 def _draw_reward(ax, data: RealRunData) -> None:
@@ -72,7 +94,8 @@ def _draw_reward(ax, data: RealRunData) -> None:
                 textcoords="offset points", xytext=(0, 5), fontsize=7)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("toy reward")
-    ax.set_title("reward over the run")
+    ax.set_title("reward over the run" + (f"\ntrend {data.trend[0]:+.4f}/step, t = {data.trend[1]:.1f}"
+                                          if data.trend is not None else ""))
     ax.legend(loc="upper left", frameon=False)
 
 

@@ -109,6 +109,6 @@ def _run(job, plan=None) -> int:
     finally:
         display.close()
     keys = ("steps", "published", "replay_identical", "staleness_mean", "staleness_predicted", "reward_curve",
-            "step_wall_s", "outcomes", "trace", "log", "timings")
+            "reward_trend", "step_wall_s", "outcomes", "trace", "log", "timings")
     print(json.dumps({k: summary[k] for k in keys}, indent=2, default=str))
     return 0 if summary["replay_identical"] and summary["published"] >= summary["steps"] else 1

@@ -475,7 +475,7 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
         "events": len(controller.log.rows),
         "staleness_mean": statistics.fmean(staleness) if staleness else None,
         "staleness_predicted": cfg.predicted_staleness, "staleness_per_group": staleness,
-        "reward_curve": curve, "losses": [m.steps[v]["loss"] for v in sorted(m.steps)],
+        "reward_curve": curve, "reward_trend": None, "losses": [m.steps[v]["loss"] for v in sorted(m.steps)],
         "step_wall_s": [m.steps[v]["wall_s"] for v in sorted(m.steps)],
         "participants": [m.steps[v]["participants"] for v in sorted(m.steps)],
         "step_reports": [dict(m.steps[v], version=v) for v in sorted(m.steps)],  # gyre calibrate reads these
@@ -492,8 +492,9 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
         "log": str(log_dir), "timings": timings, "config": dataclasses.asdict(job),
     }
     if summary["reward_curve"]:
-        from gyre.analysis.real_run import plot_real_run
+        from gyre.analysis.real_run import plot_real_run, real_run_data
 
+        summary["reward_trend"] = real_run_data(summary).trend  # (slope per step, t), as run.png's title
         summary["figures"] = [str(p) for p in plot_real_run(summary, work)]
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     summary["prediction"] = _predict(work)

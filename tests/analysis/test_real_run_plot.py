@@ -2,7 +2,8 @@
 
 The data ``real_run_data`` computes is checked against the summary it was
 given (reward per step, satellite steps, the first/last level means, the
-staleness of every group, its mean and the prediction), and the Figure
+reward's trend, the staleness of every group, its mean and the prediction),
+and the Figure
 ``draw_real_run`` makes is read back artist by artist against that data.
 Each checker also rejects a sabotaged copy, so it can fail.
 """
@@ -11,10 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 
+import math
+
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy import stats
 
-from gyre.analysis.real_run import draw_real_run, plot_real_run, real_run_data
+from gyre.analysis.real_run import draw_real_run, plot_real_run, real_run_data, reward_trend
 
 
 def _summary(steps: int = 8) -> dict:
@@ -40,6 +46,7 @@ def check_data(data, summary: dict) -> None:
     assert data.staleness == summary["staleness_per_group"]
     assert data.staleness_mean == pytest.approx(np.mean(summary["staleness_per_group"]))
     assert data.predicted == summary["staleness_predicted"]
+    assert data.trend == (reward_trend(curve) if len(curve) >= 3 else None)
 
 
 def check_drawn(fig, data) -> None:
@@ -63,6 +70,10 @@ def check_drawn(fig, data) -> None:
     assert list(mean.get_ydata()) == [data.staleness_mean] * 2
     assert list(predicted.get_ydata()) == [data.predicted] * 2
     assert predicted.get_label() == f"phi + (mu-1)/2 = {data.predicted:g}"
+    title = left.get_title()
+    assert title.startswith("reward over the run")
+    if data.trend is not None:
+        assert title.endswith(f"trend {data.trend[0]:+.4f}/step, t = {data.trend[1]:.1f}")
 
 
 @pytest.mark.parametrize("summary", [_summary(), _uneven()], ids=["eight-steps", "three-steps"])
@@ -74,7 +85,9 @@ def test_the_picture_plots_the_summarys_series(summary):
     rejects = [(check_data, dataclasses.replace(data, reward=data.reward[::-1]), summary),
                (check_data, dataclasses.replace(data, last_mean=data.last_mean + 0.01), summary),
                (check_drawn, fig, dataclasses.replace(data, staleness=sorted(data.staleness))),
-               (check_drawn, fig, dataclasses.replace(data, joined=data.steps[:1]))]
+               (check_drawn, fig, dataclasses.replace(data, joined=data.steps[:1])),
+               (check_data, dataclasses.replace(data, trend=(0.0, 0.0)), summary),
+               (check_drawn, fig, dataclasses.replace(data, trend=(1.0, 9.9)))]
     for check, *args in rejects:
         with pytest.raises(AssertionError):
             check(*args)
@@ -101,3 +114,26 @@ def test_a_run_without_steps_is_named(tmp_path):
     with pytest.raises(ValueError, match="no reward_curve"):
         plot_real_run({"reward_curve": []}, tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+@given(st.lists(st.floats(0.0, 1.0), min_size=3, max_size=40))
+def test_the_trend_is_the_least_squares_slope_and_its_t(values):
+    """Against scipy's linregress: the same slope, and slope / stderr as t (0 or +-inf without residual)."""
+    slope, t = reward_trend(values)
+    fit = stats.linregress(range(len(values)), values)
+    assert slope == pytest.approx(fit.slope, abs=1e-9)
+    if fit.stderr > 1e-9:
+        assert t == pytest.approx(fit.slope / fit.stderr, rel=1e-6)
+    elif slope:
+        assert abs(t) > 1e6 and (t > 0) == (slope > 0)  # a line up to rounding
+    else:
+        assert t == 0.0
+
+
+def test_the_trend_of_a_line_a_constant_and_too_few_steps():
+    assert reward_trend([0.0, 0.25, 0.5, 0.75]) == (0.25, math.inf)  # exact in binary: no residual
+    assert reward_trend([1.0, 0.5, 0.0])[1] == -math.inf
+    assert reward_trend([0.2] * 6) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="at least 3 values, got 2"):
+        reward_trend([0.1, 0.2])
+    assert real_run_data({"reward_curve": [0.3, 0.4]}).trend is None

@@ -23,8 +23,8 @@ def _run_with(monkeypatch, tmp_path, failures: int, restarts: int) -> tuple[int,
         if len(runs) <= failures:
             raise CellFailed(f"training cell 1 (exit code -9) died (run {len(runs)})")
         return {"steps": job.steps, "published": job.steps, "replay_identical": True, "staleness_mean": 0.0,
-                "staleness_predicted": 0.0, "reward_curve": [], "step_wall_s": [], "outcomes": {}, "trace": None,
-                "log": None, "timings": {}}
+                "staleness_predicted": 0.0, "reward_curve": [], "reward_trend": None, "step_wall_s": [], "outcomes": {},
+                "trace": None, "log": None, "timings": {}}
 
     def plan_resume(folder):
         plans.append(folder)
