@@ -10,7 +10,10 @@ transformers (logprobs of the same tokens must change, and the weight version
 must move), abort_all, shutdown (the process group is gone and
 later calls name the dead engine). A launch on a missing model path must fail
 naming the engine and showing the log tail. Skipped, with the reason, when
-the SGLang virtualenv is absent.
+the SGLang virtualenv is absent. Without SGLang: ``shutdown_all`` stops
+engines in parallel (three stand-in servers that take a second to stop all
+get their SIGTERM before the first has exited), and a CPU engine's
+environment turns off SGLang's 5 s crash-diagnostics sleep on exit.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from pathlib import Path
 import pytest
 
 try:
+    from processes import wait_until
     from proxy_fixtures import build_tiny_qwen2, free_port, shared_tiny_dir
 except ImportError:
+    from .processes import wait_until
     from .proxy_fixtures import build_tiny_qwen2, free_port, shared_tiny_dir
 
-from gyre.real.engines.manager import EngineError, EngineManager, EngineSpec, launch_command, sglang_python
+from gyre.real.engines.manager import EngineError, EngineManager, EngineSpec, launch_command, launch_env, sglang_python
 
 SGLANG_PYTHON = sglang_python()
 SMALL = ("--mem-fraction-static", "0.05", "--max-total-tokens", "32768", "--skip-server-warmup")
@@ -94,6 +99,41 @@ def test_launch_command_binds_loopback_with_cpu_flags():
     argv = launch_command(spec, Path("/py"))
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and "--disable-cuda-graph" in argv and argv[-1] == "--x"
     assert "--device" not in launch_command(EngineSpec(engine_id="g", model_path="/m", port=1, cpu=False), Path("/py"))
+
+
+def test_a_cpu_engine_exits_without_the_crash_diagnostics_sleep(monkeypatch):
+    monkeypatch.delenv("SGLANG_PYSPY_DUMP_BEFORE_CRASH", raising=False)
+    cpu = launch_env(EngineSpec(engine_id="e0", model_path="/m", port=1))
+    assert cpu["SGLANG_PYSPY_DUMP_BEFORE_CRASH"] == cpu["SGLANG_CUDA_COREDUMP_BEFORE_CRASH"] == "0"
+    assert "SGLANG_PYSPY_DUMP_BEFORE_CRASH" not in launch_env(EngineSpec(engine_id="g", model_path="/m", port=1,
+                                                                         cpu=False))
+    monkeypatch.setenv("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "1")  # the user's own setting wins
+    assert launch_env(EngineSpec(engine_id="e0", model_path="/m", port=1))["SGLANG_PYSPY_DUMP_BEFORE_CRASH"] == "1"
+
+
+def test_shutdown_all_stops_the_engines_in_parallel(tmp_path):
+    """Stand-in servers (the manager's ``python``) that take 1 s to stop once signalled (and ignore the
+    reaper's second SIGTERM to the group): with one grace period for all, every one has its SIGTERM
+    before the first has exited."""
+    journal = tmp_path / "journal"
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"""#!/bin/bash
+trap 'trap "" TERM; echo "term $$" >> {journal}; sleep 1; echo "exit $$" >> {journal}; exit 0' TERM
+echo "up $$" >> {journal}
+while true; do sleep 0.1; done
+""")
+    stand_in.chmod(0o755)
+    manager = EngineManager(tmp_path / "logs", python=stand_in)
+    engines = [manager.launch(EngineSpec(engine_id=f"e{i}", model_path="/m", port=free_port())) for i in range(3)]
+    try:
+        assert wait_until(lambda: journal.exists() and journal.read_text().count("up ") == 3, 30.0)
+    finally:
+        manager.shutdown_all()
+    events = [line.split()[0] for line in journal.read_text().splitlines()]
+    assert events.count("term") == events.count("exit") == 3, events
+    assert events.index("exit") > max(i for i, e in enumerate(events) if e == "term"), events
+    assert all(e.process.poll() is not None and e.stopped for e in engines)
+    manager.shutdown_all()  # idempotent
 
 
 def test_engine_lifecycle_on_real_sglang(tmp_path_factory):
