@@ -168,21 +168,41 @@ def _share(answer: str, target: str) -> float:
     return sum(c == target for c in chars) / len(chars) if chars else 0.0
 
 
+def _seeds(text: str) -> range:
+    first, _, end = text.partition(":")
+    try:
+        seeds = range(int(first), int(end) if end else int(first) + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not FIRST:END (integers, END excluded)") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError(f"{text!r} names no seed (END must exceed FIRST)")
+    return seeds
+
+
+def _steps(text: str) -> int:
+    try:
+        steps = int(text)
+    except ValueError:
+        steps = 0
+    if steps < 3:
+        raise argparse.ArgumentTypeError(f"{text!r}: a trend needs at least 3 steps")
+    return steps
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gyre.real.toy.learning_replica", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="a Qwen2 folder: the demo's RUN/engine-model")
-    p.add_argument("--seeds", default="0:8", help="FIRST:END, END excluded")
-    p.add_argument("--steps", type=int, default=Settings.steps)
+    p.add_argument("--seeds", type=_seeds, default=range(0, 8), help="FIRST:END, END excluded (default 0:8)")
+    p.add_argument("--steps", type=_steps, default=Settings.steps)
     p.add_argument("--lr", type=float, default=Settings.lr)
     p.add_argument("--max-tokens", type=int, default=Settings.max_tokens)
     p.add_argument("--calls", type=int, default=Settings.calls)
     a = p.parse_args(argv)
-    first, _, end = a.seeds.partition(":")
     torch.set_num_threads(1)
     settings = Settings(steps=a.steps, lr=a.lr, max_tokens=a.max_tokens, calls=a.calls)
     loop = Loop(a.model, settings)
     replicas = []
-    for seed in range(int(first), int(end or int(first) + 1)):
+    for seed in a.seeds:
         replicas.append(loop.run(seed))
         print(json.dumps(asdict(replicas[-1])), flush=True)
     ts = sorted(r.t for r in replicas)

@@ -4,7 +4,8 @@ On the tests' tiny random Qwen2 (the demo's shape): a seed gives the same
 curve twice and another seed another curve; each step's groups are sampled by
 the version the staleness pattern names; the rise check is the e2e test's
 (``reward_trend``'s t >= 4 and the last five steps above the first five);
-and the command line prints one JSON line per seed and a count on stderr.
+and the command line prints one JSON line per seed and a count on stderr,
+and names a bad seed range or step count before loading anything.
 """
 
 from __future__ import annotations
@@ -54,3 +55,13 @@ def test_the_command_prints_a_line_per_seed_and_a_count(qwen2, capsys):
     lines = [json.loads(line) for line in out.splitlines()]
     assert [r["seed"] for r in lines] == [3, 4] and all(len(r["curve"]) == 3 for r in lines)
     assert f"{sum(r['rose'] for r in lines)} of 2 rose in 3 steps" in err
+
+
+@pytest.mark.parametrize("argv, message", [(["--seeds", "a:b"], "is not FIRST:END"),
+                                           (["--seeds", "5:5"], "names no seed"),
+                                           (["--steps", "2"], "at least 3 steps"),
+                                           (["--steps", "many"], "at least 3 steps")])
+def test_the_command_names_a_bad_range_or_step_count(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "/nonexistent", *argv])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
