@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import sys
 from dataclasses import asdict, dataclass
@@ -198,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=Settings.max_tokens)
     p.add_argument("--calls", type=int, default=Settings.calls)
     a = p.parse_args(argv)
+    if not os.path.isfile(os.path.join(a.model, "config.json")):
+        p.error(f"--model {a.model}: no config.json there (a gyre run leaves one in RUN/engine-model)")
     torch.set_num_threads(1)
     settings = Settings(steps=a.steps, lr=a.lr, max_tokens=a.max_tokens, calls=a.calls)
     loop = Loop(a.model, settings)

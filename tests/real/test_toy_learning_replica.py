@@ -60,7 +60,8 @@ def test_the_command_prints_a_line_per_seed_and_a_count(qwen2, capsys):
 @pytest.mark.parametrize("argv, message", [(["--seeds", "a:b"], "is not FIRST:END"),
                                            (["--seeds", "5:5"], "names no seed"),
                                            (["--steps", "2"], "at least 3 steps"),
-                                           (["--steps", "many"], "at least 3 steps")])
+                                           (["--steps", "many"], "at least 3 steps"),
+                                           ([], "/nonexistent: no config.json there")])
 def test_the_command_names_a_bad_range_or_step_count(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--model", "/nonexistent", *argv])
