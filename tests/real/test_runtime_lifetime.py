@@ -140,9 +140,7 @@ def test_a_stopped_reaper_ends_once_its_command_has_exited_not_after_its_grace()
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("argv", [["--grace-s"], ["--grace-s", "soon", "--", "true"], ["--grace-s", "nan", "--", "true"],
-                                  ["--grace-s", "-1", "--", "true"], ["--grace-s", "inf", "--", "true"],
-                                  ["--grace-s", "1"], []])
+@pytest.mark.parametrize("argv", [["--grace-s"], ["--grace-s", "soon", "--", "true"], ["--grace-s", "1"], []])
 def test_the_reaper_names_a_bad_command_line(argv):
     done = subprocess.run([sys.executable, "-m", "gyre.real.engines.reaper", *argv], capture_output=True, text=True,
                           timeout=60)
