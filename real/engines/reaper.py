@@ -7,9 +7,8 @@ launcher as its child in the same group. Then:
 
 - the job dies (even by SIGKILL): the kernel sends the reaper SIGTERM;
 - the reaper gets SIGTERM, SIGINT or SIGHUP (also from the manager's own
-  ``killpg``): it sends SIGTERM to the group, gives the launcher up to
-  ``GRACE_S`` (``--grace-s``) to stop, then SIGKILLs the group, itself
-  included, as soon as the launcher has exited. So no process of the
+  ``killpg``): it sends SIGTERM to the group, gives the launcher ``GRACE_S``
+  to stop, then SIGKILLs the group, itself included. So no process of the
   group outlives it, whatever stage the launcher's start-up had reached (its
   children only arm their own parent-death signal once running);
 - the launcher exits on its own: the reaper ends the same way (same exit code,
@@ -25,11 +24,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
 
 GRACE_S = 10.0
-POLL_S = 0.05
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -43,36 +40,11 @@ def _end_like(status: int) -> int:
     return 128 - status  # not reached for a fatal signal
 
 
-def _wait_exit(pid: int, timeout_s: float) -> None:
-    """Up to ``timeout_s`` for child ``pid`` to exit. Not ``Popen.wait``: a stop signal's handler runs
-    while the main code sits in ``child.wait()``, which holds Popen's wait lock, so ``Popen.wait(t)``
-    in the handler cannot reap and sleeps out all of ``t`` (every engine stop once took the full grace)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                return
-        except ChildProcessError:  # already reaped
-            return
-        if time.monotonic() >= deadline:
-            return
-        time.sleep(POLL_S)
-
-
 def main(argv: list[str]) -> int:
-    usage = "usage: python -m gyre.real.engines.reaper [--grace-s SECONDS] -- COMMAND..."
-    grace_s = GRACE_S
-    if argv[:1] == ["--grace-s"]:
-        try:
-            grace_s = float(argv[1])
-        except (IndexError, ValueError):
-            print(f"{usage}\n--grace-s needs a number of seconds", file=sys.stderr)
-            return 2
-        argv = argv[2:]
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        print(usage, file=sys.stderr)
+        print("usage: python -m gyre.real.engines.reaper -- COMMAND...", file=sys.stderr)
         return 2
     child = subprocess.Popen(argv)
 
@@ -81,8 +53,8 @@ def main(argv: list[str]) -> int:
             signal.signal(sig, signal.SIG_IGN)  # the group's SIGTERM below reaches this process too
         try:
             os.killpg(os.getpgrp(), signal.SIGTERM)
-            _wait_exit(child.pid, grace_s)
-        except ProcessLookupError:
+            child.wait(GRACE_S)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
         os.killpg(os.getpgrp(), signal.SIGKILL)  # whatever is left, this process included
 

@@ -122,31 +122,6 @@ def test_the_reaper_ends_like_its_command(code, status):
     assert done.returncode == status
 
 
-def test_a_stopped_reaper_ends_once_its_command_has_exited_not_after_its_grace():
-    """SIGTERM to the reaper of a command that stops on SIGTERM: the reaper ends as soon as the command
-    has exited. The grace here is an hour, so a reaper that sat it out (``Popen.wait`` in the signal
-    handler cannot reap while the main code's ``wait`` holds Popen's lock) fails the 30 s wait."""
-    obedient = "import subprocess, time; subprocess.Popen(['sleep', '120']); print('up', flush=True); time.sleep(120)"
-    reaper = subprocess.Popen([sys.executable, "-m", "gyre.real.engines.reaper", "--grace-s", "3600", "--",
-                               sys.executable, "-c", obedient], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
-    try:
-        assert reaper.stdout.readline().strip() == "up"
-        reaper.send_signal(signal.SIGTERM)
-        assert reaper.wait(30) == -signal.SIGKILL  # the group's last SIGKILL, the reaper's own included
-        assert wait_until(lambda: not group_members(reaper.pid), 5.0), group_members(reaper.pid)
-    finally:
-        for pid in group_members(reaper.pid):
-            os.kill(pid, signal.SIGKILL)
-
-
-@pytest.mark.parametrize("argv", [["--grace-s"], ["--grace-s", "soon", "--", "true"], ["--grace-s", "1"], []])
-def test_the_reaper_names_a_bad_command_line(argv):
-    done = subprocess.run([sys.executable, "-m", "gyre.real.engines.reaper", *argv], capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == 2 and "usage: python -m gyre.real.engines.reaper [--grace-s SECONDS]" in done.stderr
-
-
 def test_a_killed_reaper_takes_its_whole_group(tmp_path):
     """SIGTERM to the reaper (what a dying job sends through the parent-death signal) ends every process
     its command started, even one that ignores SIGTERM (after the grace period: SIGKILL)."""
