@@ -41,7 +41,7 @@ import torch
 
 from gyre.analysis.real_run import reward_trend
 from gyre.real.harness.scripted import MAIN_SYSTEM
-from gyre.real.toy.tasks import EmitCharTask
+from gyre.real.toy.tasks import EmitCharTask, char_share
 from gyre.real.train.loss import execution_level_loss
 from gyre.trajectory.groups import group_advantages
 
@@ -127,7 +127,7 @@ class Loop:
                 texts[i].append(tok.decode(outputs, skip_special_tokens=True))
                 histories[i] += [{"role": "assistant", "content": texts[i][-1]},
                                  {"role": "user", "content": f"Tool output {call}: ok"}]
-        return calls, [_share(" ".join(t), self.task.target) for t in texts]
+        return calls, [char_share(" ".join(t), self.task.target) for t in texts]
 
     def _sample(self, sampler, prompts: list[str]) -> list[list[int]]:
         enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -162,11 +162,6 @@ def _logprobs(model, prompt_ids: list[int], outputs: list[int]) -> torch.Tensor:
     ids = torch.tensor([prompt_ids + outputs])
     logits = model(ids).logits[0, len(prompt_ids) - 1:-1]
     return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(outputs)[:, None])[:, 0]
-
-
-def _share(answer: str, target: str) -> float:
-    chars = [c for c in answer if not c.isspace()]
-    return sum(c == target for c in chars) / len(chars) if chars else 0.0
 
 
 def _seeds(text: str) -> range:

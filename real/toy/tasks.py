@@ -61,6 +61,11 @@ class EmitCharTask:
         answer = workspace / "answer.txt"
         if not answer.exists():
             return None
-        chars = [c for c in answer.read_text(errors="replace") if not c.isspace()]
-        score = sum(c == self.target for c in chars) / len(chars) if chars else 0.0
+        score = char_share(answer.read_text(errors="replace"), self.target)
         return EvaluationResult(preserved_binding(execution_id, workspace), score, True)
+
+
+def char_share(text: str, target: str) -> float:
+    """The share of ``text``'s non-space characters equal to ``target`` (0 for no such character)."""
+    chars = [c for c in text if not c.isspace()]
+    return sum(c == target for c in chars) / len(chars) if chars else 0.0
