@@ -37,6 +37,7 @@ import contextlib
 import json
 import logging
 import socket
+import weakref
 from types import ModuleType
 from typing import Any, AsyncIterator
 
@@ -63,6 +64,13 @@ HTTP_KINDS = {404: "not_found", 405: "method_not_allowed", 408: "timeout", 413: 
 # would autotune it to megabytes), so the write timeout bites after ~200 KB, not after ~3 MB
 STREAM_SEND_BUFFER = 64 * 1024
 DISCONNECT_POLL_S = 0.1  # how often a non-streaming call checks that its client is still connected
+
+
+class _EventStream(web.StreamResponse):
+    """An event stream whose head goes out with its first events, in one write (aiohttp's
+    ``StreamResponse`` writes the head alone, a system call of its own; ``web.Response`` defers it)."""
+
+    _send_headers_immediately = False
 
 
 class ClientGone(Exception):
@@ -97,6 +105,7 @@ class ProxyServer:
         self.keys = KeyRegistry(self.recorder.root / "keys.json", config.executions)
         self.service = ChatService(config, self.chat, self.router, self.client, self.recorder)
         self.admin = AdminApi(config.admin_token, self.router, self.recorder, self.keys, self.service)
+        self._small_buffers: weakref.WeakSet = weakref.WeakSet()  # connections whose send buffer is bounded
 
     def application(self) -> web.Application:
         # one byte over the limit lets ``_raw_body`` tell "too large" apart and answer in the API's shape
@@ -153,8 +162,9 @@ class ProxyServer:
         too_large = ApiError(413, "too_large", f"request body exceeds the {limit}-byte limit")
         if (request.content_length or 0) > limit:
             raise too_large
-        try:
-            raw = await asyncio.wait_for(request.read(), self.config.limits.client_read_timeout_s)
+        try:  # a timeout scope, not wait_for: wait_for makes a task per call
+            async with asyncio.timeout(self.config.limits.client_read_timeout_s):
+                raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise too_large from None
         except asyncio.TimeoutError:
@@ -269,11 +279,8 @@ class ProxyServer:
     async def _stream(self, request: web.Request, api: ModuleType, prepared: Any,
                       events: AsyncIterator[Any]) -> web.StreamResponse:
         """Write the API's event stream; never raises once the 200 is sent (see ``_call``)."""
-        response = web.StreamResponse(status=200, headers=SSE_HEADERS)
-        sock = request.transport.get_extra_info("socket") if request.transport is not None else None
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
+        response = _EventStream(status=200, headers=SSE_HEADERS)
+        self._bound_send_buffer(request.transport)
         await response.prepare(request)
         chunks = api.stream(events, prepared)
         timeout = self.config.limits.client_write_timeout_s
@@ -307,11 +314,23 @@ class ProxyServer:
                 await response.write_eof()
         return response
 
+    def _bound_send_buffer(self, transport: asyncio.Transport | None) -> None:
+        """``STREAM_SEND_BUFFER`` on a connection's socket, once per connection (a keep-alive
+        connection carries many streams; each ``get_extra_info("socket")`` builds a socket object)."""
+        if transport is None or transport in self._small_buffers:
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
+        self._small_buffers.add(transport)
+
     # -- handlers -------------------------------------------------------------
 
     async def alive(self, request: web.Request) -> web.Response:
         loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # "uvloop" or "asyncio"
-        return json_response({"status": "ok", "model": self.config.model_name, "loop": loop, "gc": collector.stats()})
+        return json_response({"status": "ok", "model": self.config.model_name, "loop": loop, "gc": collector.stats(),
+                              "commits": self.recorder.commit_stats()})
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self._call(request, anthropic, anthropic.parse)

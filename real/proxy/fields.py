@@ -29,6 +29,9 @@ from gyre.real.proxy.request import ApiError, bad_request
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _MISSING = object()
+# built once: json.dumps with any option builds a new encoder on every call
+_UNICODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_ASCII = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 
 def _constant(name: str) -> Any:
@@ -80,9 +83,9 @@ def load_body(raw: bytes) -> dict[str, Any]:
 def json_bytes(value: Any) -> bytes:
     """UTF-8 JSON of ``value``; lone surrogates escaped, non-finite numbers as null."""
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+        return _UNICODE.encode(value).encode()
     except UnicodeEncodeError:
-        return json.dumps(value, allow_nan=False, separators=(",", ":")).encode()
+        return _ASCII.encode(value).encode()
     except ValueError:  # NaN or infinity somewhere: JSON has no such numbers
         return json_bytes(_finite(value))
 

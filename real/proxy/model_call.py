@@ -26,6 +26,9 @@ Invariants:
 - ``prepare`` (a coroutine) raises ``ApiError`` (status 400) before anything is sent to an
   engine or recorded: a rejected call leaves no trace;
 - ``Finished`` is yielded only after the record is durable;
+- request ids are 24 hex digits, unique per service (a random 64-bit prefix, then a counter);
+- a record is committed ``alone`` (on the event loop's thread, ``Recorder.commit``) only when no
+  other call of this service is between its first engine request and its commit (``in_flight``);
 - the text returned to the harness never contains the stop string the engine
   matched (``toolcalls.trim_stop``), while the record keeps every sampled id;
 - each record's ``role_hints`` hold the sampling parameters asked for
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import secrets
 import time
@@ -113,6 +117,10 @@ class ChatService:
         self.policy_version = config.policy_version
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gyre-tokenize")
         self.renderer = IncrementalRenderer(self._template)
+        # request ids: a random 64-bit prefix per service and a fixed-width counter (a random id per call
+        # cost a getrandom system call each); fixed width, so a tool-call id (request id + index) is unique too
+        self._id_prefix, self._id_count = secrets.token_hex(8), itertools.count()
+        self.in_flight = 0  # calls between their first engine request and their record's commit
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -161,9 +169,12 @@ class ChatService:
         if len(input_ids) + request.max_tokens > limit:
             raise bad_request(f"max_tokens: prompt is too long: {len(input_ids)} tokens + max_tokens "
                               f"{request.max_tokens} > {limit} maximum")
-        return Prepared(request=request, execution_id=execution_id, request_id=secrets.token_hex(8),
+        return Prepared(request=request, execution_id=execution_id, request_id=self._request_id(),
                         prompt_text=prompt_text, input_ids=input_ids, reused_ids=reused,
                         in_thinking=prompt_text.rstrip().endswith(THINK_OPEN), started_at=self.clock())
+
+    def _request_id(self) -> str:
+        return f"{self._id_prefix}{next(self._id_count):08x}"
 
     def sampling(self, request: ChatRequest) -> dict[str, Any]:
         params: dict[str, Any] = {"max_new_tokens": request.max_tokens, "stop_token_ids": list(self.chat.stop_token_ids),
@@ -186,15 +197,20 @@ class ChatService:
         holdback = StopHoldback(prepared.request.stop)
         splitter = OutputSplitter(in_thinking=prepared.in_thinking)
         calls: list[dict[str, Any]] = []
-        async with contextlib.aclosing(generation.__aiter__()) as chunks:
-            async for chunk in chunks:
-                for event in splitter.feed(holdback.push(decoder.push(chunk.ids))):
-                    yield self._named(event, calls, id_prefix, prepared.request_id)
-        rest = holdback.push(decoder.finish()) + holdback.finish(_matched_stop(generation))
-        for event in splitter.feed(rest) + splitter.finish():
-            yield self._named(event, calls, id_prefix, prepared.request_id)
-        finished = self._finished(prepared, generation, calls)
-        await self.recorder.commit(self._record(prepared, generation, calls), prepared.prompt_text)
+        self.in_flight += 1
+        try:
+            async with contextlib.aclosing(generation.__aiter__()) as chunks:
+                async for chunk in chunks:
+                    for event in splitter.feed(holdback.push(decoder.push(chunk.ids))):
+                        yield self._named(event, calls, id_prefix, prepared.request_id)
+            rest = holdback.push(decoder.finish()) + holdback.finish(_matched_stop(generation))
+            for event in splitter.feed(rest) + splitter.finish():
+                yield self._named(event, calls, id_prefix, prepared.request_id)
+            finished = self._finished(prepared, generation, calls)
+            await self.recorder.commit(self._record(prepared, generation, calls), prepared.prompt_text,
+                                       alone=self.in_flight == 1)
+        finally:
+            self.in_flight -= 1
         yield finished
 
     def _named(self, event: OutputEvent, calls: list[dict[str, Any]], prefix: str, request_id: str) -> OutputEvent:

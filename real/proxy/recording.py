@@ -24,6 +24,10 @@ Invariants:
 - with ``fsync`` the records of concurrent calls are committed in groups
   (``tito_log.GroupCommit``): a commit returns only after the fsync of the
   batch holding its record, so nothing acknowledged is lost to a kill -9;
+  a commit marked ``alone`` (no other model call in flight) while the group's
+  writer is idle is written and synced on the event loop's thread instead
+  (``GroupCommit.commit_here``: a 0.1 ms ``fdatasync`` here, without two
+  thread hand-offs), with the same guarantee;
 - one execution's state is only reachable through that execution's key; the
   admin API reads all of them;
 - commits of one execution are serialized (one lock per execution), so the
@@ -139,14 +143,22 @@ class Recorder:
             self._states[execution_id] = state
         return state
 
-    async def commit(self, call: ModelCall, prompt_text: str) -> None:
-        """Append ``call`` durably, then add it to the tree and caches."""
+    async def commit(self, call: ModelCall, prompt_text: str, *, alone: bool = False) -> None:
+        """Append ``call`` durably, then add it to the tree and caches. ``alone``: no other model call
+        is in flight, so a sync on this thread holds up no one (see the module invariants)."""
         state = self.state(call.execution_id)
         async with state.lock:
             if self.group is None:
                 self.store.append(call)
                 state.learn(call, self.chat, prompt_text)
                 return
+            if alone:
+                done, error = self.group.commit_here(call)
+                if done:
+                    if error is not None:
+                        raise error
+                    state.learn(call, self.chat, prompt_text)
+                    return
             durable = self._submit(call)
             try:
                 await asyncio.shield(durable)
@@ -175,6 +187,14 @@ class Recorder:
 
         self.group.submit(call, wake)
         return durable
+
+    def commit_stats(self) -> dict[str, int]:
+        """Durable commits so far: records, batches the group's writer wrote, and records committed
+        on the event loop's thread (``alone``); all zero without ``fsync``."""
+        group = self.group
+        if group is None:
+            return {"records": 0, "batches": 0, "here": 0}
+        return {"records": group.records, "batches": group.batches - group.here, "here": group.here}
 
     def executions(self) -> list[str]:
         return sorted(set(self.store.executions()) | set(self._states))

@@ -316,6 +316,12 @@ class GroupCommit:
     sync failed is closed, so its next use reopens it and checks its tail.
     After the acknowledgements each touched log reserves room for two more
     frames like its last, so the next call writes into synced space.
+
+    ``commit_here(call)`` commits one record on the caller's thread when the
+    writer is idle (nothing queued, no batch being written), with the same
+    write-sync-acknowledge order, and says whether it did; the writer takes no
+    batch meanwhile. It spares a lone caller the two thread hand-offs of a
+    queued commit (about 0.2 ms of a 0.3 ms round trip here).
     """
 
     def __init__(self, store: ExecutionStore, *, max_batch: int = 512, sync_threads: int = 16) -> None:
@@ -323,9 +329,11 @@ class GroupCommit:
         self.max_batch = max_batch
         self.batches = 0
         self.records = 0
+        self.here = 0  # records committed on their caller's thread (``commit_here``)
         self._pending: list[tuple[ModelCall, Callable[[BaseException | None], None]]] = []
         self._cond = threading.Condition()
         self._closed = False
+        self._busy = False  # a batch is being committed (by the writer or by ``commit_here``)
         self._syncers = ThreadPoolExecutor(max_workers=sync_threads, thread_name_prefix="gyre-fsync")
         self._thread = threading.Thread(target=self._run, name="gyre-group-commit", daemon=True)
         self._thread.start()
@@ -337,15 +345,42 @@ class GroupCommit:
             self._pending.append((call, done))
             self._cond.notify()
 
+    def commit_here(self, call: ModelCall) -> tuple[bool, BaseException | None]:
+        """``(True, error or None)`` after committing ``call`` on this thread if the writer was idle;
+        ``(False, None)`` when it was not (then nothing happened: ``submit`` it)."""
+        with self._cond:
+            if self._closed:
+                raise RecordError("the group commit is closed")
+            if self._pending or self._busy:
+                return False, None
+            self._busy = True
+        outcome: list[BaseException | None] = []
+        try:
+            self._commit([(call, outcome.append)])
+            self.here += 1
+        finally:
+            with self._cond:
+                self._busy = False
+                if self._pending or self._closed:  # else the writer has nothing to do: let it sleep
+                    self._cond.notify()
+        return True, outcome[0]
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closed:
+                while (self._busy or not self._pending) and not self._closed:
+                    self._cond.wait()
+                while self._busy:  # closing: let a commit on another thread finish first
                     self._cond.wait()
                 if not self._pending:
                     return
                 batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
-            self._commit(batch)
+                self._busy = True
+            try:
+                self._commit(batch)
+            finally:
+                with self._cond:
+                    self._busy = False
 
     def _commit(self, batch: list[tuple[ModelCall, Callable[[BaseException | None], None]]]) -> None:
         errors: dict[int, BaseException] = {}

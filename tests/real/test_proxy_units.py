@@ -310,3 +310,19 @@ def test_chunks_of_one_read_merge_in_order():
     merged = merge_chunks(parts)
     assert merged == TokenChunk((1, 2, 5), (-0.1, -0.2, -0.5), {"type": "stop"}, "3")
     assert merge_chunks(parts[:1]) is parts[0]
+
+
+def test_request_ids_are_fixed_width_hex_and_unique_within_and_across_services():
+    """24 hex digits (so request id + tool-call index never collide), none repeated by one service or
+    by a second one (a restarted proxy): each has its own random prefix."""
+    from types import SimpleNamespace
+
+    from gyre.real.proxy.model_call import ChatService
+
+    services = [ChatService(SimpleNamespace(policy_version=0), None, None, None, None) for _ in range(2)]
+    ids = [service._request_id() for service in services for _ in range(3000)]
+    assert all(len(i) == 24 and int(i, 16) >= 0 for i in ids)
+    assert len(set(ids)) == len(ids)
+    assert services[0]._request_id()[:16] != services[1]._request_id()[:16]
+    for service in services:
+        service.close()

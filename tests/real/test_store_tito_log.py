@@ -259,6 +259,87 @@ def test_group_commit_reports_failures_to_exactly_their_records(tmp_path, monkey
         group.submit(record(9, "ok"), lambda error: None)
 
 
+def test_commit_here_commits_on_the_callers_thread_only_while_the_writer_is_idle(tmp_path, monkeypatch):
+    """Idle writer: the record is written, synced and acknowledged on the calling thread before
+    ``commit_here`` returns. Writer busy with a batch: nothing happens and the caller is told so;
+    the writer takes no batch while a ``commit_here`` runs."""
+    import threading
+
+    from gyre.real.store.tito_log import GroupCommit
+
+    syncs, release, syncing = [], threading.Event(), threading.Event()
+    real_sync = RecordLog.sync
+
+    def sync(self):
+        syncs.append((self.execution_id, threading.current_thread().name))
+        if self.execution_id == "slow":
+            syncing.set()
+            assert release.wait(20)
+        real_sync(self)
+
+    monkeypatch.setattr(RecordLog, "sync", sync)
+    store = ExecutionStore(tmp_path, fsync=True)
+    group = GroupCommit(store)
+    assert group.commit_here(record(0, "e1")) == (True, None)
+    assert syncs == [("e1", threading.current_thread().name)] and group.here == 1
+    assert store.read("e1") == [record(0, "e1")]
+
+    acked = threading.Event()
+    group.submit(record(1, "slow"), lambda error: acked.set())
+    assert syncing.wait(20)  # the writer is inside its batch
+    assert group.commit_here(record(2, "e1")) == (False, None)
+    release.set()
+    assert acked.wait(20)
+    assert group.commit_here(record(3, "e1")) == (True, None)
+    group.close()
+    assert [r.request_id for r in store.read("e1")] == ["r0", "r3"] and group.here == 2
+    with pytest.raises(RecordError, match="closed"):
+        group.commit_here(record(9, "e1"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(plan=st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=1, max_size=40))
+def test_commit_here_and_submit_mixed_from_many_threads_acknowledge_every_record_in_log_order(tmp_path_factory,
+                                                                                            plan):
+    """Threads committing at once, each record either ``commit_here`` (falling back to ``submit``)
+    or ``submit``: every record is acknowledged once without error, each log holds exactly its
+    records, and a log's order is the order in which its records were acknowledged."""
+    import threading
+
+    from gyre.real.store.tito_log import GroupCommit
+
+    store = ExecutionStore(tmp_path_factory.mktemp("mixed"), fsync=True)
+    group = GroupCommit(store)
+    lock, acked, outcomes = threading.Lock(), {f"e{i}": [] for i in range(3)}, {}
+
+    def acknowledge(call, error):
+        with lock:
+            outcomes[call.request_id] = error
+            acked[call.execution_id].append(call.request_id)
+
+    def commit(index, execution, here):
+        call = record(index, f"e{execution}")
+        if here:
+            with lock:  # commit_here acknowledges by returning: note it in the same critical section
+                done, error = group.commit_here(call)
+                if done:
+                    outcomes[call.request_id] = error
+                    acked[call.execution_id].append(call.request_id)
+                    return
+        group.submit(call, lambda error: acknowledge(call, error))
+
+    threads = [threading.Thread(target=commit, args=(i, e, here)) for i, (e, here) in enumerate(plan)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    group.close()
+    assert sorted(outcomes) == sorted(f"r{i}" for i in range(len(plan))) and not any(outcomes.values())
+    for execution, ids in acked.items():
+        stored = [r.request_id for r in store.read(execution)] if ids else []
+        assert stored == ids, execution
+
+
 # -- preallocated space (durable logs) -----------------------------------------------------------
 
 def test_a_durable_log_writes_frames_into_synced_zeros_without_growing_the_file(tmp_path, monkeypatch):
@@ -311,36 +392,47 @@ def test_zeros_after_the_last_frame_end_a_log_quietly_anything_else_is_torn(tmp_
 
 
 DURABLE_WRITER = CONVERSATION + textwrap.dedent("""
-    # Acknowledges (prints) each request id only after its group commit reported it durable.
+    # Acknowledges (prints) each request id only after its group commit reported it durable:
+    # queued (submit: "q") or, every other record, committed on this thread (commit_here: "h";
+    # queued when the writer is still finishing the previous batch).
     import sys, threading
     from gyre.real.store.tito_log import ExecutionStore, GroupCommit
     group = GroupCommit(ExecutionStore(sys.argv[1], fsync=True))
     lock = threading.Lock()
-    for call in conversation():
-        done = threading.Event()
-        group.submit(call, lambda error, done=done: done.set() if error is None else None)
-        done.wait()
+    for index, call in enumerate(conversation()):
+        how = "q"
+        if index % 2:
+            here, error = group.commit_here(call)
+            assert error is None
+            how = "h" if here else how
+        if how == "q":
+            done = threading.Event()
+            group.submit(call, lambda error, done=done: done.set() if error is None else None)
+            done.wait()
         with lock:
-            sys.stdout.write(call.request_id + "\\n")
+            sys.stdout.write(call.request_id + " " + how + "\\n")
             sys.stdout.flush()
 """)
 
 
 @pytest.mark.parametrize("attempt", range(3))
 def test_kill_9_of_a_durable_writer_loses_nothing_it_acknowledged(tmp_path, attempt):
-    """A group-committing writer killed with SIGKILL while it writes into preallocated space: every
-    request id it acknowledged is read back, in order, and the log reopens for appending."""
+    """A group-committing writer killed with SIGKILL while it writes into preallocated space, its
+    records queued or committed on its own thread: every request id it acknowledged is read back, in
+    order, and the log reopens for appending."""
     proc = subprocess.Popen([sys.executable, "-c", DURABLE_WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    acked = []
+    acked, hows = [], set()
     try:
         while len(acked) < 40 * (attempt + 1):
             line = proc.stdout.readline()
             assert line, "the writer died"
-            acked.append(line.strip())
+            acked.append(line.split()[0])
+            hows.add(line.split()[1])
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    acked += [line.strip() for line in proc.stdout.read().splitlines() if line.strip()]
+    acked += [line.split()[0] for line in proc.stdout.read().splitlines() if line.strip()]
+    assert hows == {"q", "h"}, hows  # both ways of committing were exercised
     path = tmp_path / "e1.tito"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
