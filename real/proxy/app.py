@@ -227,7 +227,8 @@ class ProxyServer:
                 except Exception as exc:  # noqa: BLE001 - outage, rejection: answered before any byte
                     raise error_for(exc) from None
                 if chat_request.stream:
-                    return await self._stream(request, api, prepared, _chain(first, events))
+                    async with contextlib.aclosing(_chain(first, events)) as chained:  # not left to the GC's hook
+                        return await self._stream(request, api, prepared, chained)
                 return json_response(api.response(prepared, await self._finish(request, first, events)))
         except ApiError as error:
             return self._error(api, error)

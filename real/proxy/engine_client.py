@@ -207,32 +207,35 @@ class EngineClient:
         """One ``TokenChunk`` per network read: the events that arrived together are merged, so
         a burst of tokens costs one decode, one parse and one client write, not one per token."""
         buffer = bytearray()
-        async for data in resp.iter_any():
-            buffer += data.replace(b"\r\n", b"\n")
-            ready: list[TokenChunk] = []
-            error: EngineCallError | None = None
-            done = False
-            try:
-                for event in _split_events(buffer):
-                    body = _event_data(event)
-                    if body is None:
-                        continue
-                    if body == b"[DONE]":
-                        done = True
-                        break
-                    try:
-                        payload = json.loads(body)
-                    except ValueError:
-                        raise EngineCallError(decoder.engine_id, f"undecodable chunk {body[:100]!r}") from None
-                    ready.append(decoder.decode(payload))
-            except EngineCallError as exc:
-                error = exc  # the tokens that arrived before the error still count
-            if ready:
-                yield merge_chunks(ready)
-            if error is not None:
-                raise error
-            if done:
-                return
+        # closed here, not left to the garbage collector: an abandoned async generator costs a task
+        # (the loop's finalizer hook schedules its aclose) and a wake-up of the loop, on every call
+        async with contextlib.aclosing(resp.iter_any()) as pieces:
+            async for data in pieces:
+                buffer += data.replace(b"\r\n", b"\n")
+                ready: list[TokenChunk] = []
+                error: EngineCallError | None = None
+                done = False
+                try:
+                    for event in _split_events(buffer):
+                        body = _event_data(event)
+                        if body is None:
+                            continue
+                        if body == b"[DONE]":
+                            done = True
+                            break
+                        try:
+                            payload = json.loads(body)
+                        except ValueError:
+                            raise EngineCallError(decoder.engine_id, f"undecodable chunk {body[:100]!r}") from None
+                        ready.append(decoder.decode(payload))
+                except EngineCallError as exc:
+                    error = exc  # the tokens that arrived before the error still count
+                if ready:
+                    yield merge_chunks(ready)
+                if error is not None:
+                    raise error
+                if done:
+                    return
 
     async def abort(self, engine: EngineSpec, rid: str) -> bool:
         """Best-effort ``/abort_request``; True when the engine acknowledged it."""

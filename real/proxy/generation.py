@@ -40,6 +40,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Sequence
@@ -118,8 +119,9 @@ class Generation:
             self.log.engines.append(engine.spec.id)
             failed = finished = rejected = False
             try:
-                async for chunk in self._submit(engine.spec, rid):
-                    yield chunk
+                async with contextlib.aclosing(self._submit(engine.spec, rid)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
                 finished = self.log.finish is not None
             except EngineCallError as exc:
                 if self.flight.moved:
