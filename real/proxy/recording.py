@@ -27,7 +27,9 @@ Invariants:
   a commit marked ``alone`` (no other model call in flight) while the group's
   writer is idle is written and synced on the event loop's thread instead
   (``GroupCommit.commit_here``: a 0.1 ms ``fdatasync`` here, without two
-  thread hand-offs), with the same guarantee;
+  thread hand-offs), with the same guarantee. The price: a sync that stalls
+  (a slow disk) holds the loop, so the admin API and ``GET /`` wait for it
+  too; the one call in flight waits for its record either way;
 - one execution's state is only reachable through that execution's key; the
   admin API reads all of them;
 - commits of one execution are serialized (one lock per execution), so the
