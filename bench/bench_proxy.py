@@ -23,7 +23,10 @@ taken from the proxy: aiohttp's took about twice as much).
   work shares the machine. The scripted engine's CPU time per call is printed
   beside it, and their ratio: the machine's own speed drifts by up to 1.5x
   within an hour here, moving both alike, so the ratio is what compares two
-  versions of the proxy measured at different times.
+  versions of the proxy measured at different times. Also the CPU per call of
+  the proxy's event-loop thread (every call passes through it) and of all
+  three processes together, and the rate those two allow (``ceiling_rps``:
+  one loop thread; the machine's cores shared by all three processes).
 
 - what durability costs on this disk, one writer, sequential: an append plus
   ``fsync`` (the file grows: a journal commit), a write into preallocated,
@@ -150,9 +153,11 @@ async def _big_latency(engine_url: str, proxy_url: str, chat, calls: int, pid: i
             "big_followup_cpu_ms": follow_cpu_ms}
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (``/proc/<pid>/stat`` fields 14 and 15)."""
-    with open(f"/proc/{pid}/stat") as handle:
+def _cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User + system CPU time of a process so far (``/proc/<pid>/stat`` fields 14 and 15), or of
+    one of its threads (``thread``: its id; the process id names the main thread)."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    with open(path) as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -292,14 +297,28 @@ def _collector(url: str) -> dict:
 
 
 def _windows(proxy, proxy_url: str, engine, client_counts, window_s: float, suffix: str = "") -> dict:
-    """Calls/s, CPU per call (proxy, engine, their ratio) and the collector's share, per client count."""
+    """Calls/s, CPU per call (proxy, its event loop's thread, engine, client, the proxy/engine ratio),
+    the rate those CPU costs allow, and the collector's share, per client count.
+
+    ``ceiling_rps``: the proxy answers every call on one event-loop thread, and all three processes
+    share the machine's cores, so no run can exceed ``1000 / loop_cpu_ms_per_call`` nor
+    ``cores * 1000 / machine_cpu_ms_per_call`` (proxy + engine + client) calls/s; the smaller of
+    the two says which of them a throughput goal runs into."""
     figures = {}
     for clients in client_counts:
         cpu, engine_cpu, gc_before = _cpu_seconds(proxy.pid), _cpu_seconds(engine.pid), _collector(proxy_url)
+        loop_cpu = _cpu_seconds(proxy.pid, proxy.pid)
         client_cpu = time.process_time()
         rps, done = _run_fast(_throughput(proxy_url, clients, window_s))
-        figures[f"client_cpu_ms_per_call_{clients}{suffix}"] = (time.process_time() - client_cpu) * 1e3 / max(done, 1)
+        client_s = time.process_time() - client_cpu
+        figures[f"client_cpu_ms_per_call_{clients}{suffix}"] = client_s * 1e3 / max(done, 1)
         proxy_s, engine_s = _cpu_seconds(proxy.pid) - cpu, _cpu_seconds(engine.pid) - engine_cpu
+        loop_s = _cpu_seconds(proxy.pid, proxy.pid) - loop_cpu
+        machine_s = proxy_s + engine_s + client_s
+        figures[f"loop_cpu_ms_per_call_{clients}{suffix}"] = loop_s * 1e3 / max(done, 1)
+        figures[f"machine_cpu_ms_per_call_{clients}{suffix}"] = machine_s * 1e3 / max(done, 1)
+        figures[f"ceiling_rps_{clients}{suffix}"] = max(done, 1) * min(1 / max(loop_s, 1e-9),
+                                                                      (os.cpu_count() or 1) / max(machine_s, 1e-9))
         gc_s = _collector(proxy_url)["seconds"] - gc_before["seconds"]
         figures[f"rps_{clients}{suffix}"] = rps
         figures[f"cpu_ms_per_call_{clients}{suffix}"] = proxy_s * 1e3 / max(done, 1)
@@ -389,6 +408,10 @@ def main(calls: int = 300, window_s: float = 4.0) -> dict:
     for goal, name, met in goals:
         if name in figures:
             print(f"   goal {goal}: {'met' if met(figures[name]) else 'NOT met'}")
+    if "rps_64" in figures:
+        print(f"   64 clients: the event loop's thread spends {figures['loop_cpu_ms_per_call_64']:.2f} ms of CPU "
+              f"per call and the machine {figures['machine_cpu_ms_per_call_64']:.2f} ms "
+              f"({os.cpu_count()} cores): at most {figures['ceiling_rps_64']:.0f} calls/s")
     return figures
 
 
