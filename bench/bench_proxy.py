@@ -32,7 +32,7 @@ taken from the proxy: aiohttp's took about twice as much).
   ``fsync`` (the file grows: a journal commit), a write into preallocated,
   already-written space plus ``fdatasync`` (no metadata: what durable logs do
   now, ``tito_log.RecordLog.reserve``), and a whole group commit round trip
-  (submit to acknowledgement) through ``tito_log.GroupCommit``.
+  (submit to acknowledgement) through ``group_commit.GroupCommit``.
 
 Goals (issue 17, item 6): added latency p50 under 1 ms for one client with
 durable records; at least 1,500 calls/s with 64 clients on the 2-core
@@ -217,7 +217,8 @@ async def _commits(store, calls, committer) -> None:
 def commit_cost(rounds: int = 20, clients: int = 64) -> dict:
     """CPU and wall time per durable commit, ``clients`` executions committing at once, per-call
     fsync versus group commit (records of a 2,000-token conversation; fresh store each way)."""
-    from gyre.real.store.tito_log import ExecutionStore, GroupCommit
+    from gyre.real.store.group_commit import GroupCommit
+    from gyre.real.store.tito_log import ExecutionStore
     from gyre.trajectory.records import ModelCall
 
     rng = np.random.default_rng(0)
@@ -247,7 +248,8 @@ def commit_cost(rounds: int = 20, clients: int = 64) -> dict:
 
 def durability_cost(writes: int = 400) -> dict:
     """p50/p90 wall ms of one durable write, one writer, sequential (see the module docstring)."""
-    from gyre.real.store.tito_log import ExecutionStore, GroupCommit
+    from gyre.real.store.group_commit import GroupCommit
+    from gyre.real.store.tito_log import ExecutionStore
     from gyre.trajectory.records import ModelCall
     import threading
 

@@ -22,8 +22,10 @@ Invariants:
   response (the API layers commit first), so a call the harness saw complete
   is on disk, and a call cut short is never recorded;
 - with ``fsync`` the records of concurrent calls are committed in groups
-  (``tito_log.GroupCommit``): a commit returns only after the fsync of the
-  batch holding its record, so nothing acknowledged is lost to a kill -9;
+  (``group_commit.GroupCommit``): a commit returns only after the batch holding
+  its record is synced in the records folder's commit journal (one
+  ``fdatasync`` per batch), so nothing acknowledged is lost to a kill -9 or a
+  machine crash (the group commit opened at the next start replays it);
   a commit marked ``alone`` (no other model call in flight) while the group's
   writer is idle is written and synced on the event loop's thread instead
   (``GroupCommit.commit_here``: a 0.1 ms ``fdatasync`` here, without two
@@ -48,7 +50,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from gyre.trajectory.records import ModelCall
-from gyre.real.store.tito_log import ExecutionStore, GroupCommit
+from gyre.real.store.group_commit import GroupCommit
+from gyre.real.store.tito_log import ExecutionStore
 from gyre.trajectory.tool_calls import ToolCallCache
 from gyre.trajectory.tree import TrajectoryTree
 from gyre.trajectory.tree_stats import tree_stats
@@ -129,7 +132,8 @@ class Recorder:
         self.root = Path(records_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self.chat = chat
-        self.store = ExecutionStore(self.root, fsync=fsync)
+        # no preallocated log tails: a log is synced only at the journal's checkpoints, not per batch
+        self.store = ExecutionStore(self.root, fsync=fsync, preallocate=False)
         self.fsync = fsync
         self.group = GroupCommit(self.store) if fsync else None
         self._states: dict[str, ExecutionState] = {}

@@ -2,6 +2,8 @@
 
 - ``tito_log``: one append-only, fsync'd record log per execution
   (``ExecutionStore``); a crash loses nothing acknowledged;
+- ``commit_journal``: the redo journal that lets ``group_commit.GroupCommit``
+  make a batch of records of many logs durable with one ``fdatasync``;
 - ``microstep_queue``: micro-step queues with atomic claims, in memory
   (threads) or on a directory (processes);
 - ``cli``: ``gyre traj stats|show`` over recorded logs;

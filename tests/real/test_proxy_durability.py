@@ -1,7 +1,7 @@
 """Group commit loses nothing acknowledged: a proxy killed with SIGKILL under load.
 
 A real proxy process (``python -m gyre.real.proxy.cli``, records fsynced, so
-committed in groups by ``tito_log.GroupCommit``) serves a scripted engine
+committed in groups by ``group_commit.GroupCommit``) serves a scripted engine
 process (echo script, a small per-token delay so calls are in flight). Client
 executions send a generated mix of calls (seeded: Anthropic or OpenAI Chat,
 streaming or not, multi-turn histories of random words) back to back; once

@@ -207,86 +207,121 @@ def commit_all(group, calls):
     return results
 
 
-def test_group_commit_acknowledges_only_after_the_fsync_of_its_batch(tmp_path, monkeypatch):
-    """Between a record's write and its acknowledgement lies an fsync of its log; one fsync per
-    log per batch."""
-    from gyre.real.store.tito_log import GroupCommit
+def test_group_commit_acknowledges_only_after_the_journal_sync_of_its_batch(tmp_path, monkeypatch):
+    """Between a record's write into its log and its acknowledgement lies the synced journal write
+    of the same frame (log, offset); one journal write per batch, however many logs it touched, and
+    no log sync until the checkpoint at ``close``."""
+    from gyre.real.store.commit_journal import Journal
+    from gyre.real.store.group_commit import GroupCommit
 
     events = []
-    real_sync, real_write = RecordLog.sync, RecordLog.write
+    real_write, real_append, real_sync = RecordLog.write, Journal.append, RecordLog.sync
+
+    def write(self, call):
+        offset, frame = real_write(self, call)
+        events.append(("write", call.request_id, (call.execution_id, offset, frame)))
+        return offset, frame
+
+    monkeypatch.setattr(RecordLog, "write", write)
+    monkeypatch.setattr(Journal, "append", lambda self, entries: (real_append(self, entries),
+                                                                  events.append(("journal", list(entries)))))
     monkeypatch.setattr(RecordLog, "sync", lambda self: (real_sync(self), events.append(("sync", self.execution_id))))
-    monkeypatch.setattr(RecordLog, "write", lambda self, call: (real_write(self, call),
-                                                                events.append(("write", call.request_id))))
-    store = ExecutionStore(tmp_path, fsync=True)
+    store = ExecutionStore(tmp_path, fsync=True, preallocate=False)
     group = GroupCommit(store)
     calls = [record(i, execution=f"e{i % 3}") for i in range(30)]
     original = group.submit
     group.submit = lambda call, done: original(call, lambda error: (events.append(("done", call.request_id)),
                                                                     done(error)))
     results = commit_all(group, calls)
+    assert not [e for e in events if e[0] == "sync"]
     group.close()
     assert results == {c.request_id: None for c in calls}
     for call in calls:
-        written, acked = events.index(("write", call.request_id)), events.index(("done", call.request_id))
-        assert ("sync", call.execution_id) in events[written:acked], call.request_id
-    syncs = sum(kind == "sync" for kind, _ in events)
-    assert 3 <= syncs <= 30 and group.records == 30 and syncs <= 3 * group.batches
+        (written, entry), = [(i, e[2]) for i, e in enumerate(events) if e[:2] == ("write", call.request_id)]
+        acked = events.index(("done", call.request_id))
+        assert any(e[0] == "journal" and entry in e[1] for e in events[written:acked]), call.request_id
+    journaled = [e for e in events if e[0] == "journal"]
+    assert len(journaled) == group.batches and sum(len(e[1]) for e in journaled) == 30
+    assert {e[1] for e in events if e[0] == "sync"} == {"e0", "e1", "e2"} and group.checkpoints == 1
     for e in ("e0", "e1", "e2"):
         assert store.read(e) == [c for c in calls if c.execution_id == e]
 
 
 def test_group_commit_reports_failures_to_exactly_their_records(tmp_path, monkeypatch):
-    from gyre.real.store.tito_log import GroupCommit
+    """A failed log write fails its record only; a failed journal write or sync fails every record
+    of its batch and cuts their frames off their logs; a failed checkpoint sync fails the batch that
+    needed it and retires nothing."""
+    from gyre.real.store.commit_journal import Journal
+    from gyre.real.store.group_commit import GroupCommit
 
-    store = ExecutionStore(tmp_path, fsync=True)
+    store = ExecutionStore(tmp_path, fsync=True, preallocate=False)
     group = GroupCommit(store)
     assert commit_all(group, [record(0, "ok"), record(1, "bad")]) == {"r0": None, "r1": None}
-    real_sync = RecordLog.sync
+    real_write, real_append, real_sync = RecordLog.write, Journal.append, RecordLog.sync
 
-    def failing_sync(self):
+    def failing_write(self, call):
         if self.execution_id == "bad":
             raise OSError(5, "Input/output error")
-        real_sync(self)
+        return real_write(self, call)
 
-    monkeypatch.setattr(RecordLog, "sync", failing_sync)
+    monkeypatch.setattr(RecordLog, "write", failing_write)
     results = commit_all(group, [record(2, "ok"), record(3, "bad"), record(0, "ok")])  # r0: a duplicate id
-    group.close()
     assert results["r2"] is None
     assert isinstance(results["r3"], OSError)
     assert isinstance(results["r0"], RecordError) and "already" in str(results["r0"])
-    assert [r.request_id for r in store.read("ok")] == ["r0", "r2"]
+    monkeypatch.setattr(RecordLog, "write", real_write)
+
+    def failing_append(self, entries):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Journal, "append", failing_append)
+    done, error = group.commit_here(record(4, "ok"))
+    assert done and isinstance(error, OSError) and "No space" in str(error)
+    monkeypatch.setattr(Journal, "append", real_append)
+    assert group.commit_here(record(5, "ok")) == (True, None)
+
+    group.journal.capacity = 1  # every later batch needs a checkpoint first
+    monkeypatch.setattr(RecordLog, "sync", lambda self: (_ for _ in ()).throw(OSError(5, "EIO")))
+    epoch = group.journal.epoch
+    done, error = group.commit_here(record(6, "ok"))
+    assert done and isinstance(error, OSError) and group.journal.epoch == epoch
+    monkeypatch.setattr(RecordLog, "sync", real_sync)
+    assert group.commit_here(record(7, "ok")) == (True, None) and group.journal.epoch == epoch + 1
+    group.close()
+    assert [r.request_id for r in store.read("ok")] == ["r0", "r2", "r5", "r7"]  # failed ones cut off
     with pytest.raises(RecordError, match="closed"):
         group.submit(record(9, "ok"), lambda error: None)
 
 
 def test_commit_here_commits_on_the_callers_thread_only_while_the_writer_is_idle(tmp_path, monkeypatch):
-    """Idle writer: the record is written, synced and acknowledged on the calling thread before
+    """Idle writer: the record is written, journaled and acknowledged on the calling thread before
     ``commit_here`` returns. Writer busy with a batch: nothing happens and the caller is told so;
     the writer takes no batch while a ``commit_here`` runs."""
     import threading
 
-    from gyre.real.store.tito_log import GroupCommit
+    from gyre.real.store.commit_journal import Journal
+    from gyre.real.store.group_commit import GroupCommit
 
-    syncs, release, syncing = [], threading.Event(), threading.Event()
-    real_sync = RecordLog.sync
+    appends, release, appending = [], threading.Event(), threading.Event()
+    real_append = Journal.append
 
-    def sync(self):
-        syncs.append((self.execution_id, threading.current_thread().name))
-        if self.execution_id == "slow":
-            syncing.set()
+    def append(self, entries):
+        appends.append(([e[0] for e in entries], threading.current_thread().name))
+        if any(e[0] == "slow" for e in entries):
+            appending.set()
             assert release.wait(20)
-        real_sync(self)
+        real_append(self, entries)
 
-    monkeypatch.setattr(RecordLog, "sync", sync)
+    monkeypatch.setattr(Journal, "append", append)
     store = ExecutionStore(tmp_path, fsync=True)
     group = GroupCommit(store)
     assert group.commit_here(record(0, "e1")) == (True, None)
-    assert syncs == [("e1", threading.current_thread().name)] and group.here == 1
+    assert appends == [(["e1"], threading.current_thread().name)] and group.here == 1
     assert store.read("e1") == [record(0, "e1")]
 
     acked = threading.Event()
     group.submit(record(1, "slow"), lambda error: acked.set())
-    assert syncing.wait(20)  # the writer is inside its batch
+    assert appending.wait(20)  # the writer is inside its batch
     assert group.commit_here(record(2, "e1")) == (False, None)
     release.set()
     assert acked.wait(20)
@@ -306,7 +341,7 @@ def test_commit_here_and_submit_mixed_from_many_threads_acknowledge_every_record
     records, and a log's order is the order in which its records were acknowledged."""
     import threading
 
-    from gyre.real.store.tito_log import GroupCommit
+    from gyre.real.store.group_commit import GroupCommit
 
     store = ExecutionStore(tmp_path_factory.mktemp("mixed"), fsync=True)
     group = GroupCommit(store)
@@ -396,7 +431,8 @@ DURABLE_WRITER = CONVERSATION + textwrap.dedent("""
     # queued (submit: "q") or, every other record, committed on this thread (commit_here: "h";
     # queued when the writer is still finishing the previous batch).
     import sys, threading
-    from gyre.real.store.tito_log import ExecutionStore, GroupCommit
+    from gyre.real.store.group_commit import GroupCommit
+    from gyre.real.store.tito_log import ExecutionStore
     group = GroupCommit(ExecutionStore(sys.argv[1], fsync=True))
     lock = threading.Lock()
     for index, call in enumerate(conversation()):

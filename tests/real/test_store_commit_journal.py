@@ -1,0 +1,128 @@
+"""The group commit's journal (real/store/commit_journal.py): a machine crash loses no acknowledged
+record, however little of the logs' unsynced bytes reached the disk."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gyre.real.store.commit_journal import JOURNAL_NAME, Journal, JournalBusy
+from gyre.real.store.group_commit import GroupCommit
+from gyre.real.store.tito_log import ExecutionStore, RecordLog, read_records
+from gyre.trajectory.records import ModelCall
+
+
+def record(i: int, execution: str, size: int) -> ModelCall:
+    rng = np.random.default_rng(i)
+    return ModelCall(execution_id=execution, request_id=f"r{i}", input_ids=rng.integers(0, 1000, size),
+                     output_ids=rng.integers(0, 1000, 5), output_logprobs=-rng.random(5), policy_version=0)
+
+
+def commit_in_groups(group: GroupCommit, calls: list[ModelCall], width: int) -> dict[str, BaseException | None]:
+    """Submit ``width`` calls at a time (so batches hold several logs), wait for each group; returns
+    each request id's outcome."""
+    outcomes: dict[str, BaseException | None] = {}
+    for start in range(0, len(calls), width):
+        chunk = calls[start:start + width]
+        acked = threading.Semaphore(0)
+        for call in chunk:
+            group.submit(call, lambda error, call=call: (outcomes.__setitem__(call.request_id, error),
+                                                         acked.release()))
+        for _ in chunk:
+            assert acked.acquire(timeout=20)
+    return outcomes
+
+
+def crash_image(root: Path, image: Path, synced: dict[Path, bytes], rng: np.random.Generator) -> None:
+    """What a machine crash may leave of ``root`` in ``image``: the journal as synced (all of it:
+    nothing is written to it after its last sync); of each log, what its last sync made durable,
+    overlaid with a random prefix of what it holds now (pages written back since) but for a random
+    run inside it (pages never written back: the durable bytes, or zeros past them); a log never
+    synced may be missing altogether."""
+    image.mkdir()
+    shutil.copyfile(root / JOURNAL_NAME, image / JOURNAL_NAME)
+    for path in root.glob("*.tito"):
+        durable, now = synced.get(path, b""), path.read_bytes()
+        if not durable and rng.random() < 0.3:
+            continue
+        kept = int(rng.integers(0, len(now) + 1))
+        data = bytearray(now[:kept] + durable[kept:])
+        if kept:  # a run of pages not written back: the durable bytes there, or a hole (zeros) past them
+            start = int(rng.integers(0, kept))
+            end = min(start + int(rng.integers(1, 200)), kept)
+            data[start:end] = (durable[start:end] + bytes(end - start))[:end - start]
+        (image / path.name).write_bytes(bytes(data))
+
+
+@settings(max_examples=40, deadline=None)
+@given(plan=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 400), st.booleans()), min_size=1, max_size=30),
+       capacity=st.sampled_from([700, 4000, 1 << 20]), width=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
+def test_a_machine_crash_loses_no_acknowledged_record(tmp_path_factory, plan, capacity, width, seed):
+    """Records committed through a group commit (with checkpoints when the journal is small, and
+    batches whose journal write fails when they hold a record marked to fail), then a crash that
+    keeps only what was synced of the logs (plus any part of the rest): the next group commit on
+    the folder replays the journal, and every log holds its acknowledged records, in order, followed
+    by nothing but records whose batch failed. Replaying again changes nothing; a cleanly closed group
+    leaves nothing to replay."""
+    root = tmp_path_factory.mktemp("crash")
+    synced: dict[Path, bytes] = {}
+    real_sync, real_append = RecordLog.sync, Journal.append
+    calls = [record(i, f"e{execution}", size) for i, (execution, size, _) in enumerate(plan)]
+    doomed = [b'"request_id":"%s"' % c.request_id.encode() for c, (_, _, fail) in zip(calls, plan) if fail]
+
+    def sync(self):
+        real_sync(self)
+        synced[self.path] = self.path.read_bytes()
+
+    def append(self, entries):
+        if any(name in frame for _, _, frame in entries for name in doomed):
+            raise OSError(5, "Input/output error")
+        real_append(self, entries)
+
+    with mock.patch.object(RecordLog, "sync", sync), mock.patch.object(Journal, "append", append):
+        group = GroupCommit(ExecutionStore(root, fsync=True, preallocate=False), journal_capacity=capacity)
+        outcomes = commit_in_groups(group, calls, width)
+        image = root.parent / (root.name + "-image")
+        crash_image(root, image, dict(synced), np.random.default_rng(seed))
+        group.close()  # the original folder, closed cleanly: nothing left to replay
+        journal = Journal(root)
+        assert journal.replay(lambda e: root / f"{e}.tito") == []
+        journal.close()
+
+    assert all(outcomes[c.request_id] is None for c, (_, _, fail) in zip(calls, plan) if not fail and width == 1)
+    expected = {f"e{e}": [c for c in calls if c.execution_id == f"e{e}" and outcomes[c.request_id] is None]
+                for e, _, _ in plan}
+    for attempt in range(2):  # replaying a second time is replaying once
+        reopened = GroupCommit(ExecutionStore(image, fsync=True, preallocate=False))
+        reopened.close()
+        for execution, records in expected.items():
+            path = image / f"{execution}.tito"
+            stored = read_records(path) if path.exists() else []
+            assert stored[:len(records)] == records, (attempt, execution)
+            # a record whose batch failed may survive a crash (like any write whose sync failed), but
+            # only after every acknowledged record of its log
+            assert all(outcomes[r.request_id] is not None for r in stored[len(records):]), (attempt, execution)
+
+
+def test_a_second_group_commit_on_a_folder_in_use_is_refused_naming_it(tmp_path):
+    """Two writers on one records folder (two proxies given the same folder) would interleave the
+    journal: the second is refused before it replays or writes anything; once the first closes, a
+    new one opens."""
+    first = GroupCommit(ExecutionStore(tmp_path, fsync=True))
+    assert first.commit_here(record(0, "e1", 20)) == (True, None)
+    before = sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir())
+    with pytest.raises(JournalBusy, match=rf"{tmp_path} is in use"):
+        GroupCommit(ExecutionStore(tmp_path, fsync=True))
+    assert sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir()) == before
+    first.close()
+    second = GroupCommit(ExecutionStore(tmp_path, fsync=True))
+    assert second.commit_here(record(1, "e1", 20)) == (True, None)
+    second.close()
+    assert [r.request_id for r in read_records(tmp_path / "e1.tito")] == ["r0", "r1"]
