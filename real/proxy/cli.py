@@ -54,10 +54,15 @@ def run(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if overrides:
         config = config.with_overrides(**overrides)
+    from gyre.real.store.commit_journal import JournalBusy
+
     try:
         _runner(args.loop)(_serve(config, args.gc))
     except KeyboardInterrupt:
         pass
+    except JournalBusy as exc:  # another proxy writes to this records folder: named, no traceback
+        print(f"gyre proxy: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -283,6 +283,28 @@ def test_the_proxy_cli_names_a_bad_config_file_without_a_traceback(tmp_path, cap
     assert "Traceback" not in err
 
 
+def test_a_second_proxy_on_a_records_folder_in_use_is_refused_naming_it(tmp_path, capsys, model):
+    """Two proxies given one records folder would interleave its commit journal: the second exits with
+    status 2 and names the folder, without a traceback, and writes nothing there."""
+    from gyre.real.proxy import cli as proxy_cli
+    from gyre.real.store.group_commit import GroupCommit
+    from gyre.real.store.tito_log import ExecutionStore
+
+    records = tmp_path / "records"
+    first = GroupCommit(ExecutionStore(records, fsync=True))  # what the first proxy holds
+    try:
+        before = sorted(p.name for p in records.iterdir())
+        path = tmp_path / "proxy.json"
+        path.write_text(json.dumps({"model_path": str(model), "records_dir": str(records), "fsync": True, "admin_token": "t" * 24,
+                                    "engines": [{"id": "e0", "url": "http://127.0.0.1:9"}]}))
+        assert proxy_cli.main(["--config", str(path), "--port", "0"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("gyre proxy: error: ") and f"{records} is in use" in err, err
+        assert "Traceback" not in err and sorted(p.name for p in records.iterdir()) == before
+    finally:
+        first.close()
+
+
 def _listed(found):
     covered, ids = found
     assert ids.dtype == np.int32, ids.dtype  # an array, never a Python list (proxy hot path)
