@@ -5,8 +5,8 @@ the number of logs it touched.
 (the page cache only) and the same bytes, tagged with the log and the offset,
 into this journal; then it syncs the journal alone and acknowledges the
 batch. Syncing every touched log instead cost one thread hand-off per log per
-batch (about a fifth of the proxy's throughput with 64 executions calling at
-once; ``bench proxy``). The logs themselves are synced at a *checkpoint*:
+batch (5-20% of the proxy's throughput with 64 executions calling at once,
+depending on this machine's phase; ``bench proxy``). The logs themselves are synced at a *checkpoint*:
 when the journal's space runs out, when the group commit closes, and after a
 replay; the journal then starts a new *epoch* and its old entries stop
 counting.
