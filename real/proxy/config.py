@@ -186,6 +186,14 @@ class ProxyConfig:
         return ProxyConfig(**values)
 
 
+def _require(cls: type, data: Mapping[str, Any], what: str) -> None:
+    """Name the fields of ``cls`` without a default that ``data`` lacks (not Python's own wording)."""
+    missing = sorted(f.name for f in dataclasses.fields(cls) if f.name not in data
+                     and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    if missing:
+        raise ProxyConfigError(f"missing {what}: {missing}")
+
+
 def config_from_mapping(data: Mapping[str, Any]) -> ProxyConfig:
     """Build a ``ProxyConfig`` from parsed JSON/TOML; unknown keys are errors."""
     data = dict(data)
@@ -193,6 +201,10 @@ def config_from_mapping(data: Mapping[str, Any]) -> ProxyConfig:
     unknown = set(data) - known
     if unknown:
         raise ProxyConfigError(f"unknown configuration keys: {sorted(unknown)}")
+    _require(ProxyConfig, data, "configuration keys")
+    for index, engine in enumerate(data.get("engines", ())):
+        if isinstance(engine, Mapping):
+            _require(EngineSpec, engine, f"keys of engines[{index}]")
     try:
         data["engines"] = tuple(EngineSpec(**e) for e in data.get("engines", ()))
         data["retry"] = RetryPolicy(**data.get("retry", {}))

@@ -256,9 +256,13 @@ def test_config_files_and_errors(tmp_path):
     assert load_proxy_config(tmp_path / "p.toml").retry.attempts == 2
     for change, needle in [({"bogus": 1}, "bogus"), ({"engines": []}, "engines"), ({"admin_token": "x"}, "admin_token"),
                            ({"retry": {"attempts": 0}}, "retry.attempts"),
-                           ({"engines": [{"id": "e 0", "url": "http://x"}]}, "engines[].id")]:
+                           ({"engines": [{"id": "e 0", "url": "http://x"}]}, "engines[].id"),
+                           ({"engines": [{"id": "e0"}]}, "missing keys of engines[0]: ['url']")]:
         with pytest.raises(ProxyConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
             config_from_mapping({**base, **change})
+    for key in ("model_path", "records_dir", "admin_token"):  # named, not in Python's own wording
+        with pytest.raises(ProxyConfigError, match=rf"missing configuration keys: \['{key}'\]"):
+            config_from_mapping({k: v for k, v in base.items() if k != key})
 
 
 def test_cli_registers_the_proxy_subcommand():
