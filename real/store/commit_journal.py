@@ -6,10 +6,10 @@ the number of logs it touched.
 into this journal; then it syncs the journal alone and acknowledges the
 batch. Syncing every touched log instead cost one thread hand-off per log per
 batch (5-20% of the proxy's throughput with 64 executions calling at once,
-depending on this machine's phase; ``bench proxy``). The logs themselves are synced at a *checkpoint*:
-when the journal's space runs out, when the group commit closes, and after a
-replay; the journal then starts a new *epoch* and its old entries stop
-counting.
+depending on this machine's phase; ``bench proxy``). The logs themselves are
+synced at a *checkpoint*: when the journal's space runs out, when the group
+commit closes, and after a replay; the journal then starts a new *epoch* and
+its old entries stop counting.
 
 Layout (little-endian): a header at offset 0, ``HEAD_MAGIC | epoch (u64) |
 CRC32 of the epoch (u32)``, then entries, each ``ENTRY_MAGIC | payload length
@@ -45,7 +45,7 @@ import zlib
 from pathlib import Path
 from typing import Callable, Iterable
 
-from gyre.real.store.durable import fsync_path
+from gyre.real.store.durable import fill_zeros, fsync_path
 
 JOURNAL_NAME = ".commit-journal"  # in the records folder; not a ``.tito`` log, so not an execution
 HEAD_MAGIC = b"GYJH"
@@ -55,7 +55,6 @@ _ENTRY = struct.Struct("<4sII")
 _TAG = struct.Struct("<QQH")
 MIN_SPACE = 1 << 20   # zeros synced ahead of the journal's end, at least ...
 CAPACITY = 64 << 20   # ... growing by doubling up to this; a fuller journal is checkpointed
-_ZEROS = bytes(1 << 16)
 
 
 class JournalBusy(RuntimeError):
@@ -82,7 +81,7 @@ class Journal:
         if len(data) < _HEAD.size:
             return []
         magic, epoch, crc = _HEAD.unpack_from(data, 0)
-        if magic != HEAD_MAGIC or zlib.crc32(struct.pack("<Q", epoch)) != crc:
+        if magic != HEAD_MAGIC or _head_crc(epoch) != crc:
             return []  # never synced with a valid header: no entry of it was ever acknowledged
         self.epoch = epoch
         fds: dict[Path, int] = {}
@@ -108,8 +107,7 @@ class Journal:
         self._open()
         self._reserve(_HEAD.size)  # a new journal: its first space, so the header lands in synced zeros
         self.epoch += 1
-        epoch = struct.pack("<Q", self.epoch)
-        os.pwrite(self._fd, _HEAD.pack(HEAD_MAGIC, self.epoch, zlib.crc32(epoch)), 0)
+        os.pwrite(self._fd, _HEAD.pack(HEAD_MAGIC, self.epoch, _head_crc(self.epoch)), 0)
         os.fdatasync(self._fd)
         self._end = _HEAD.size
 
@@ -154,11 +152,12 @@ class Journal:
         if end <= self._allocated:
             return
         target = max(end, min(max(MIN_SPACE, 2 * self._allocated), max(self.capacity, end)))
-        offset = self._allocated
-        while offset < target:
-            offset += os.pwrite(self._fd, _ZEROS[: min(len(_ZEROS), target - offset)], offset)
-        os.fsync(self._fd)
+        fill_zeros(self._fd, self._allocated, target)
         self._allocated = target
+
+
+def _head_crc(epoch: int) -> int:
+    return zlib.crc32(struct.pack("<Q", epoch))
 
 
 def _entry(epoch: int, execution_id: str, offset: int, frame: bytes) -> bytes:

@@ -75,7 +75,7 @@ class GroupCommit:
         store.close()  # the replay writes the files themselves: open logs are reopened after it
         self.journal = Journal(store.root, capacity=journal_capacity)
         store.root.mkdir(parents=True, exist_ok=True)
-        self.replayed = self.journal.replay(store.path_for)  # synced by the replay itself
+        self.journal.replay(store.path_for)  # synced by the replay itself
         self.journal.start_epoch()
         self._thread = threading.Thread(target=self._run, name="gyre-group-commit", daemon=True)
         self._thread.start()

@@ -57,14 +57,13 @@ from typing import Iterator
 
 import numpy as np
 
-from gyre.real.store.durable import fsync_path
+from gyre.real.store.durable import fill_zeros, fsync_path
 from gyre.trajectory.records import ModelCall, RecordError
 
 MAGIC = b"GYR1"
 _FRAME = struct.Struct("<4sII")
 MIN_ROOM = 64 * 1024        # preallocated zeros ahead of a durable log's end, at least ...
 MAX_ROOM = 4 * 1024 * 1024  # ... and at most (otherwise as much as the log holds: doubling)
-_ZEROS = bytes(MIN_ROOM)
 MAX_PAYLOAD = 1 << 31
 LOG_SUFFIX = ".tito"
 
@@ -204,10 +203,7 @@ class RecordLog:
         if self._fd is None:
             self.open()
         target = self._end + room + min(max(MIN_ROOM, self._end), MAX_ROOM)
-        offset = self._allocated
-        while offset < target:
-            offset += os.pwrite(self._fd, _ZEROS[: min(len(_ZEROS), target - offset)], offset)
-        os.fsync(self._fd)
+        fill_zeros(self._fd, self._allocated, target)
         self._allocated = target
 
     def write(self, call: ModelCall) -> tuple[int, bytes]:

@@ -4,7 +4,6 @@ record, however little of the logs' unsynced bytes reached the disk."""
 from __future__ import annotations
 
 import shutil
-import threading
 from pathlib import Path
 from unittest import mock
 
@@ -16,28 +15,7 @@ from hypothesis import strategies as st
 from gyre.real.store.commit_journal import JOURNAL_NAME, Journal, JournalBusy
 from gyre.real.store.group_commit import GroupCommit
 from gyre.real.store.tito_log import ExecutionStore, RecordLog, read_records
-from gyre.trajectory.records import ModelCall
-
-
-def record(i: int, execution: str, size: int) -> ModelCall:
-    rng = np.random.default_rng(i)
-    return ModelCall(execution_id=execution, request_id=f"r{i}", input_ids=rng.integers(0, 1000, size),
-                     output_ids=rng.integers(0, 1000, 5), output_logprobs=-rng.random(5), policy_version=0)
-
-
-def commit_in_groups(group: GroupCommit, calls: list[ModelCall], width: int) -> dict[str, BaseException | None]:
-    """Submit ``width`` calls at a time (so batches hold several logs), wait for each group; returns
-    each request id's outcome."""
-    outcomes: dict[str, BaseException | None] = {}
-    for start in range(0, len(calls), width):
-        chunk = calls[start:start + width]
-        acked = threading.Semaphore(0)
-        for call in chunk:
-            group.submit(call, lambda error, call=call: (outcomes.__setitem__(call.request_id, error),
-                                                         acked.release()))
-        for _ in chunk:
-            assert acked.acquire(timeout=20)
-    return outcomes
+from test_store_tito_log import commit_all, record
 
 
 def crash_image(root: Path, image: Path, synced: dict[Path, bytes], rng: np.random.Generator) -> None:
@@ -88,7 +66,9 @@ def test_a_machine_crash_loses_no_acknowledged_record(tmp_path_factory, plan, ca
 
     with mock.patch.object(RecordLog, "sync", sync), mock.patch.object(Journal, "append", append):
         group = GroupCommit(ExecutionStore(root, fsync=True, preallocate=False), journal_capacity=capacity)
-        outcomes = commit_in_groups(group, calls, width)
+        outcomes: dict[str, BaseException | None] = {}
+        for start in range(0, len(calls), width):  # batches then hold several logs
+            outcomes.update(commit_all(group, calls[start:start + width]))
         image = root.parent / (root.name + "-image")
         crash_image(root, image, dict(synced), np.random.default_rng(seed))
         group.close()  # the original folder, closed cleanly: nothing left to replay
