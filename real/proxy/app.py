@@ -26,8 +26,9 @@ Invariants:
 - a client that disconnects (streaming or not) stops its generation and the
   engine request is aborted; nothing is recorded for it;
 - a streaming client that stops reading for ``limits.client_write_timeout_s``
-  is cut off the same way (its connection aborted); a record committed before
-  the cut stays (it is durable, just not acknowledged), nothing else is recorded.
+  is cut off the same way (its connection aborted, at most a quarter of the
+  timeout or 1 s later: ``proxy.write_watch``); a record committed before the
+  cut stays (it is durable, just not acknowledged), nothing else is recorded.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from gyre.real.proxy.recording import KeyRegistry, Recorder
 from gyre.real.proxy.request import ApiError, Finished, LastChunk, error_for
 from gyre.real.proxy.routing import Router
 from gyre.real.proxy.tokenize import ChatTokenizer
+from gyre.real.proxy.write_watch import WriteWatchdog
 
 log = logging.getLogger("gyre.proxy")
 HINT_HEADERS = ("x-openai-subagent", "x-codex-parent-thread-id", "user-agent")
@@ -106,6 +108,8 @@ class ProxyServer:
         self.service = ChatService(config, self.chat, self.router, self.client, self.recorder)
         self.admin = AdminApi(config.admin_token, self.router, self.recorder, self.keys, self.service)
         self._small_buffers: weakref.WeakSet = weakref.WeakSet()  # connections whose send buffer is bounded
+        self.writes = WriteWatchdog(config.limits.client_write_timeout_s)
+        self._watchdog: asyncio.Future | None = None
 
     def application(self) -> web.Application:
         # one byte over the limit lets ``_raw_body`` tell "too large" apart and answer in the API's shape
@@ -140,8 +144,13 @@ class ProxyServer:
 
     async def _startup(self, app: web.Application) -> None:
         await self.client.start()
+        self._watchdog = asyncio.ensure_future(self.writes.run())
 
     async def _cleanup(self, app: web.Application) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
         await self.client.close()
         self.service.close()
         self.recorder.close()
@@ -284,35 +293,37 @@ class ProxyServer:
         self._bound_send_buffer(request.transport)
         await response.prepare(request)
         chunks = api.stream(events, prepared)
-        timeout = self.config.limits.client_write_timeout_s
-        clock = asyncio.get_running_loop().time
+        watch = self.writes.watch(request.transport)  # the write timeout (``proxy.write_watch``)
         ended = False
-        try:  # one deadline, armed around each write only (cheaper than a wait_for task per write)
-            async with asyncio.timeout(None) as deadline, contextlib.aclosing(chunks):
+        try:
+            async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
-                    deadline.reschedule(clock() + timeout)
+                    watch.begin()
                     if isinstance(chunk, LastChunk):  # the stream's end goes out in the same write
                         ended = True
                         await response.write_eof(chunk)
                     else:
                         await response.write(chunk)
-                    deadline.reschedule(None)
+                    watch.end()
                 if not ended:
-                    deadline.reschedule(clock() + timeout)
+                    watch.begin()
                     await response.write_eof()
-        except ConnectionError:
-            log.info("client of %s went away mid-stream", prepared.execution_id)
-        except asyncio.TimeoutError:  # generation closed (engine request aborted) by aclosing above
-            log.warning("client of %s stopped reading for %s s; stream cut off", prepared.execution_id, timeout)
-            if request.transport is not None:
-                request.transport.abort()
+        except ConnectionError:  # generation closed (engine request aborted) by aclosing above
+            if watch.cut:
+                log.warning("client of %s stopped reading for %s s; stream cut off", prepared.execution_id,
+                            self.writes.timeout_s)
+            else:
+                log.info("client of %s went away mid-stream", prepared.execution_id)
         except Exception:  # noqa: BLE001 - the status line is out: end the stream, never start a second one
             log.exception("stream of %s failed", prepared.execution_id)
             if ended:
                 return response  # the stream already ended whole
             with contextlib.suppress(Exception):
+                watch.begin()
                 await response.write(api.stream_error(ApiError(500, "internal", "internal proxy error")))
                 await response.write_eof()
+        finally:
+            self.writes.release(watch)
         return response
 
     def _bound_send_buffer(self, transport: asyncio.Transport | None) -> None:
