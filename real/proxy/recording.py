@@ -35,7 +35,11 @@ Invariants:
 - one execution's state is only reachable through that execution's key; the
   admin API reads all of them;
 - commits of one execution are serialized (one lock per execution), so the
-  log order equals the tree order.
+  log order equals the tree order;
+- a committed call joins its execution's tree and caches on the event loop's
+  next turn (after the answer's last bytes are handed to the socket), or sooner:
+  ``Recorder.state`` learns every queued call first, so no reader of an
+  execution's state (the next call, the admin API) sees it without them.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ import json
 import logging
 import os
 import secrets
+import threading
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -97,6 +103,7 @@ class ExecutionState:
         self.echo: dict[Any, str] = {}
         self.lock = asyncio.Lock()
         self.requests = 0
+        self.unlearned: deque[tuple[ModelCall, str]] = deque()  # committed, not yet learned (``Recorder.state``)
 
     def learn(self, call: ModelCall, chat: ChatTokenizer, prompt_text: str | None = None) -> None:
         """Update the caches with a committed call (also used when replaying a log)."""
@@ -137,10 +144,13 @@ class Recorder:
         self.fsync = fsync
         self.group = GroupCommit(self.store) if fsync else None
         self._states: dict[str, ExecutionState] = {}
+        self._learning = threading.Lock()
 
     def state(self, execution_id: str) -> ExecutionState:
         """The state of ``execution_id``, replayed from its log on first use."""
         state = self._states.get(execution_id)
+        if state is not None and state.unlearned:
+            self._learn_queued(state)
         if state is None:
             state = ExecutionState(execution_id)
             if self.store.path_for(execution_id).exists():
@@ -150,29 +160,48 @@ class Recorder:
         return state
 
     async def commit(self, call: ModelCall, prompt_text: str, *, alone: bool = False) -> None:
-        """Append ``call`` durably, then add it to the tree and caches. ``alone``: no other model call
-        is in flight, so a sync on this thread holds up no one (see the module invariants)."""
+        """Append ``call`` durably; its tree and caches follow (``_learn_soon``). ``alone``: no other
+        model call is in flight, so a sync on this thread holds up no one (see the module invariants)."""
         state = self.state(call.execution_id)
         async with state.lock:
             if self.group is None:
                 self.store.append(call)
-                state.learn(call, self.chat, prompt_text)
+                self._learn_soon(state, call, prompt_text)
                 return
             if alone:
                 done, error = self.group.commit_here(call)
                 if done:
                     if error is not None:
                         raise error
-                    state.learn(call, self.chat, prompt_text)
+                    self._learn_soon(state, call, prompt_text)
                     return
             durable = self._submit(call)
             try:
                 await asyncio.shield(durable)
             except asyncio.CancelledError:  # the caller left; a record that lands still joins the tree
                 durable.add_done_callback(
-                    lambda f: None if f.cancelled() or f.exception() else state.learn(call, self.chat, prompt_text))
+                    lambda f: None if f.cancelled() or f.exception() else self._learn_soon(state, call, prompt_text))
                 raise
-            state.learn(call, self.chat, prompt_text)
+            self._learn_soon(state, call, prompt_text)
+
+    def _learn_soon(self, state: ExecutionState, call: ModelCall, prompt_text: str) -> None:
+        """Queue ``call`` for ``state.learn``: done on the loop's next turn, or at the next ``state()``
+        of the execution if that comes first, so the caller's answer goes out before the caches'
+        upkeep while no reader ever sees them without the call, and calls are learned in commit order."""
+        state.unlearned.append((call, prompt_text))
+        if len(state.unlearned) == 1:
+            asyncio.get_running_loop().call_soon(self._learn_queued, state)
+
+    def _learn_queued(self, state: ExecutionState) -> None:
+        # a thread that is not the loop's may call ``state()`` (tests, an embedding program): the lock,
+        # and a call leaving the queue only once learned, make it wait for a learn in progress
+        with self._learning:
+            while state.unlearned:
+                call, prompt_text = state.unlearned[0]
+                try:
+                    state.learn(call, self.chat, prompt_text)
+                finally:
+                    state.unlearned.popleft()  # learned, or failed for good: never learned twice
 
     def _submit(self, call: ModelCall) -> asyncio.Future:
         """A future resolved (on this loop) once ``call``'s batch is fsynced."""

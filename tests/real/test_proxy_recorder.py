@@ -1,0 +1,80 @@
+"""``proxy.recording.Recorder``: a committed call joins its execution's tree and caches after the
+commit returns (so the answer goes out first), on the loop's next turn or at the next ``state()``,
+whichever comes first, and always in commit order."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from gyre.real.proxy.recording import Recorder
+from gyre.real.proxy.tokenize import ChatTokenizer
+from gyre.real.store.tito_log import ExecutionStore
+from gyre.trajectory.records import ModelCall
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def call(chat: ChatTokenizer, execution: str, turn: int, prompt: str) -> ModelCall:
+    output = chat.encode(f"answer {turn}") + [chat.stop_token_ids[0]]
+    return ModelCall(execution_id=execution, request_id=f"r{turn}", input_ids=chat.encode(prompt),
+                     output_ids=output, output_logprobs=np.full(len(output), -0.5), policy_version=0)
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+def test_a_commit_is_learned_after_it_returns_and_before_anyone_reads_the_state(tmp_path, model, fsync):
+    chat = ChatTokenizer(str(model))
+
+    async def main() -> None:
+        recorder = Recorder(tmp_path / f"records-{fsync}", chat, fsync=fsync)
+        try:
+            first = call(chat, "ex", 0, "hello there")
+            await recorder.commit(first, "hello there", alone=True)
+            raw = recorder._states["ex"]  # noqa: SLF001 - what the loop's next turn will find
+            assert raw.requests == 0 and len(raw.unlearned) == 1  # durable, not yet learned
+            assert recorder.state("ex").requests == 1  # a reader learns it first
+            assert not raw.unlearned
+
+            second = call(chat, "ex", 1, "hello there again")
+            await recorder.commit(second, "hello there again")
+            assert raw.requests == 1
+            await asyncio.sleep(0)  # the loop's next turn learns it without a reader
+            assert raw.requests == 2 and not raw.unlearned
+            assert raw.prefix.best_prefix("hello there again" + chat.decode(second.output_ids.tolist()))[0] > 0
+        finally:
+            recorder.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("mode", ["back-to-back", "back-to-back-unsynced", "concurrent"])
+def test_commits_of_one_execution_are_learned_in_log_order(tmp_path, model, mode):
+    """back-to-back: commits that never suspend (synced on the loop's thread, or not synced), each
+    learning the one before; concurrent: commits through the group's writer."""
+    chat = ChatTokenizer(str(model))
+    prompts = [f"turn {i} " + "x" * i for i in range(12)]
+
+    async def main() -> list[str]:
+        recorder = Recorder(tmp_path / "records", chat, fsync=mode != "back-to-back-unsynced")
+        try:
+            calls = [recorder.commit(call(chat, "ex", i, p), p, alone=mode != "concurrent")
+                     for i, p in enumerate(prompts)]
+            if mode == "concurrent":
+                await asyncio.gather(*calls)
+            else:
+                for commit in calls:
+                    await commit
+                    assert len(recorder._states["ex"].unlearned) == 1  # noqa: SLF001 - the earlier ones are learned
+            await asyncio.sleep(0)
+            state = recorder._states["ex"]  # noqa: SLF001 - learned by the loop, not by a reader
+            assert state.requests == len(prompts) and not state.unlearned
+            return [state.tree.request(i).request_id for i in range(state.tree.num_requests)]
+        finally:
+            recorder.close()
+
+    tree_order = asyncio.run(main())
+    log_order = [r.request_id for r in ExecutionStore(tmp_path / "records").read("ex")]
+    assert sorted(log_order) == sorted(f"r{i}" for i in range(len(prompts)))
+    assert tree_order == log_order
