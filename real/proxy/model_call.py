@@ -65,6 +65,7 @@ from gyre.real.proxy.toolcalls import THINK_OPEN, OutputEvent, OutputSplitter, S
 HINT_CHARS = 4000
 OFFLOAD_CHARS = 8192  # suffixes at least this long are tokenized on a worker thread
 OFFLOAD_MESSAGES_CHARS = 16384  # conversations at least this long are rendered on a worker thread
+_SORTED_JSON = json.JSONEncoder(sort_keys=True)  # = json.dumps(..., sort_keys=True), without an encoder per call
 
 __all__ = ["ApiError", "ChatRequest", "ChatService", "Finished", "Prepared", "bad_request"]
 
@@ -246,8 +247,8 @@ class ChatService:
         hints.update(harness=self.config.harness, engines=",".join(generation.log.engines), moves=str(generation.log.moves),
                      move_stalls_ms=",".join(f"{x * 1e3:.1f}" for x in generation.log.move_stalls_s),
                      reused_ids=str(prepared.reused_ids), finish=str((generation.log.finish or {}).get("type")),
-                     sampling=json.dumps(self.sampling(prepared.request), sort_keys=True),
-                     requested=json.dumps(prepared.request.sampling_record(), sort_keys=True))
+                     sampling=_SORTED_JSON.encode(self.sampling(prepared.request)),
+                     requested=_SORTED_JSON.encode(prepared.request.sampling_record()))
         if generation.log.holds:  # waited for an engine (RetryPolicy.hold_s): the stall the harness saw
             hints["held_ms"] = f"{generation.log.held_s * 1e3:.1f}"
         matched = _matched_stop(generation)

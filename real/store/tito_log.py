@@ -232,6 +232,8 @@ class RecordLog:
 
     def _delta_base(self, call: ModelCall) -> tuple[ModelCall | None, int]:
         best, best_shared = None, 0
+        if len(call.input_ids) < self.min_shared:  # no base can share enough
+            return None, 0
         for base, sequence in self._recent:
             shared = _common_prefix_len(sequence, call.input_ids)
             if shared > best_shared:
