@@ -239,10 +239,11 @@ class TrajectoryTree:
         start = self._size
         need = start + extra
         if need > len(self._tokens):
-            capacity = max(need, len(self._tokens) * 3 // 2)
-            for name, fill in (("_tokens", 0), ("_prov", 0), ("_logp", np.nan)):
+            # half again what is needed: the next calls of the execution, which extend this one, fit
+            capacity = max(need + need // 2, len(self._tokens) * 3 // 2)
+            for name in ("_tokens", "_prov", "_logp"):
                 old = getattr(self, name)
-                new = np.full(capacity, fill, dtype=old.dtype)
+                new = np.empty(capacity, dtype=old.dtype)  # the caller writes [start, need); beyond is never read
                 new[:start] = old[:start]
                 setattr(self, name, new)
         self._size = need
