@@ -15,7 +15,8 @@ taken from the proxy: aiohttp's took about twice as much).
 - the same on Claude-Code-sized requests (30 KB system prompt, 24 tools):
   the first call of an execution (whole prompt tokenized) and a follow-up
   (recorded prefix reused, only the new turn tokenized), against a direct
-  engine call with the same number of input ids;
+  engine call with the same number of input ids (one after each follow-up, so
+  both see the same phase of the machine);
 - requests per second through the proxy with 1, 64 and 384 concurrent
   clients, each its own execution, each sending streaming calls back to back
   for ``window_s`` seconds, and the proxy process's CPU time per call in each
@@ -138,14 +139,13 @@ async def _big_latency(engine_url: str, proxy_url: str, chat, calls: int, pid: i
             first_ms.append(await _timed(session, proxy_url + "/v1/messages", body,
                                          {"x-api-key": f"bench-key-{100 + i}"}) * 1e3)
         cpu = _cpu_seconds(pid)  # over the whole phase: /proc counts in 10 ms ticks
-        for i in range(calls):
+        for i in range(calls):  # each follow-up beside a direct call: both see the same phase of the machine
             follow_ms.append(await _timed(session, proxy_url + "/v1/messages", follow,
                                           {"x-api-key": f"bench-key-{100 + i}"}) * 1e3)
-        follow_cpu_ms = (_cpu_seconds(pid) - cpu) * 1e3 / calls
-        for i in range(calls):
             direct = {"input_ids": input_ids, "stream": True, "return_logprob": True, "rid": f"big{i}",
                       "sampling_params": {"max_new_tokens": 64}}
             direct_ms.append(await _timed(session, engine_url + "/generate", direct, {}) * 1e3)
+        follow_cpu_ms = (_cpu_seconds(pid) - cpu) * 1e3 / calls  # the proxy idles during the direct calls
     direct_p50 = float(np.percentile(direct_ms, 50))
     return {"big_prompt_tokens": len(input_ids), "big_direct_p50_ms": direct_p50,
             "big_first_added_p50_ms": float(np.percentile(first_ms, 50)) - direct_p50,
