@@ -171,9 +171,12 @@ class ProxyServer:
         too_large = ApiError(413, "too_large", f"request body exceeds the {limit}-byte limit")
         if (request.content_length or 0) > limit:
             raise too_large
-        try:  # a timeout scope, not wait_for: wait_for makes a task per call
-            async with asyncio.timeout(self.config.limits.client_read_timeout_s):
+        try:
+            if request.content.is_eof():  # all of it came with the head (a small body): nothing to wait for
                 raw = await request.read()
+            else:  # a timeout scope, not wait_for: wait_for makes a task per call
+                async with asyncio.timeout(self.config.limits.client_read_timeout_s):
+                    raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise too_large from None
         except asyncio.TimeoutError:
