@@ -107,6 +107,20 @@ def test_the_check_period_follows_the_timeout_and_a_bad_timeout_is_refused() -> 
             WriteWatchdog(bad)
 
 
+def test_a_write_is_cut_only_once_it_has_lasted_more_than_the_timeout() -> None:
+    now = [0.0]
+    dog = WriteWatchdog(TIMEOUT, clock=lambda: now[0])
+    transport = Transport()
+    watch = dog.watch(transport)
+    watch.begin()
+    now[0] = TIMEOUT  # exactly the timeout: not yet
+    assert dog.check() == [] and not watch.cut
+    now[0] = TIMEOUT + 0.001
+    assert dog.check() == [watch] and watch.cut and transport.aborted == 1
+    with pytest.raises(ConnectionResetError):
+        watch.end()
+
+
 def test_run_checks_every_period_until_cancelled() -> None:
     async def main() -> int:
         dog = WriteWatchdog(0.08)
