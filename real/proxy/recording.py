@@ -37,7 +37,8 @@ Invariants:
 - commits of one execution are serialized (one lock per execution), so the
   log order equals the tree order;
 - a committed call joins its execution's tree and caches on the event loop's
-  next turn (after the answer's last bytes are handed to the socket), or sooner:
+  next turn (unless a write to a slow client waits, after the answer's last
+  bytes went to the socket), or sooner:
   ``Recorder.state`` learns every queued call first, so no reader of an
   execution's state (the next call, the admin API) sees it without them.
 """
