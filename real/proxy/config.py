@@ -79,6 +79,14 @@ class EngineSpec:
         object.__setattr__(self, "url", self.url.rstrip("/"))
 
 
+def _check_numbers(settings: Any, section: str) -> None:
+    """Every field of the dataclass ``settings`` is a number (not a bool, not NaN), named if not."""
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise ProxyConfigError(f"{section}.{f.name} must be a number, got {value!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
     """How hard the proxy tries before answering with the API's overload error.
@@ -104,10 +112,7 @@ class RetryPolicy:
     hold_poll_s: float = 0.25
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-                raise ProxyConfigError(f"retry.{f.name} must be a number, got {value!r}")
+        _check_numbers(self, "retry")
         if self.attempts < 1:
             raise ProxyConfigError("retry.attempts must be >= 1")
         for name in ("budget_s", "connect_timeout_s", "read_timeout_s", "hold_poll_s"):
@@ -134,6 +139,7 @@ class Limits:
     client_write_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "limits")
         for name in ("max_body_bytes", "default_max_tokens", "max_context_tokens"):
             if getattr(self, name) < 1:
                 raise ProxyConfigError(f"limits.{name} must be >= 1")
@@ -202,9 +208,14 @@ def config_from_mapping(data: Mapping[str, Any]) -> ProxyConfig:
     if unknown:
         raise ProxyConfigError(f"unknown configuration keys: {sorted(unknown)}")
     _require(ProxyConfig, data, "configuration keys")
-    for index, engine in enumerate(data.get("engines", ())):
-        if isinstance(engine, Mapping):
-            _require(EngineSpec, engine, f"keys of engines[{index}]")
+    engines = data["engines"]
+    if not isinstance(engines, (list, tuple)) or not all(isinstance(e, Mapping) for e in engines):
+        raise ProxyConfigError(f"engines must be a list of tables ({{id, url}}), got {engines!r:.80}")
+    for index, engine in enumerate(engines):
+        _require(EngineSpec, engine, f"keys of engines[{index}]")
+    for section in ("retry", "limits"):
+        if not isinstance(data.get(section, {}), Mapping):
+            raise ProxyConfigError(f"{section} must be a table of settings, got {data[section]!r:.80}")
     try:
         data["engines"] = tuple(EngineSpec(**e) for e in data.get("engines", ()))
         data["retry"] = RetryPolicy(**data.get("retry", {}))

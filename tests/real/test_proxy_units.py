@@ -257,7 +257,13 @@ def test_config_files_and_errors(tmp_path):
     for change, needle in [({"bogus": 1}, "bogus"), ({"engines": []}, "engines"), ({"admin_token": "x"}, "admin_token"),
                            ({"retry": {"attempts": 0}}, "retry.attempts"),
                            ({"engines": [{"id": "e 0", "url": "http://x"}]}, "engines[].id"),
-                           ({"engines": [{"id": "e0"}]}, "missing keys of engines[0]: ['url']")]:
+                           ({"engines": [{"id": "e0"}]}, "missing keys of engines[0]: ['url']"),
+                           ({"engines": "e0"}, "engines must be a list of tables"),
+                           ({"engines": ["e0"]}, "engines must be a list of tables"),
+                           ({"retry": "fast"}, "retry must be a table of settings"),
+                           ({"limits": [1]}, "limits must be a table of settings"),
+                           ({"limits": {"client_write_timeout_s": "x"}}, "limits.client_write_timeout_s must be a number"),
+                           ({"limits": {"max_body_bytes": None}}, "limits.max_body_bytes must be a number")]:
         with pytest.raises(ProxyConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
             config_from_mapping({**base, **change})
     for key in ("model_path", "records_dir", "admin_token"):  # named, not in Python's own wording
