@@ -38,7 +38,7 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python $(VENV)/.system-libs
 run: $(VENV)/.base-installed
 	$(BIN)/gyre sim
 
-# The real-engine tier: a separate SGLang CPU virtualenv (shared/notes/cpu-stack.md)
+# The real-engine tier: a separate SGLang CPU virtualenv (docs/cpu-stack.md)
 # and the npm harnesses (Claude Code, Codex) the proxy's harness tests run.
 .venv-sglang/.installed: tools/setup_sglang_cpu.sh tools/sglang_cpu_requirements.txt tools/sglang_cpu_constraints.txt
 	PY=$(PY) bash tools/setup_sglang_cpu.sh .venv-sglang

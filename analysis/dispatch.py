@@ -1,6 +1,6 @@
 """Boundary and continuous dispatch: closed forms and a group-level queue model.
 
-Setting (SPEC.md 2). A step consumes B groups and trains version v_t = its
+Setting (docs/staleness.md#staleness-identity). A step consumes B groups and trains version v_t = its
 index; a burst is mu steps and ends with a publication, so during step s the
 newest published version is mu * floor(s / mu). Number consumptions
 j = 0, 1, 2, ... in order; consumption j belongs to step floor(j / B).

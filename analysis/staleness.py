@@ -1,4 +1,4 @@
-"""Staleness statistics of consumed groups (SPEC.md 2).
+"""Staleness statistics of consumed groups (docs/staleness.md#staleness-identity).
 
 Staleness of a consumed group is d = v_t - v_d. Statistics:
 - ``mean``: group-weighted mean, the quantity Theorem A.1 predicts;

@@ -9,7 +9,7 @@ Definitions:
   ``publish_done`` event carrying the new version;
 - a satellite join is a cell other than the core (cell 0) entering the
   training role while a step is in flight (start_s <= t < end_s of that step):
-  it joins the running batch through a weight pull (SPEC.md 3.6);
+  it joins the running batch through a weight pull (docs/streaming.md#joining-a-step);
 - ``running_executions`` is the number of executions running at each change
   point (starts count at their start, ends at their end; still-running ones
   never end).

@@ -1,4 +1,4 @@
-"""Trajectory processor benchmark on a synthetic SPEC.md 4.2 execution.
+"""Trajectory processor benchmark on a synthetic docs/trajectories.md#trajectory-trees execution.
 
 Figures (one seeded execution: 636 requests, ~1M unique tokens, main and
 sub-agent compactions, retries, interleaved sub-agents):

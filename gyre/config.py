@@ -1,6 +1,6 @@
 """Scheduler configuration: one frozen, keyword-only dataclass.
 
-Field names follow the symbols of SPEC.md so that ``--set phi=0.5`` reads like
+Field names follow the symbols of docs/README.md#vocabulary so that ``--set phi=0.5`` reads like
 the paper.
 
 Invariants (enforced by ``__post_init__``, each error names its field):
@@ -49,7 +49,7 @@ class SchedulerConfig:
       - ``fine``: cells switch one at a time, core first, by the waterlevel rule.
     ``oversample``: extra executions dispatched per group (group of ``N + oversample``);
       a group is ready once ``N`` have closed, the surplus is cancelled.
-    ``dispatch``: ``boundary`` (SPEC.md 2: mu*B new groups after each
+    ``dispatch``: ``boundary`` (docs/staleness.md#staleness-identity: mu*B new groups after each
       publication) or ``continuous`` (a consumed group's slot is refilled at
       once, at the newest published version; same depth (phi + mu) * B).
     ``nodes_per_cell``: informational for drivers' cost models (training speed);

@@ -78,7 +78,7 @@ class GroupDropped(Event):
     """A dispatched group can never complete (its query was cancelled, its task could not be set up).
 
     Not for an excluded execution: that is a designated outcome and its group
-    still becomes ready (SPEC 4.3).
+    still becomes ready (docs/trajectories.md#evaluation-and-outcomes).
     """
 
     group: int

@@ -1,10 +1,10 @@
-"""Named schedules: the ablation family of SPEC.md 3.7 and the three methods.
+"""Named schedules: the ablation family of docs/scheduler.md#baselines-and-ablations and the three methods.
 
 A preset is a function of a cluster shape returning a ``SchedulerConfig``; the
 registry ``PRESETS`` maps names to them. ``build_preset(name, shape, **over)``
 applies field overrides (``--set phi=0.5``) on top and validates.
 
-Shapes: ``PAPER_SHAPE`` is SPEC.md 5's Qwen 3.6 122B NL2Repo cluster (32 nodes,
+Shapes: ``PAPER_SHAPE`` is the Qwen of docs/workload.md#workload-profile 3.6 122B NL2Repo cluster (32 nodes,
 4-node cells, 144 concurrent executions per cell = 36 per node, B = 32,
 N = 16). Ablation allocations are stated as fractions of the nodes, so they
 scale to other shapes (rounded down to whole cells): A0 trains on 1/2 of the nodes, A1 on 1/4, C1/C2 colocate
@@ -44,8 +44,8 @@ class ClusterShape:
 
 
 PAPER_SHAPE = ClusterShape()
-#: Cluster geometry per workload (SPEC.md 5). nl2repo-2.4t: 4 cells of 48 nodes
-#: and 384 concurrent executions in all; its B is not given in SPEC.md, we use 16.
+#: Cluster geometry per workload (docs/workload.md#workload-profile). nl2repo-2.4t: 4 cells of 48 nodes
+#: and 384 concurrent executions in all; its B is not given by the paper, we use 16.
 WORKLOAD_SHAPES: dict[str, ClusterShape] = {
     "nl2repo-122b": PAPER_SHAPE,
     "nl2repo-2.4t": ClusterShape(nodes=192, nodes_per_cell=48, per_node_capacity=2, B=16),

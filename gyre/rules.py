@@ -1,4 +1,4 @@
-"""The scheduler's decision rules as tiny pure functions (SPEC.md 3.1-3.4).
+"""The scheduler's decision rules as tiny pure functions (docs/scheduler.md).
 
 Each function reads like its equation; the state machine in ``scheduler.py``
 only gathers the numbers and calls these. Nothing here holds state.
@@ -17,7 +17,7 @@ def rollout_capacity(cfg: SchedulerConfig, rollout_cells: int) -> int:
 def startable(queued: int, holding: int, capacity: int) -> int:
     """Executions to start now: min(d - p, C_R - holding), never negative.
 
-    SPEC 3.2 writes C_R - (p - f); ``holding`` is the executions that hold a
+    docs/scheduler.md#counters writes C_R - (p - f); ``holding`` is the executions that hold a
     rollout slot, i.e. p - f less those whose harness has stopped (their
     evaluation holds no rollout capacity; see ``scheduler.py``).
     """

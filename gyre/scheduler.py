@@ -1,4 +1,4 @@
-"""The elastic scheduling policy core: events in, actions out (SPEC.md 2-3).
+"""The elastic scheduling policy core: events in, actions out (docs/staleness.md#staleness-identity, docs/scheduler.md).
 
 ``Scheduler.handle(event) -> list[Action]`` is the only way state changes. The
 core never reads a clock (``event.now`` is the time), does no I/O, starts no
@@ -22,10 +22,10 @@ Invariants (each is tested by a Hypothesis state machine):
   first; staleness v_t - v_d >= 0;
 - an illegal event raises ``PolicyError`` and leaves the state unchanged.
 
-Choices where SPEC.md is silent (documented here, tested in tests/):
+Choices where the paper is silent (documented here, tested in tests/):
 - p counts when the core emits StartExecutions (the start decision reserves
   the slot); a driver whose start fails reports ExecutionFinished("failed").
-- Slots are freed when a harness stops. SPEC 3.2 starts
+- Slots are freed when a harness stops. docs/scheduler.md#counters starts
   min(d - p, C_R - (p - f)) executions; Gyre reads p - f there as the
   executions *holding a rollout slot*: an execution whose harness has stopped
   (HarnessStopped) while its evaluation is still pending holds no rollout
@@ -44,7 +44,7 @@ Choices where SPEC.md is silent (documented here, tested in tests/):
 - A satellite still switching into training when its burst ends goes back to
   rollout as soon as it arrives; it is not counted as training meanwhile.
 - After a burst's final step the next batch opens only at PublishDone.
-- Streaming off (SPEC 3.7): a burst trains like a conventional trainer. Its
+- Streaming off (docs/streaming.md#streaming-on-and-off): a burst trains like a conventional trainer. Its
   first update is fed only once mu * B groups are ready; the core then
   reserves those mu * B (oldest policy version first; groups that become
   ready later wait for the next burst) and feeds B of them to each of the
@@ -59,7 +59,7 @@ Choices where SPEC.md is silent (documented here, tested in tests/):
   depth, and with it the burst's supply, stays whole. The waterlevel may
   therefore rise by at most one group's executions per dropped group. An
   excluded execution (overall timeout) is *not* a dropped group: it is a
-  designated outcome and its group becomes ready (SPEC 4.3).
+  designated outcome and its group becomes ready (docs/trajectories.md#evaluation-and-outcomes).
 """
 
 from __future__ import annotations
@@ -359,7 +359,7 @@ class Scheduler:
         self._end_burst(satellites, out)
 
     def _end_burst(self, satellites: tuple[int, ...], out: list[act.Action]) -> None:
-        """SPEC 3.4: satellites return, the core publishes, the core stays or returns."""
+        """docs/scheduler.md#end-of-a-burst: satellites return, the core publishes, the core stays or returns."""
         self.steps_in_burst = 0
         self.awaiting_publish = True
         out.append(act.Publish(self.version))

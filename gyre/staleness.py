@@ -1,4 +1,4 @@
-"""Staleness, the one formula (SPEC.md 2, Theorem A.1) and its steady-state window.
+"""Staleness, the one formula (docs/staleness.md#staleness-identity, Theorem A.1) and its steady-state window.
 
 Every place that predicts or windows staleness imports from here: the
 scheduler's config, the simulator's summary, the real job's summary, the

@@ -7,6 +7,6 @@ computing exactly what the figure plots, and ``main`` draws that result and
 nothing else (figures 1-6 through ``draw(data) -> Figure``, figure 7 through
 the shared prefix-graph renderer), so tests check the plotted data and read
 the drawn Figure back. ``make_all.py`` runs them all (``gyre figs --out DIR``).
-Figure 7 draws the trajectory-tree prefix graph of one SPEC 4.2-shaped execution.
+Figure 7 draws the trajectory-tree prefix graph of one execution shaped like docs/trajectories.md#trajectory-trees.
 ``cli`` is ``gyre figs``. May import: ``gyre``, ``gyre.sim``, ``gyre.analysis``.
 """

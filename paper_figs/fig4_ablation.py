@@ -1,4 +1,4 @@
-"""Figure 4: the ablation family (SPEC.md 3.7) against E0.
+"""Figure 4: the ablation family (docs/scheduler.md#baselines-and-ablations) against E0.
 
 Each bar is a preset's total time for 12 steps (quick: 3) on the NL2Repo 122B
 cluster divided by E0's (above 1: slower than E0), coloured by family (A:
@@ -7,7 +7,7 @@ gives the ratio and the preset's total hours; the right-hand labels repeat the
 preset's description.
 
 ``figure_data(quick)`` computes the table the figure draws (one row per
-preset, in the order of SPEC.md 3.7: total_h, ratio, description),
+preset, in the order of docs/scheduler.md#baselines-and-ablations: total_h, ratio, description),
 ``ablation_data(totals_h)`` builds it for any {preset: total hours} that
 contains E0, and ``draw(table)`` turns it into a Figure.
 
@@ -30,7 +30,7 @@ STEM = "fig4_ablation"
 
 
 def simulate(quick: bool = False) -> dict[str, float]:
-    """Total hours per ablation preset, in the order of SPEC.md 3.7."""
+    """Total hours per ablation preset, in the order of docs/scheduler.md#baselines-and-ablations."""
     from gyre.presets import ABLATION_NAMES
     from gyre.sim.runner import run_simulation
 

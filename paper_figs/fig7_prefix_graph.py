@@ -1,6 +1,6 @@
 """Figure 7: the trajectory-tree prefix graph of one long execution.
 
-Data: the seeded synthetic execution shaped like SPEC.md 4.2 (main agent with
+Data: the seeded synthetic execution shaped like docs/trajectories.md#trajectory-trees (main agent with
 a compaction, three sub-agents on their own roots, one with a compaction,
 retries; ``gyre.trajectory.synthetic``), recorded into a trajectory tree
 exactly as the proxy records real calls, and drawn with the same renderer as

@@ -1,4 +1,4 @@
-"""Where the time goes in one simulated run, and the slack of SPEC.md 5.1.
+"""Where the time goes in one simulated run, and the slack of docs/workload.md#training-cost-and-slack.
 
 Wall-clock breakdown: every instant of ``[0, end_s]`` falls in exactly one
 category, decided in this order (first match wins):
@@ -27,7 +27,7 @@ pool is not in a cell and not counted):
   on micro-steps, warm-ups, drains and updates over node-seconds in the
   training role;
 - ``switching``: always busy (a transition's cost).
-**Slack** (SPEC 5.1: "about a fifth of the time the training cells hold is
+**Slack** (docs/workload.md#training-cost-and-slack: "about a fifth of the time the training cells hold is
 spare") is our measure ``1 - training busy share``: the idle share of
 training-role node time.
 

@@ -2,22 +2,22 @@
 
 Times are seconds. Defaults and where they come from:
 - ``to_training_s`` 8.52 and ``to_rollout_s`` 3.46: the paper's measured mean
-  role-transition costs (SPEC.md 3.5).
+  role-transition costs (docs/scheduler.md#role-transitions).
 - ``satellite_to_training_s`` / ``satellite_to_rollout_s``: a satellite's own
   transition costs where they differ from the core unit's (the core enters
   training with the optimizer state and leaves it after exporting the
   publication; a satellite holds weights only). ``None`` (the default, and
-  SPEC 3.5 gives one figure) means the same as ``to_training_s`` /
+  docs/scheduler.md#role-transitions gives one figure) means the same as ``to_training_s`` /
   ``to_rollout_s``; ``gyre calibrate`` measures both from a real run.
 - Training follows the tokens a group trains (``gyre.sim.sizes`` states the
-  formulas): each execution's first ``j_max`` trajectories (SPEC 4.4,
+  formulas): each execution's first ``j_max`` trajectories (docs/trajectories.md#admission,
   default 5) at ``6 x active_params_b`` FLOPs per token, on nodes of
   ``node_peak_tflops`` (7912: 8 GPUs x 989 dense bf16 TFLOP/s, an H100/H200
-  node; ours, SPEC names no GPU) at ``train_utilisation``. A group's work is
+  node; ours, the paper names no GPU) at ``train_utilisation``. A group's work is
   split into ``micro_steps_per_group`` equal micro-steps; a cell of n nodes
   runs one in work / n seconds. ``train_utilisation`` (0.108)
   is ours, chosen so that E0 on nl2repo-122b (12 steps, 400-query trace)
-  reproduces SPEC 5.1's slack: 20.85 % idle share of training-role node
+  reproduces the slack of docs/workload.md#training-cost-and-slack: 20.85 % idle share of training-role node
   time, the mean over seeds 0-7 (one seed varies by +-3 pp); it also
   absorbs the attention FLOPs and packing overheads that 6 x active leaves
   out, so it is an effective share of peak, not a measured MFU.
@@ -26,7 +26,7 @@ Times are seconds. Defaults and where they come from:
   the workload's preset (``sizes.MODELS``: 122B-A10B, 2.4T-A100B, bf16) for
   every model field left at its default.
 - ``warmup_s``/``drain_s``: one pipeline warm-up and one drain per cell per
-  batch (SPEC.md 3.6); 20 s each is an assumption.
+  batch (docs/streaming.md#dynamic-membership); 20 s each is an assumption.
 - ``grad_reduce_s`` + ``optimizer_s``: gradient reduction and the one optimizer
   update per step; ``broadcast_s``: new parameters to current satellites after
   a non-final update; ``weight_pull_s``: a joining satellite's Mooncake pull.

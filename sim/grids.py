@@ -1,6 +1,6 @@
 """Grids of simulations: the ablation family and the method comparison.
 
-- ablation: the eleven presets of SPEC.md 3.7 on one trace and seed, written to
+- ablation: the eleven presets of docs/scheduler.md#baselines-and-ablations on one trace and seed, written to
   ``ablation.csv`` (preset, total_hours, vs_E0) where ``vs_E0`` is a preset's
   total time divided by E0's (above 1: slower than E0).
 - methods: Async, Colocate and Gyre at E[d] 1 and 1.5 on each workload preset,

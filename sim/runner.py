@@ -4,8 +4,8 @@
 file, or a ``Trace``), runs the SimPy driver for ``steps`` steps and returns
 a ``SimResult`` with the recorder and the summary dict. The summary's
 ``mean_step_hours`` is ``total_hours / steps`` (wall time per step, rollout
-waits included); per-step training spans are in steps.csv. ``slack`` is SPEC
-5.1's figure, measured as ``slack_measure`` states; the size-driven costs
+waits included); per-step training spans are in steps.csv. ``slack`` is the figure of
+docs/workload.md#training-cost-and-slack, measured as ``slack_measure`` states; the size-driven costs
 (trained tokens and training work per step, publication seconds, the model
 description; ``gyre.sim.sizes``) are reported beside it. Cost-model fields
 of the model description left at their defaults follow the trace's workload

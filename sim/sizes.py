@@ -5,7 +5,7 @@ Formulas (the constants are ``CostModel`` fields, see ``costs.py``):
 * trained tokens of an execution: the tokens of its first ``j_max``
   trajectories in admission order (``traces.trajectories``; the trace
   column ``trajectory_tokens``). Only executions whose designated outcome
-  trains count (SPEC 4.3): completed and harness-timed-out ones; an
+  trains count (docs/trajectories.md#evaluation-and-outcomes): completed and harness-timed-out ones; an
   excluded one (overall timeout) trains nothing, a failed one only a
   reward-0 placeholder (counted as 0 tokens). A trace without the column
   trains each execution's whole ``input_tokens + output_tokens`` whatever
@@ -25,12 +25,12 @@ Formulas (the constants are ``CostModel`` fields, see ``costs.py``):
   switches as one unit; the static training cells of a split);
 * sandbox start-up: every execution holds its rollout slot
   ``sandbox_start_s`` longer than its trace duration (each execution runs
-  in a fresh sandbox, SPEC 1), so the redispatch after a publication pays
+  in a fresh sandbox, docs/README.md#vocabulary), so the redispatch after a publication pays
   it before the next groups' executions do any work. It is added to the
   execution's work, so on a processor-sharing engine it is scaled by the
   load like the rest (an approximation: start-up uses no engine).
 
-Model presets (``MODELS``; SPEC 5 names the models, not their shapes):
+Model presets (``MODELS``; docs/workload.md#workload-profile names the models, not their shapes):
 ``122b``: Qwen 3.6 122B, a mixture of experts with 10B active parameters
 (ours: the shape of the published Qwen3.5-122B-A10B); ``2.4t``: Qwen 3.8
 2.4T with 100B active (ours: ~4 % active, the ratio of the published
@@ -58,7 +58,8 @@ if TYPE_CHECKING:
     from gyre.sim.costs import CostModel
 
 FLOPS_PER_PARAM_TOKEN = 6.0  # forward + backward, Kaplan et al. 2020
-FALLBACK_EXECUTION_TOKENS = 748_000.0  # ours: ~1M tokens (SPEC intro) x the J_max = 5 share (SPEC 5.1)
+# ours: ~1M tokens (docs/workload.md#workload-profile) x the J_max = 5 share (docs/workload.md#training-cost-and-slack)
+FALLBACK_EXECUTION_TOKENS = 748_000.0
 TRAINS = (Outcome.COMPLETED.value, Outcome.HARNESS_TIMEOUT.value)
 
 

@@ -1,4 +1,4 @@
-"""Simulated training plane: micro-steps claimed by training cells (SPEC.md 3.6).
+"""Simulated training plane: micro-steps claimed by training cells (docs/streaming.md#claiming-micro-steps).
 
 The plane never decides anything the policy core decides: it models *time*.
 A batch opens (StartBatch), groups arrive (FeedGroups), each group becomes

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the separate SGLang CPU virtualenv used by the real-engine proxy tests.
 #
-# Follows shared/notes/cpu-stack.md: torch 2.13.0 CPU (a wheel on this
+# Follows docs/cpu-stack.md: torch 2.13.0 CPU (a wheel on this
 # machine's disk), SGLang's non-CUDA requirements, then sglang itself with
 # --no-deps. The two import shims it needs on CPU live in tools/shims/ and are
 # put on PYTHONPATH by the tests (never installed into the venv).

@@ -21,9 +21,8 @@ call_count         no        number of model calls the execution made
 call_durations_s   no        JSON list of per-call seconds, e.g. ``[3.1, 12.0]``;
                              its length equals ``call_count`` when both exist
 trajectory_tokens  no        JSON list of the token counts of the execution's
-                             candidate trajectories in admission order (SPEC
-                             4.4: main agent first), e.g. ``[41000, 9000]``;
-                             at least one entry; the first ``J_max`` of them
+                             candidate trajectories in admission order (docs/trajectories.md#admission: main agent
+                             first), e.g. ``[41000, 9000]``; at least one entry; the first ``J_max`` of them
                              are what training keeps (``kept_tokens``)
 =================  ========  ==================================================
 
@@ -71,7 +70,7 @@ class TraceError(ValueError):
 
 
 class Outcome(StrEnum):
-    """How an execution ended, and what that means for its reward (SPEC 4.3)."""
+    """How an execution ended, and what that means for its reward (docs/trajectories.md#evaluation-and-outcomes)."""
 
     COMPLETED = "completed"  # harness finished; scored
     HARNESS_TIMEOUT = "harness_timeout"  # hit the harness ceiling; partial work scored

@@ -1,4 +1,4 @@
-"""The trajectory processor (SPEC.md section 4): pure data plane, no I/O, no torch.
+"""The trajectory processor (docs/trajectories.md): pure data plane, no I/O, no torch.
 
 From a recorded model call to a training micro-step:
 
@@ -11,7 +11,7 @@ From a recorded model call to a training micro-step:
 - ``admission``: bounded admission by role priority (J_max, seeded);
 - ``rows`` / ``packing``: materialization into token rows, stream packing
   into micro-steps;
-- ``synthetic``: a seeded synthetic execution shaped like SPEC.md 4.2;
+- ``synthetic``: a seeded synthetic execution shaped like docs/trajectories.md#trajectory-trees;
 
 No module here touches a file, a thread or a socket (tests/core/
 test_import_contracts.py checks it). Where records are kept on disk, and the

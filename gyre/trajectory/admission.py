@@ -1,4 +1,4 @@
-"""Bounded admission by role priority (SPEC.md 4.4), one seeded draw at a time.
+"""Bounded admission by role priority (docs/trajectories.md#admission), one seeded draw at a time.
 
 Loop, until ``j_max`` trajectories are admitted or no admissible leaf has an
 unmasked trainable token left:
@@ -140,5 +140,5 @@ class Admission:
 
 def admit_trajectories(tree: TrajectoryTree, roles: HarnessRoles, rng: np.random.Generator,
                        j_max: int = DEFAULT_J_MAX) -> list[AdmittedTrajectory]:
-    """Run the admission loop of SPEC.md 4.4 to the end; see the module docstring."""
+    """Run the admission loop of docs/trajectories.md#admission to the end; see the module docstring."""
     return Admission(tree, roles, rng, j_max).run()

@@ -1,4 +1,4 @@
-"""Evaluation state of one execution (SPEC.md 4.3), a small pure state machine.
+"""Evaluation state of one execution (docs/trajectories.md#evaluation-and-outcomes), a small pure state machine.
 
 States: OPEN (running) -> PENDING (closed, no valid reward yet) -> VALID or
 INVALID. Events carry ``now``; the machine never reads a clock. An illegal

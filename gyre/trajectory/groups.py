@@ -1,10 +1,10 @@
-"""Trajectory buffer by rollout group, and group-relative advantages (SPEC.md 4.3).
+"""Trajectory buffer by rollout group, and group-relative advantages (docs/trajectories.md#evaluation-and-outcomes).
 
 A group is opened with its dispatched executions (``N`` plus any oversampled
 surplus) and the policy version it was admitted under. Each execution owns a
 trajectory tree and an evaluation state machine.
 
-Readiness follows ``outcomes.GroupOutcomes`` (SPEC 4.3, the same rule the
+Readiness follows ``outcomes.GroupOutcomes`` (docs/trajectories.md#evaluation-and-outcomes, the same rule the
 simulator uses): a group is ready once ``N`` of its executions have a
 designated outcome, valid (a placeholder counts, as reward 0) or excluded
 (budget exhausted without a valid reward); the *first* ``N`` to resolve are

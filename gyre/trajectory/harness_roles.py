@@ -1,4 +1,4 @@
-"""Role classes per harness, behind one interface (SPEC.md 4.4).
+"""Role classes per harness, behind one interface (docs/trajectories.md#admission).
 
 A harness's roles object says (a) the admission priority of its role classes,
 highest first, and (b) the role of a leaf, from the ``role_hints`` the proxy

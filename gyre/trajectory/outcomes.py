@@ -1,4 +1,4 @@
-"""Designated outcomes and group readiness (SPEC.md 4.3), one rule for both worlds.
+"""Designated outcomes and group readiness (docs/trajectories.md#evaluation-and-outcomes), one rule for both worlds.
 
 Every execution of a group ends with exactly one designated outcome:
 
@@ -13,7 +13,7 @@ Every execution of a group ends with exactly one designated outcome:
 keep one per group, so both compute readiness, the advantages' participants
 and the batch denominator identically.
 
-Rules (our reading of SPEC 4.3, stated there):
+Rules (our reading of docs/trajectories.md#evaluation-and-outcomes, stated there):
 - a group is *ready* once N executions have a designated outcome; the first
   N to resolve are the designated ones (without oversampling: all N);
   outcomes resolved after that (oversampled surplus) are ignored;

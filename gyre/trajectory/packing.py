@@ -1,4 +1,5 @@
-"""Stream packing buffer: ready groups in, micro-steps out (SPEC.md 3.6, 4.4).
+"""Stream packing buffer: ready groups in, micro-steps out (docs/streaming.md#two-buffers,
+docs/trajectories.md#admission).
 
 ``StreamPacker.step`` pulls at most one ready group from the trajectory buffer
 (oldest policy version first), admits each trainable execution's trajectories
@@ -9,8 +10,8 @@ closes the batch on the queue, so a batch closes only after all its
 micro-steps are enqueued.
 
 Packing unit: all rows of one execution form a *bundle* that never spans two
-micro-steps, so the per-execution sequence ratio and clip decision (SPEC.md
-4.5) are computed exactly inside one micro-step. Bundles are packed first-fit
+micro-steps, so the per-execution sequence ratio and clip decision (docs/trajectories.md#execution-level-loss) are
+computed exactly inside one micro-step. Bundles are packed first-fit
 decreasing by token count; a bundle larger than the budget gets a micro-step of
 its own (the only case where a micro-step exceeds the budget).
 

@@ -1,4 +1,4 @@
-"""TITO records: one model call, token in / token out (SPEC.md 4.1).
+"""TITO records: one model call, token in / token out (docs/trajectories.md#proxy-and-tito).
 
 A ``ModelCall`` is what the proxy records for every request of an execution:
 the exact input token ids, the output token ids, the behaviour log-probability

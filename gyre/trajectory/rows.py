@@ -14,7 +14,7 @@ Invariants:
 - all rows of one execution carry the same ``advantage``, ``execution_targets``
   (L_i, the union of the execution's frozen targets) and ``weight`` = 1 / L_i,
   so sum over the execution's rows of weight * (token losses) is exactly the
-  execution loss of SPEC.md 4.5, whichever way targets are split over rows or
+  execution loss of docs/trajectories.md#execution-level-loss, whichever way targets are split over rows or
   rows over micro-steps.
 """
 

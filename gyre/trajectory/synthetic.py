@@ -1,4 +1,4 @@
-"""A synthetic Claude Code execution shaped like the example of SPEC.md 4.2.
+"""A synthetic Claude Code execution shaped like the example of docs/trajectories.md#trajectory-trees.
 
 Default shape: 636 requests, about 1M unique tokens, 10 leaves. The main agent
 compacts once (after 168 turns) and continues for 120 turns; sub-agent 1 runs

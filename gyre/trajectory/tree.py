@@ -1,4 +1,4 @@
-"""One trajectory tree per execution: a radix tree over token ids (SPEC.md 4.2).
+"""One trajectory tree per execution: a radix tree over token ids (docs/trajectories.md#trajectory-trees).
 
 Every token lives once in an append-only *store* (token id, provenance,
 behaviour log-probability) and has a *position* there. A node owns one

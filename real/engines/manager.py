@@ -3,7 +3,7 @@
 Each engine is one ``python -m sglang.launch_server`` process started from the
 SGLang virtualenv (``.venv-sglang``, or ``GYRE_SGLANG_PYTHON``) in its own
 process group, bound to 127.0.0.1 only, with stdout and stderr in a log file.
-With ``cpu=True`` it gets the CPU engine flags of notes/cpu-stack.md,
+With ``cpu=True`` it gets the CPU engine flags of docs/cpu-stack.md,
 ``SGLANG_USE_CPU_ENGINE=1`` and the import shims of ``tools/shims`` on
 PYTHONPATH.
 

@@ -1,4 +1,4 @@
-"""Harness executions: processes, sandboxes, budgets and evaluation (SPEC.md 4.1, 4.3).
+"""Harness executions: processes, sandboxes, budgets and evaluation (docs/trajectories.md).
 
 - ``runner``: ``HarnessRunner``, one OS process per execution with harness and
   overall budgets, and the adapters for Claude Code, Codex, mini-swe-agent

@@ -1,4 +1,5 @@
-"""Close a finished execution in the trajectory buffer and score its preserved workspace (SPEC.md 4.3).
+"""Close a finished execution in the trajectory buffer and score its preserved workspace
+(docs/trajectories.md#evaluation-and-outcomes).
 
 ``close_and_evaluate(buffer, evaluator, execution_id, workspace, clock)`` is
 what the real backend does when a harness process ends, whatever its outcome

@@ -1,4 +1,5 @@
-"""Repair tasks in tiny repositories: reward = the share of the repository's tests that pass (SPEC.md 4.3).
+"""Repair tasks in tiny repositories: reward = the share of the repository's tests that pass
+(docs/trajectories.md#evaluation-and-outcomes).
 
 ``RepairEvaluator(tests, expected, sources, timeout_s)`` scores a preserved
 workspace by *running* the tests, after the harness stopped (also after a

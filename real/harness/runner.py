@@ -13,7 +13,7 @@ harness is not sandboxed or no mount namespace can be made they stay visible,
 ``hiding`` is False and a warning names the reason once per runner. Adapters turn a task into
 argv + environment for a harness: the built-in scripted harness,
 mini-swe-agent, Claude Code and Codex (command lines from
-shared/notes/harness-clients.md).
+docs/harnesses.md).
 
 Outcomes (the trace vocabulary): ``completed`` (exit 0), ``failed`` (non-zero
 exit or a start failure), ``harness_timeout`` (killed at its harness timeout:

@@ -1,4 +1,4 @@
-"""The evaluator interface and the preserved artifact state it scores (SPEC.md 4.3).
+"""The evaluator interface and the preserved artifact state it scores (docs/trajectories.md#evaluation-and-outcomes).
 
 An evaluator scores the *preserved* workspace of a closed execution, also
 after a harness timeout, and returns a result bound to (execution, artifact

@@ -26,7 +26,7 @@ wraps an adapter so the execution's process first builds the workspace
 (``harness.workspace_setup``, inside the sandbox and the harness timeout) and
 then execs the harness; ``evaluate(execution_id, workspace)`` scores the
 preserved workspace with that task's evaluator, or returns None (a total
-failure with no evaluable work, SPEC 4.3: a zero placeholder) when the
+failure with no evaluable work, docs/trajectories.md#evaluation-and-outcomes: a zero placeholder) when the
 workspace setup never finished (no ``setup.done`` beside the workspace).
 
 Invariants: every execution directory is bound to exactly one task, recorded

@@ -7,7 +7,7 @@ contents are copied in), ``files`` (relative path -> text, parents created),
 ``setup`` (shell commands run in the workspace, each within ``timeout_s``).
 When every step succeeded it writes ``setup.done`` beside ``SPEC`` (outside
 the workspace: the task set scores an execution whose setup never finished as
-a total failure, SPEC 4.3), then ``exec``s ``ARGV`` (same process id, so the
+a total failure, docs/trajectories.md#evaluation-and-outcomes), then ``exec``s ``ARGV`` (same process id, so the
 runner's budgets and kills apply to the harness unchanged).
 
 Exit status (only when it does not exec): 4 when a setup step failed (the

@@ -1,4 +1,5 @@
-"""The black-box proxy: the only way a harness reaches a model (SPEC.md 3.5, 4.1).
+"""The black-box proxy: the only way a harness reaches a model (docs/scheduler.md#role-transitions,
+docs/trajectories.md#proxy-and-tito).
 
 - ``app`` / ``admin`` / ``cli`` / ``config``: the aiohttp server, its admin API
   (execution keys, routes, drains), ``gyre proxy --config FILE``;

@@ -1,4 +1,4 @@
-"""Routing table execution -> engine, drains and reroutes (SPEC.md 3.5).
+"""Routing table execution -> engine, drains and reroutes (docs/scheduler.md#role-transitions).
 
 The router is driven by the admin API (the scheduler's ``Reroute`` actions)
 and by engine failures. It holds no I/O: moving an in-flight request only

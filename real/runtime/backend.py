@@ -67,7 +67,7 @@ held through that one attempt). Cancelling an execution whose evaluation is
 retrying cancels the evaluation: it reports ExecutionFinished("cancelled"),
 as the simulator does.
 
-Streaming (SPEC 3.6): the stream packing buffer pulls one group at a time
+Streaming (docs/streaming.md#two-buffers): the stream packing buffer pulls one group at a time
 when it runs short, by the simulator's rule (``sim.training``): with no ask
 outstanding, while the open batch has fewer than B groups fed and its queued
 (emitted, unclaimed) micro-steps are fewer than the cells in the training
@@ -76,8 +76,8 @@ batch opens, after each fed group is packed, when a cell enters or leaves
 training and whenever the cells claim from the queue (``_queue_changes``, the
 one polling point, which test doubles answer at the claim's own time). So
 ready groups can wait unclaimed while the cells are busy, as the supply rule
-(SPEC 3.3) expects, and satellites join as the simulator predicts. With
-streaming off the core feeds a burst's groups itself (SPEC 3.7) and the packer
+(docs/scheduler.md#waterlevel-and-transition-test) expects, and satellites join as the simulator predicts. With
+streaming off the core feeds a burst's groups itself (docs/streaming.md#streaming-on-and-off) and the packer
 never asks.
 """
 
@@ -190,7 +190,7 @@ class RealBackend(ActionHandler):
         self._closed: Counter[int] = Counter()  # ExecutionFinished reported, per group
         self._step_sent: dict[int, float] = {}
         self._packed = 0  # groups packed into the open batch
-        # the stream packing buffer's asking rule (SPEC 3.6, the simulator's sim.training rule):
+        # the stream packing buffer's asking rule (docs/streaming.md#two-buffers, the simulator's sim.training rule):
         self._open: int | None = None                                 # version of the open batch
         self._wanted = 0                                              # asked for, not fed yet
         self._members: set[int] = set(range(cfg.static_train_cells))  # cells in the training role
@@ -323,7 +323,8 @@ class RealBackend(ActionHandler):
             stopped_s = None if stopped_s is None else stopped_s - before
             if state is None:  # cancelled by the core while its evaluation was retrying
                 outcome = "cancelled"
-            elif state is EvalState.INVALID:  # SPEC 4.3: excluded, and its group still becomes ready
+            # docs/trajectories.md#evaluation-and-outcomes: excluded, and its group still becomes ready
+            elif state is EvalState.INVALID:
                 outcome = "overall_timeout"
                 self.metrics.excluded.append(x)
                 self.progress(f"execution {eid} excluded: {self.buffer.evaluation(eid).exclusion_reason}")
@@ -469,7 +470,7 @@ class RealBackend(ActionHandler):
         return self.parts.plane.queues.queue(version).ready_count()
 
     def _ask_for_groups(self) -> None:
-        """SPEC 3.6, exactly the simulator's rule: one group at a time, when the queue runs short.
+        """docs/streaming.md#two-buffers, exactly the simulator's rule: one group at a time, when the queue runs short.
 
         Ask when no ask is outstanding, the batch still needs groups, and fewer micro-steps
         are queued than cells are training."""

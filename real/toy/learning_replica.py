@@ -15,8 +15,8 @@ task prompt and the scripted harness's conversation (system prompt, ``calls``
 calls of ``max_tokens`` at temperature 1, ``Tool output k: ok`` turns, the
 answer = the calls' texts joined by spaces), N executions per group and B
 groups per step, std-normalised group advantages (``trajectory.groups``), the
-SPEC 4.5 loss (``train.loss``) on every generated token against the behaviour
-log-probabilities, and Adam with the job's gradient-norm clip of 1.0.
+the execution-level loss (docs/trajectories.md#execution-level-loss) (``train.loss``) on every generated token against
+the behaviour log-probabilities, and Adam with the job's gradient-norm clip of 1.0.
 Assumed: each step's groups were sampled by the version ``staleness`` steps
 older (default: 0, then 1 and 2 alternating, as the demo's metrics.jsonl
 measures at phi = 1, mu = 2); Hugging Face sampling stands in for SGLang's,
@@ -62,7 +62,8 @@ class Replica:
     seed: int
     curve: list[float]  # mean reward of each step's batch
     versions: list[list[int]]  # the sampling version of each step's groups
-    clip_fraction: float  # mean over steps: executions the SPEC 4.5 mask dropped
+    # mean over steps: executions the execution-level mask (docs/trajectories.md#execution-level-loss) dropped
+    clip_fraction: float
     t: float
     rose: bool  # the e2e check: t >= 4 and the last five steps' mean above the first five's
 

@@ -1,4 +1,4 @@
-"""Training cells: Megatron models, prefix groups, Mooncake joins, one optimizer (SPEC.md 3.6).
+"""Training cells: Megatron models, prefix groups, Mooncake joins, one optimizer (docs/streaming.md#joining-a-step).
 
 - ``plane``: the driver side: control store, K cell processes, supervision,
   commands; ``cell``: one cell process serving those commands;
@@ -9,7 +9,7 @@
   joins, reduce, one update) and a satellite's (join, pull, claim, reduce);
 - ``membership``: control store, prefix groups, join seats, done marks;
 - ``state`` / ``model`` / ``loss``: a cell's model, flat weights, gradients and
-  optimizer; the Megatron GPT; the execution-level objective of SPEC 4.5;
+  optimizer; the Megatron GPT; the execution-level objective of docs/trajectories.md#execution-level-loss;
 - ``transport``: moving the core's weight snapshot to a satellite (Mooncake);
 - ``bridge``: Hugging Face checkpoints in (a model config naming a folder) and
   out (publication), through mbridge;

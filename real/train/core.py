@@ -13,8 +13,8 @@ One ``CoreCell.step(version, batch, final)``:
 4. check coverage: each micro-step of the batch counted exactly once, all with
    the same B*N; post the decision; reduce over the participating prefix group;
 5. one optimizer update (round to float32, clip, step); then after a non-final
-   step broadcast the new weights to the participating satellites (SPEC.md
-   3.6), after a final one release them (they go back to rollout).
+   step broadcast the new weights to the participating satellites (docs/streaming.md#joining-a-step), after a final one
+   release them (they go back to rollout).
 
 In a cell of several TP ranks, this runs on the leader and every tensor
 operation (expose, accumulate, reduce, update, broadcast) runs on all its ranks

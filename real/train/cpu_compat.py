@@ -2,7 +2,7 @@
 
 Everything else in ``real/train_*`` is the GPU path unchanged; ``prepare_device``
 is called once per cell process and applies the adaptations below only when
-the device is the CPU (facts measured in ../shared/notes/cpu-stack.md):
+the device is the CPU (facts measured in docs/cpu-stack.md):
 
 1. ``torch.cuda.current_device()`` raises on a CPU build of torch. Megatron-core
    0.16 calls it to mean "the compute device" in ``GlobalMemoryBuffer.get_tensor``,

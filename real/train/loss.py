@@ -1,4 +1,4 @@
-"""Execution-level objective of SPEC.md 4.5 (``gyre.real.train.loss``, needs torch).
+"""Execution-level objective of docs/trajectories.md#execution-level-loss (``gyre.real.train.loss``, needs torch).
 
 Inputs are per-token tensors of any one shape (rows of a micro-step, flattened
 or not): current log-probabilities ``log pi_theta(y_u | c_u)`` with grad, the
@@ -82,7 +82,7 @@ def execution_level_loss(
     clip_low: float = CLIP_LOW,
     clip_high: float = CLIP_HIGH,
 ) -> tuple[torch.Tensor, LossStats]:
-    """The batch loss of SPEC.md 4.5 and its monitoring statistics (module docstring)."""
+    """The batch loss of docs/trajectories.md#execution-level-loss and its monitoring statistics (module docstring)."""
     _check_inputs(logprobs, behavior_logprobs, target_mask, execution_index, advantages, num_executions)
     n_exec = advantages.shape[0]
     index = execution_index[target_mask].long()

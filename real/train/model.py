@@ -73,7 +73,7 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class LossConfig:
-    """Knobs of SPEC.md 4.5; the defaults are the spec's."""
+    """Knobs of docs/trajectories.md#execution-level-loss; the defaults are the spec's."""
 
     ratio_cap: float = RATIO_CAP
     token_loss_cap: float = TOKEN_LOSS_CAP
@@ -241,7 +241,8 @@ def target_logprobs(model, batch: MicroStepTensors) -> torch.Tensor:
 
 
 def microstep_loss(model, batch: MicroStepTensors, cfg: LossConfig = LossConfig()) -> tuple[torch.Tensor, LossStats, float]:
-    """SPEC.md 4.5 loss of one micro-step (already divided by the batch's B*N), its stats, and the
+    """the execution-level loss (docs/trajectories.md#execution-level-loss) of one micro-step (already divided by the
+    batch's B*N), its stats, and the
     mean target negative log-likelihood (monitoring)."""
     logp = target_logprobs(model, batch)
     mask = batch.target_mask[:, 1:]

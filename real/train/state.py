@@ -1,6 +1,6 @@
 """One cell's training state: model, flat weights, gradient accumulator, and the core's optimizer.
 
-Gradient accumulation with frozen weights (SPEC.md 3.6): between two updates
+Gradient accumulation with frozen weights (docs/streaming.md#joining-a-step): between two updates
 the weights do not change, so every micro-step's gradient is taken at the same
 point whichever cell computes it. ``accumulate`` computes one micro-step's
 gradient in a zeroed float32 buffer and adds it to ``acc``, kept in
@@ -20,7 +20,7 @@ shard; Adam is elementwise). ``apply_update`` rounds the reduced sum to the
 parameter dtype, clips its global norm (over the whole model: with TP > 1 the
 shards' squared norms are summed over the TP group, replicated parameters
 counted once), and takes one torch optimizer step. The loss already divides by the batch's B*N raw executions
-(SPEC.md 4.5, ``gyre.real.train.loss``), so the reduced sum is the batch gradient;
+(docs/trajectories.md#execution-level-loss, ``gyre.real.train.loss``), so the reduced sum is the batch gradient;
 the core checks that every micro-step of the batch carried the same B*N.
 
 ``offload``/``restore``: leaving training frees gradients and the accumulator
@@ -42,7 +42,7 @@ from gyre.trajectory.packing import MicroStep
 
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
-    lr: float = 1e-6  # SPEC.md 4.5: Adam, constant lr 1e-6
+    lr: float = 1e-6  # docs/trajectories.md#execution-level-loss: Adam, constant lr 1e-6
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0

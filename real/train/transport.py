@@ -6,7 +6,7 @@ took a seat *pulls* it into its own flat buffer. The weights are frozen while
 the step accumulates and the join window closes before the update, so every
 pull of version v reads the same bytes.
 
-- ``MooncakeTransport`` (SPEC.md 3.6): the core registers the buffer with its
+- ``MooncakeTransport`` (docs/streaming.md#joining-a-step): the core registers the buffer with its
   Mooncake Transfer Engine (P2P handshake, no metadata server); the satellite
   registers its destination and issues one-sided reads
   (``transfer_sync_read``). The core does nothing per join and keeps training.

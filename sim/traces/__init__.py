@@ -3,7 +3,7 @@
 - ``model``: the duration model (per-query difficulty, hard queries whose
   executions time out together, ceiling and budget) and its random draws;
 - ``presets``: the preset type, registry and ``generate_trace``;
-- ``catalogue``: the four calibrated presets (SPEC.md 5 and 5.1), with the
+- ``catalogue``: the four calibrated presets (docs/workload.md), with the
   source of every target (the paper's, or ours);
 - ``stats``: achieved statistics of a trace beside its targets;
 - ``fit``: re-deriving a preset's fitted parameters;

@@ -1,12 +1,12 @@
 """The four registered trace presets (importing this module registers them).
 
 Each builder's docstring is its preset's summary (``gyre trace presets``):
-what the workload is, which targets are the paper's (SPEC.md section 5 and
+what the workload is, which targets are the paper's (docs/workload.md#workload-profile and
 5.1) and which are ours, the assumptions and their reasons, and what the fit
 found. Fitted parameters come from ``gyre trace fit --preset NAME`` (100,000
 queries x 16, seed 20240601); the trajectory split (``calls_per_branch``,
 ``branch_weight``) from ``traces.trajectories.fit_trajectory_model`` (10,000
-queries x 16, seed 20240601) to SPEC 5.1's J_max shares: 41.4 % of the
+queries x 16, seed 20240601) to the J_max shares of docs/workload.md#training-cost-and-slack: 41.4 % of the
 trained tokens kept at J_max = 1, 74.8 % at 5 (paper for nl2repo-122b; ours,
 the same shares, for the other presets); everything else is set by hand. ``gyre trace stats``
 prints every preset's targets beside the achieved values and the fit error.
@@ -17,28 +17,30 @@ from __future__ import annotations
 from gyre.sim.traces.model import DurationModel
 from gyre.sim.traces.presets import TracePreset, _preset
 
-SPEC5 = "paper: SPEC 5, 122B profile"
-SPEC51 = "paper: SPEC 5.1, at most 9.51% of queries hold a timed-out execution"
-MILLION = "paper: SPEC intro, 'about a million tokens' per execution (order of magnitude)"
+SPEC5 = "paper: docs/workload.md#workload-profile, 122B profile"
+SPEC51 = "paper: docs/workload.md#hard-queries, at most 9.51% of queries hold a timed-out execution"
+MILLION = "paper: docs/workload.md#workload-profile, 'about a million tokens' per execution (order of magnitude)"
 JMAX = {"jmax1_token_share": 0.414, "jmax5_token_share": 0.748}  # trajectories.SPEC51_KEPT_SHARE
-JMAX_PAPER = {k: "paper: SPEC 5.1, forward-backward time vs uncapped (122B)" for k in JMAX}
-JMAX_OURS = {k: "ours: SPEC 5.1's 122B shares, reused (no figure for this workload)" for k in JMAX}
+JMAX_PAPER = {k: "paper: docs/workload.md#training-cost-and-slack, forward-backward time vs uncapped (122B)"
+              for k in JMAX}
+JMAX_OURS = {k: "ours: the 122B shares of docs/workload.md#training-cost-and-slack, reused (no figure for this workload)"
+             for k in JMAX}
 
 
 @_preset
 def nl2repo_122b() -> TracePreset:
-    """NL2Repo with Qwen 3.6 122B (SPEC section 5): build a repository from a spec.
+    """NL2Repo with Qwen 3.6 122B (docs/workload.md#workload-profile): build a repository from a spec.
 
-    Paper targets (SPEC 5 / 5.1): mean execution 1.93 h, mean query (slowest
+    Paper targets (docs/workload.md): mean execution 1.93 h, mean query (slowest
     of 16) 2.96 h, 9.51 % of queries above 4 h, harness timeouts 6.25 % and
     overall timeouts 0.87 % of executions; bounds: at most 9.51 % of queries
     hold a timeout, and so at most 9.51 % sit at the ceiling or the budget.
-    Ours: a timed-out query holds 13 timeouts out of 16 on average (SPEC 5.1
+    Ours: a timed-out query holds 13 timeouts out of 16 on average (docs/workload.md#hard-queries
     says only "most"; 13 puts 8.6 % of queries at the ceiling, under the
     bound, and leaves ~0.9 pp of queries that pass 4 h on a long completion);
     0.5 % outright failures; ~1M tokens (the paper's order), 5 % output;
     18 s per model call with its tool time (~390 calls per execution).
-    Assumptions: harness ceiling 5 h. SPEC 5.1 needs it above 4 h (else no
+    Assumptions: harness ceiling 5 h. docs/workload.md#hard-queries needs it above 4 h (else no
     query could exceed 4 h); the profile does not pin it. 5 h is the first
     whole hour above 4 h: with all timed-out queries at >= 5 h, the others
     must average (2.96 - 0.088 * ~5.3) / 0.91 = 2.74 h for their slowest
@@ -94,8 +96,8 @@ def nl2repo_122b() -> TracePreset:
             "queries_over_4h": SPEC5,
             "harness_timeout_rate": SPEC5,
             "overall_timeout_rate": SPEC5,
-            "timeouts_per_timed_out_query": "ours: SPEC 5.1 says 'most' time out together",
-            "failed_rate": "ours: SPEC gives no rate of outright failures",
+            "timeouts_per_timed_out_query": "ours: docs/workload.md#hard-queries says 'most' time out together",
+            "failed_rate": "ours: the paper gives no rate of outright failures",
             "mean_tokens": MILLION,
             "queries_with_timeout": SPEC51,
             "queries_at_ceiling": SPEC51 + " (a query at the ceiling holds one)",
@@ -105,9 +107,9 @@ def nl2repo_122b() -> TracePreset:
 
 @_preset
 def nl2repo_2_4t() -> TracePreset:
-    """NL2Repo with Qwen 3.8 2.4T (SPEC section 5): the same task, a slower model.
+    """NL2Repo with Qwen 3.8 2.4T (docs/workload.md#workload-profile): the same task, a slower model.
 
-    Paper targets (SPEC 5): 61.1 % of queries above 4 h; 38.2 % of queries
+    Paper targets (docs/workload.md#workload-profile): 61.1 % of queries above 4 h; 38.2 % of queries
     whose longest execution ends in an overall timeout; "timeout ceiling
     relaxed" and "durations cluster near the ceiling" (qualitative).
     Ours, i.e. assumptions (the source gives no more): the relaxed harness
@@ -161,13 +163,13 @@ def nl2repo_2_4t() -> TracePreset:
         },
         sources={
             **JMAX_OURS,
-            "queries_over_4h": "paper: SPEC 5, 2.4T profile",
-            "slowest_overall_timeout_share": "paper: SPEC 5, 2.4T profile",
-            "mean_execution_h": "ours: SPEC gives no mean for 2.4T",
-            "harness_timeout_rate": "ours: SPEC gives no rate for 2.4T",
-            "overall_timeout_rate": "ours: SPEC gives no rate for 2.4T",
-            "near_ceiling_share": "ours: SPEC 5 says durations cluster near the ceiling",
-            "failed_rate": "ours: SPEC gives no rate of outright failures",
+            "queries_over_4h": "paper: docs/workload.md#workload-profile, 2.4T profile",
+            "slowest_overall_timeout_share": "paper: docs/workload.md#workload-profile, 2.4T profile",
+            "mean_execution_h": "ours: the paper gives no mean for 2.4T",
+            "harness_timeout_rate": "ours: the paper gives no rate for 2.4T",
+            "overall_timeout_rate": "ours: the paper gives no rate for 2.4T",
+            "near_ceiling_share": "ours: docs/workload.md#workload-profile says durations cluster near the ceiling",
+            "failed_rate": "ours: the paper gives no rate of outright failures",
             "mean_tokens": MILLION,
         },
     )
@@ -176,14 +178,15 @@ def nl2repo_2_4t() -> TracePreset:
 def _short_task_sources(kind: str) -> dict[str, str]:
     keys = ("mean_execution_h", "mean_query_h", "harness_timeout_rate", "overall_timeout_rate",
             "slowest_overall_timeout_share", "queries_with_timeout", "failed_rate", "mean_tokens")
-    return {k: f"ours: SPEC 5 gives only the {kind} cluster, not its durations" for k in keys}
+    return {k: f"ours: docs/workload.md#workload-profile gives only the {kind} cluster, not its durations"
+            for k in keys}
 
 
 @_preset
 def deepswe() -> TracePreset:
     """DeepSWE-like software-engineering tasks (fix an issue in a repository).
 
-    SPEC section 5 gives only the cluster (24 nodes, 6 cells, B = 48, N = 16)
+    docs/workload.md#workload-profile gives only the cluster (24 nodes, 6 cells, B = 48, N = 16)
     and the heavy, clustered tail; every target here is ours (an assumption):
     mean execution 0.40 h, mean query (slowest of 16) 0.85 h, harness ceiling
     1.5 h with 3 % harness timeouts, total budget 2 h with 0.5 % overall
@@ -234,7 +237,7 @@ def deepswe() -> TracePreset:
 def terminalbench() -> TracePreset:
     """TerminalBench-like terminal tasks (drive a shell to reach a goal state).
 
-    SPEC section 5 gives only the cluster (24 nodes, 6 cells, B = 48, N = 16)
+    docs/workload.md#workload-profile gives only the cluster (24 nodes, 6 cells, B = 48, N = 16)
     and the heavy, clustered tail; every target here is ours (an assumption):
     mean execution 0.25 h, mean query (slowest of 16) 0.55 h, harness ceiling
     1 h with 4 % harness timeouts, total budget 1.25 h with 0.5 % overall

@@ -11,7 +11,7 @@ Per query q and execution j (hours unless stated):
 * stuck: in a hard query each execution gets stuck with probability
   ``stuck_rate`` and runs to the harness ceiling whatever its T_qj. So
   harness timeouts are concentrated in hard queries and, inside them, most
-  executions time out together (SPEC 5.1). A non-stuck execution whose T_qj
+  executions time out together (docs/workload.md#hard-queries). A non-stuck execution whose T_qj
   reaches the ceiling is stopped there too (rare once fitted).
 * overall timeout: an execution stopped at the ceiling has only
   ``budget_h - ceiling_h`` left for its evaluation; with probability
@@ -22,7 +22,7 @@ Per query q and execution j (hours unless stated):
   ``harness_s``) is the ceiling, and an overall timeout's duration adds its
   ``budget_h - ceiling_h`` of evaluation retries, which use no rollout engine.
   Executions that end before the ceiling have hours of budget left and are
-  assumed always to get a valid reward (ours: SPEC gives no split).
+  assumed always to get a valid reward (ours: the paper gives no split).
 * failure: first of all, an execution fails outright with probability
   ``failed_rate`` (nothing evaluable, e.g. an image pull error) at a uniform
   point of its capped natural duration.
@@ -76,7 +76,8 @@ class DurationModel:
     output_share: float
     call_log_sd: float = 0.2
     token_log_sd: float = 0.3
-    # trajectory split (traces.trajectories); defaults: the nl2repo-122b fit to SPEC 5.1's J_max shares
+    # trajectory split (traces.trajectories); defaults: the nl2repo-122b fit to the J_max shares of
+    # docs/workload.md#training-cost-and-slack
     calls_per_branch: float = 54.91
     branch_weight: float = 0.2092
     branch_log_sd: float = 0.5

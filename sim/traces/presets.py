@@ -4,7 +4,7 @@ A preset is a ``DurationModel`` (``traces.model``, which states the model)
 plus the statistics (``traces.stats`` keys) its fitted parameters reproduce
 for N = 16: ``targets`` (to meet within the stated tolerance) and ``bounds``
 (upper limits not to exceed). ``sources`` says, for every target and bound,
-where it comes from: ``paper: ...`` (SPEC.md section 5 / 5.1, the paper's
+where it comes from: ``paper: ...`` (docs/workload.md, the paper's
 measured runs) or ``ours: ...`` (an assumption, with its reason). Other N
 work but change the slowest-of-N statistics.
 
@@ -13,7 +13,7 @@ parameters solve six duration targets with scipy.optimize.least_squares on
 fixed common random numbers (100,000 queries x 16, seed 20240601), then
 ``tokens_per_call`` is set so that the mean token count matches, and
 ``calls_per_branch`` and ``branch_weight`` so that capping admission at
-J_max = 1 and 5 keeps SPEC 5.1's 41.4 % and 74.8 % of the trained tokens
+J_max = 1 and 5 keeps (docs/workload.md#training-cost-and-slack) 41.4 % and 74.8 % of the trained tokens
 (``traces.trajectories.fit_trajectory_model``). The ceiling, budget,
 failure rate and call/token shape are set by hand, as assumptions.
 

@@ -15,7 +15,7 @@ timeout):
 * ``queries_with_timeout``: share of queries holding at least one timeout;
 * ``independent_timeout_queries``: the same share had the trace's timeouts
   struck executions independently, ``1 - (1 - t)^N`` with t the share of
-  executions that timed out (the SPEC 5.1 counterfactual, ~64 % for 122B);
+  executions that timed out (the docs/workload.md#hard-queries counterfactual, ~64 % for 122B);
 * ``timeouts_per_timed_out_query``: mean number of timeouts in a query that
   holds one (out of N);
 * ``queries_at_ceiling``: share of queries whose slowest execution (any, on
@@ -32,7 +32,7 @@ timeout):
   columns;
 * ``jmax1_token_share``, ``jmax5_token_share``: share of the trained tokens
   that admission keeps when capped at J_max = 1 or 5 trajectories per
-  execution (SPEC 5.1: 41.4 % and 74.8 % of the uncapped forward-backward
+  execution (docs/workload.md#training-cost-and-slack: 41.4 % and 74.8 % of the uncapped forward-backward
   time), over the executions that train (completed, harness timeout); only
   when the trace has ``trajectory_tokens``;
 * ``mean_trajectories``: mean candidate trajectories per execution (same).

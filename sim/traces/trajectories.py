@@ -1,9 +1,9 @@
 """How an execution's tokens split over its candidate trajectories, and what J_max keeps.
 
-SPEC 4.2 / 4.4 give the mechanism: an execution's trajectory tree has one
+docs/trajectories.md give the mechanism: an execution's trajectory tree has one
 leaf per candidate trajectory; admission takes the main agent's class first,
 then draws leaves with probability proportional to their unmasked trainable
-tokens, and stops after ``J_max``. SPEC 5.1 gives the outcome to reproduce:
+tokens, and stops after ``J_max``. docs/workload.md#training-cost-and-slack gives the outcome to reproduce:
 the forward-backward time per step with ``J_max = 1`` is 41.4 % of the
 uncapped baseline, with ``J_max = 5`` 74.8 %. The model (ours) per execution:
 
@@ -12,18 +12,18 @@ uncapped baseline, with ``J_max = 5`` 74.8 %. The model (ours) per execution:
   folded into the sizes);
 * count: ``R = 1 + Poisson(call_count / calls_per_branch)`` candidate
   trajectories: compactions and sub-agents branch the tree as calls
-  accumulate (SPEC 4.2's example: 636 requests, 10 leaves);
+  accumulate (the example of docs/trajectories.md#trajectory-trees: 636 requests, 10 leaves);
 * sizes: the main trajectory has weight 1, every other one
   ``branch_weight * LN`` (LN a mean-one lognormal of log-sd
   ``branch_log_sd``); sizes are ``T * w / sum(w)`` rounded, the rounding
   remainder going to the main one, so they sum to ``T`` exactly;
 * admission order: the main trajectory first, then the others as a
-  size-biased random permutation (SPEC 4.4's draw proportional to tokens),
+  size-biased random permutation (the draw of docs/trajectories.md#admission proportional to tokens),
   drawn by exponential races ``E / w``;
 * tokens kept under a cap ``J``: the sum of the first ``J`` sizes.
 
 The fit (``fit_trajectory_model``) solves ``calls_per_branch`` and
-``branch_weight`` for the two SPEC 5.1 shares, measured token-weighted over
+``branch_weight`` for the two docs/workload.md#training-cost-and-slack shares, measured token-weighted over
 the executions that train (completed and harness-timed-out: an excluded
 execution trains nothing, a failed one only a reward-0 placeholder).
 
@@ -43,7 +43,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import poisson
 
-SPEC51_KEPT_SHARE = {1: 0.414, 5: 0.748}  # paper: SPEC 5.1, forward-backward time vs uncapped
+# paper: docs/workload.md#training-cost-and-slack, forward-backward time vs uncapped
+SPEC51_KEPT_SHARE = {1: 0.414, 5: 0.748}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,7 @@
 """The paper figures, checked on what they plot (quick runs).
 
-For every figure: its ``figure_data`` obeys the definitions it draws (SPEC.md
-2 and 3.7, ``gyre.analysis``), checked against the runs, trace or tree it came
+For every figure: its ``figure_data`` obeys the definitions it draws (docs/staleness.md#staleness-identity,
+docs/scheduler.md#baselines-and-ablations, ``gyre.analysis``), checked against the runs, trace or tree it came
 from; ``main`` draws exactly that data (the Figure it saves is read back
 artist by artist, with ``figure_data`` and ``save_figure`` stubbed so nothing
 is recomputed or written); and each checker rejects a sabotaged copy, so the
@@ -37,8 +37,9 @@ from gyre.paper_figs import fig6_theorem as fig6
 from gyre.paper_figs import fig7_prefix_graph as fig7
 
 REPO = Path(__file__).resolve().parents[2]
-SPEC_ABLATIONS = ("A0", "A1", "A2", "A3", "C0", "C1", "C2", "C3", "E0", "E1", "E2")  # SPEC.md 3.7
-#: SPEC.md 2: (phi, mu) of each method at E[d] = 1.5 and E[d] = 1.
+# docs/scheduler.md#baselines-and-ablations
+SPEC_ABLATIONS = ("A0", "A1", "A2", "A3", "C0", "C1", "C2", "C3", "E0", "E1", "E2")
+#: docs/staleness.md#staleness-identity: (phi, mu) of each method at E[d] = 1.5 and E[d] = 1.
 SPEC_METHODS = {"1.5": {"Async": (1.5, 1), "Colocate": (0.0, 4), "Gyre": (0.5, 3)},
                 "1": {"Async": (1.0, 1), "Colocate": (0.0, 3), "Gyre": (0.5, 2)}}
 
@@ -381,7 +382,7 @@ def check_fig6_data(data: fig6.TheoremData, report) -> None:
     assert sorted(zip(grid["phi"], grid["mu"])) == sorted((p, m) for p in g.phis for m in g.mus)
     assert len(named) == len(g.named) * len(g.shapes) * len(g.traces)
     for frame in (grid, named):
-        same(frame["predicted"], frame["phi"] + (frame["mu"] - 1) / 2)  # SPEC.md 2
+        same(frame["predicted"], frame["phi"] + (frame["mu"] - 1) / 2)  # docs/staleness.md#staleness-identity
         same(frame["error"], frame["measured"] - frame["predicted"])
         assert (frame["error"].abs() <= tol).all(), frame[["phi", "mu", "measured", "predicted"]]
         assert (frame["min"] <= frame["token_weighted_mean"]).all() and (frame["p90"] <= frame["max"]).all()

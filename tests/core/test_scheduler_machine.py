@@ -2,7 +2,7 @@
 
 The model mirrors what a driver can know from the actions alone (which
 executions run, which cells are switching, which batch is open) and checks the
-SPEC.md invariants of ``gyre.scheduler`` after every step. It is an
+the invariants (docs/scheduler.md) of ``gyre.scheduler`` after every step. It is an
 ``ActionHandler`` driven through the shared ``gyre.loop.DriverLoop``, like the
 simulator and the real controller; its event log must replay to the same
 actions at every step. ``running`` holds the executions that hold a rollout

@@ -206,7 +206,8 @@ def test_illegal_events_raise_with_clear_messages():
 
 
 def test_streaming_off_reserves_the_whole_burst_then_trains_back_to_back():
-    """SPEC 3.7: mu = 2, B = 1: update 0 waits for 2 ready groups; update 1 is fed at its StartBatch;
+    """docs/scheduler.md#baselines-and-ablations: mu = 2, B = 1: update 0 waits for 2 ready groups; update 1 is fed at
+    its StartBatch;
     a group ready in between (older or not) waits for the next burst."""
     d = Drive(K=1, C_e=8, C_s=8, N=1, B=1, phi=1.0, mu=2, rho_min=1.0, tau=0.0, granularity="coarse",
               streaming=False)

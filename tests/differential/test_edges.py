@@ -1,7 +1,7 @@
 """Two real-side fixes the differential test needed, pinned on their own.
 
 - ``close_and_evaluate`` of an execution whose harness ended at or after its
-  overall deadline returns INVALID (excluded, SPEC 4.3) whatever the evaluator
+  overall deadline returns INVALID (excluded, docs/trajectories.md#evaluation-and-outcomes) whatever the evaluator
   answers; it used to raise ``EvaluationError`` ("not pending (invalid)"), so the
   backend never reported the execution and the run hung.
 - ``RealBackend`` drops a group whose task cannot be set up: it reports

@@ -12,7 +12,7 @@ staleness v_t - v_d:
 - excluded executions (overall timeouts) and dropped groups (GroupDropped);
 - fine-cell streaming Gyre.
 
-Streaming: both worlds ask for groups by one rule (SPEC 3.6): the packing
+Streaming: both worlds ask for groups by one rule (docs/streaming.md#two-buffers): the packing
 buffer asks while its queued micro-steps plus the asked-for groups' are fewer
 than the training cells; the simulator delivers its ask after the instant's
 claims (``sim.training``), the real backend on its next turn of the event loop

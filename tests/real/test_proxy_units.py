@@ -183,7 +183,7 @@ def test_all_engines_draining_is_overload():
 # -- the router as a state machine --------------------------------------------------------
 
 class RouterMachine(RuleBasedStateMachine):
-    """Random drains, reroutes and submissions; invariants from SPEC.md 3.5."""
+    """Random drains, reroutes and submissions; invariants from docs/scheduler.md#role-transitions."""
 
     def __init__(self):
         super().__init__()

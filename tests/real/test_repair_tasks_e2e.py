@@ -15,7 +15,7 @@ task set's evaluator, as the real backend does.
 Checked: a repaired workspace scores 1.0, the untouched one its base share,
 and every reward equals the share of passing tests the evaluator's own run
 reports; the calls went through the proxy (its records); after a harness
-timeout the half-repaired workspace is scored (SPEC 4.3: partial scoring).
+timeout the half-repaired workspace is scored (docs/trajectories.md#evaluation-and-outcomes: partial scoring).
 Skipped, with the reason, when mini-swe-agent is not installed.
 """
 

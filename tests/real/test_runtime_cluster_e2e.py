@@ -38,7 +38,7 @@ start-up, ~145 s of steps, ~55 s of shutdown and the simulator's calibration). C
   the mean step), and the same cells train in the same steps in most steps. Measured here
   on two Ray nodes: per step 12.8%, total -0.7%, same cells 90%. What is left is decision
   flips: at each burst's end the core stays in training only if a group is already ready
-  (SPEC 3.4), which here turns on sub-second timing, and one flip moves two steps by up to a
+  (docs/scheduler.md#end-of-a-burst), which here turns on sub-second timing, and one flip moves two steps by up to a
   core round trip (~4.4 s), ~11 points of this measure; 40% leaves room for two or three on
   a slower machine. Three causes of larger errors were found and fixed: the backend's start
   latency (0.1-5 s per execution) was outside the trace's durations and one transition cost
@@ -176,7 +176,8 @@ def test_cpu_demo_placed_across_two_ray_nodes(tmp_path, two_node_cluster):
     assert set(s["outcomes"]) <= {"completed", "cancelled"}, s["outcomes"]
     assert s["outcomes"]["completed"] >= STEPS * 2 * 4, s["outcomes"]  # every consumed group's N executions
     assert s["harnesses_isolated"] == (netns_problem() is None)  # each harness in its own loopback-only netns
-    # (this shape leaves room on the engines expected to stay in rollout, so placement (SPEC 3.5)
+    # (this shape leaves room on the engines expected to stay in rollout, so placement
+    # (docs/scheduler.md#role-transitions)
     # rarely puts work on a cell about to train: reroutes are checked in test_runtime_controller)
     assert any(n > 0 for n in s["executions_in_flight_at_transitions"])
     assert {t["role"] for t in s["transitions"]} == {"training", "rollout"}

@@ -1,5 +1,5 @@
 """``close_and_evaluate``: closing a finished execution and scoring it with retries (invariants of
-real/runtime_evaluation.py; SPEC.md 4.3 failure classes)."""
+real/runtime_evaluation.py; docs/trajectories.md#evaluation-and-outcomes failure classes)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ def test_a_budget_spent_on_failures_excludes_the_execution_but_not_its_group(tmp
     assert "budget" in evaluation.exclusion_reason and not evaluation.trainable
     assert all(a.result is None and "scorer container" in a.reason for a in evaluation.history)
     assert 3 <= evaluator.calls <= 10
-    assert buffer.ready_group_ids() == ["g0"]  # SPEC 4.3: an excluded execution never blocks its group
+    # docs/trajectories.md#evaluation-and-outcomes: an excluded execution never blocks its group
+    assert buffer.ready_group_ids() == ["g0"]
     assert [e.excluded for e in buffer.pop_ready_group().executions] == [True]
 
 

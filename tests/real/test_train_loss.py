@@ -16,7 +16,7 @@ F64 = torch.float64
 
 
 def naive_loss(logp, behavior, mask, index, adv, num_executions):
-    """SPEC.md 4.5 written out token by token, one execution at a time."""
+    """docs/trajectories.md#execution-level-loss written out token by token, one execution at a time."""
     total = 0.0 * logp.sum()  # keeps the graph when no execution has targets
     values = logp.detach()
     ratios, keeps = [], []

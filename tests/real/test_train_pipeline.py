@@ -1,7 +1,7 @@
 """End to end: records on disk -> buffer -> admission -> micro-steps -> loss.
 
 The sum of the micro-steps' losses, each computed only from what the micro-step
-carries, must equal SPEC.md 4.5 evaluated directly on each execution's union of
+carries, must equal docs/trajectories.md#execution-level-loss evaluated directly on each execution's union of
 frozen targets: packing preserves per-execution weights and clip decisions.
 """
 

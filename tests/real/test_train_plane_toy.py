@@ -2,7 +2,7 @@
 
 Toy objective: every execution has advantage +1 and a behaviour probability of
 e^-30 at each target, so the token weight sits at the ratio cap and, with the
-trust-region clip opened (``clip_high = inf``), the SPEC.md 4.5 loss is
+trust-region clip opened (``clip_high = inf``), the execution-level loss (docs/trajectories.md#execution-level-loss) is
 ``ratio_cap * mean target NLL / (B*N)`` per execution: it must fall as the
 cells train on the same rows step after step.
 

@@ -76,7 +76,8 @@ def test_capping_admission_keeps_the_spec51_shares_of_the_training_work():
         return sum(bound.group_work_node_s(g) for g in range(trace.queries))
 
     uncapped = work(10_000)
-    assert work(1) / uncapped == pytest.approx(0.414, abs=0.015)  # SPEC 5.1: 41.4 % of the uncapped time
+    # docs/workload.md#training-cost-and-slack: 41.4 % of the uncapped time
+    assert work(1) / uncapped == pytest.approx(0.414, abs=0.015)
     assert work(5) / uncapped == pytest.approx(0.748, abs=0.015)  # and 74.8 %
 
 
@@ -153,7 +154,8 @@ def test_the_summary_reports_the_slack_measure_and_the_size_driven_costs():
 
 @pytest.mark.slow
 def test_e0_reproduces_the_spec51_slack_within_three_points():
-    # SPEC 5.1: 20.85 % of the training cells' time is spare in E0. Measure: idle share of training-role
+    # docs/workload.md#training-cost-and-slack: 20.85 % of the training cells' time is spare in E0. Measure: idle share
+    # of training-role
     # node time. One seed moves by a few points (which cell joins when), so the mean of four is compared.
     slacks = [run_simulation("E0", "nl2repo-122b", steps=12, seed=seed).summary["slack"] for seed in range(4)]
     assert np.mean(slacks) == pytest.approx(0.2085, abs=0.03), slacks

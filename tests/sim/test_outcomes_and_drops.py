@@ -1,4 +1,5 @@
-"""Excluded executions and dropped groups in the full simulator (SPEC.md 4.3, the core's GroupDropped).
+"""Excluded executions and dropped groups in the full simulator (docs/trajectories.md#evaluation-and-outcomes, the
+core's GroupDropped).
 
 - An excluded execution (overall timeout) never blocks its group: every
   consumed group has N designated outcomes, participants + excluded == N, and

@@ -1,4 +1,4 @@
-"""Streaming off vs on (SPEC.md 3.7) in the full simulator.
+"""Streaming off vs on (docs/streaming.md#streaming-on-and-off) in the full simulator.
 
 With streaming off, a burst's first update starts only when every one of its
 mu x B groups is ready, so no group trained in a burst becomes ready after

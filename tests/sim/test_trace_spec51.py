@@ -1,4 +1,4 @@
-"""The presets against SPEC 5 / 5.1 on a large sample (20,000 queries x 16, seed 0).
+"""The presets against docs/workload.md on a large sample (20,000 queries x 16, seed 0).
 
 At 20,000 queries a query-level share near 10 % has a binomial standard
 deviation of 0.21 pp and one near 50 % of 0.35 pp, so the stated tolerance
@@ -20,14 +20,14 @@ from gyre.sim.traces.stats import trace_stats, within_tolerance
 
 QUERIES = 20_000
 SEED = 0
-SPEC_122B = {  # SPEC 5 / 5.1, the paper's measured 122B profile
+SPEC_122B = {  # docs/workload.md, the paper's measured 122B profile
     "mean_execution_h": 1.93,
     "mean_query_h": 2.96,
     "queries_over_4h": 0.0951,
     "harness_timeout_rate": 0.0625,
     "overall_timeout_rate": 0.0087,
 }
-AT_MOST_TIMED_OUT_QUERIES = 0.0951  # SPEC 5.1
+AT_MOST_TIMED_OUT_QUERIES = 0.0951  # docs/workload.md#calibration-facts
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_every_target_and_bound_on_a_large_sample(large_stats, name):
 
 
 def test_timeouts_concentrate_in_hard_queries(large, large_stats):
-    """SPEC 5.1: at most 9.51 % of queries hold a timeout although 6.25 % of
+    """docs/workload.md#hard-queries: at most 9.51 % of queries hold a timeout although 6.25 % of
     executions time out; independent timeouts would put ~64 % past the ceiling."""
     stats = large_stats["nl2repo-122b"]
     assert stats["queries_with_timeout"] <= AT_MOST_TIMED_OUT_QUERIES
@@ -72,7 +72,7 @@ def test_timeouts_concentrate_in_hard_queries(large, large_stats):
 
 def test_no_more_queries_at_the_ceiling_than_the_profile_allows(large, large_stats):
     model = PRESETS["nl2repo-122b"].model
-    assert 4.0 < model.ceiling_h < model.budget_h  # SPEC 5.1: read with a ceiling above 4 h
+    assert 4.0 < model.ceiling_h < model.budget_h  # docs/workload.md#hard-queries: read with a ceiling above 4 h
     slowest_h = large["nl2repo-122b"].durations_s.max(axis=1) / 3600
     at_ceiling = np.isclose(slowest_h, model.ceiling_h) | np.isclose(slowest_h, model.budget_h)
     assert at_ceiling.mean() <= AT_MOST_TIMED_OUT_QUERIES

@@ -83,7 +83,8 @@ def test_tolerance_rules():
 
 def test_table_puts_achieved_beside_target():
     stats = trace_stats(two_by_two())
-    sources = {"mean_execution_h": "paper: SPEC 5", "failed_rate": "ours: a guess", "queries_with_timeout": "paper: x"}
+    sources = {"mean_execution_h": "paper: docs/workload.md#workload-profile", "failed_rate": "ours: a guess",
+               "queries_with_timeout": "paper: x"}
     table = format_stats_table(stats, {"mean_execution_h": 2.75, "failed_rate": 0.10}, sources=sources,
                                bounds={"queries_with_timeout": 0.5})
     lines = table.splitlines()

@@ -62,7 +62,8 @@ def test_placeholder_keeps_group_counts_complete():
 
 
 def test_an_excluded_execution_never_blocks_its_group():
-    """SPEC 4.3: the group is ready, the excluded execution has no reward, advantages use the rest."""
+    """docs/trajectories.md#evaluation-and-outcomes: the group is ready, the excluded execution has no reward,
+    advantages use the rest."""
     buffer = TrajectoryBuffer(3)
     buffer.open_group("g1", 0, ["a", "b", "c"], deadline=10.0)
     finish(buffer, "a", 1.0)

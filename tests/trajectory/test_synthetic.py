@@ -1,4 +1,4 @@
-"""The synthetic SPEC.md 4.2 execution (synthetic.py) and package hygiene."""
+"""The synthetic docs/trajectories.md#trajectory-trees execution (synthetic.py) and package hygiene."""
 
 from __future__ import annotations
 

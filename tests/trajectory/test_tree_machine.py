@@ -9,7 +9,7 @@ admission draws one trajectory per rule.
 Model kept beside the machine: every request's exact token sequence and
 incoming provenance, and a copy of every frozen target set.
 
-Invariants (SPEC.md 4.2, 4.4):
+Invariants (docs/trajectories.md):
 - the tree reproduces every request's exact input (and output) ids;
 - with tool calls restored, an agent's kept output lies on the path of its
   next request (no false branch); main agent and sub-agents never share a root;

@@ -1,6 +1,6 @@
 """Anthropic Messages API: request parsing, responses and the SSE event stream.
 
-Accepted (as Claude Code sends it, see shared/notes/harness-clients.md):
+Accepted (as Claude Code sends it, see docs/harnesses.md):
 ``system`` as a string or text blocks (``cache_control`` ignored),
 ``{"role": "system"}`` entries inside ``messages``, content as a string or
 blocks ``text`` / ``tool_use`` / ``tool_result`` / ``thinking`` /
