@@ -51,7 +51,14 @@ run: $(VENV)/.base-installed
 # The fast tier: pure core, simulator, analysis and pure trajectory tests,
 # small Hypothesis budget, no heavy stack (tests/conftest.py).
 CHECK_DIRS := tests/core tests/sim tests/analysis tests/trajectory tests/proxy_parse tests/differential
+# Lint and type check first (a few seconds; settings in pyproject.toml). FORMATTED
+# lists the files kept in `ruff format` style so far.
+LINT_DIRS := gyre sim real/runtime
+FORMATTED := tests/core/test_doc_references.py
 check: $(VENV)/.check-installed
+	$(BIN)/ruff check $(LINT_DIRS)
+	$(BIN)/ruff format --check $(FORMATTED)
+	$(BIN)/mypy
 	GYRE_TEST_TIER=check $(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:cacheprovider $(CHECK_DIRS)
 
 test: $(VENV)/.dev-installed .venv-sglang/.installed .harness/.installed

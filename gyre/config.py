@@ -114,7 +114,7 @@ class SchedulerConfig:
         units = self.transition_units()
         return units[0] if units else ()
 
-    def replace_fields(self, **changes: Any) -> "SchedulerConfig":
+    def replace_fields(self, **changes: Any) -> SchedulerConfig:
         """A validated copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gyre.config import ConfigError, SchedulerConfig
+from gyre.config import ConfigError, Granularity, SchedulerConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +64,7 @@ def async_split(shape: ClusterShape, *, phi: float, mu: int, train_fraction: flo
 
 
 def colocated(shape: ClusterShape, *, phi: float, mu: int, colocated_fraction: float = 1.0,
-              streaming: bool = False, granularity: str = "coarse") -> SchedulerConfig:
+              streaming: bool = False, granularity: Granularity = "coarse") -> SchedulerConfig:
     """One colocated block switching as a unit, beside a separate rollout pool."""
     block_cells = shape.cells_for(colocated_fraction)
     return SchedulerConfig(

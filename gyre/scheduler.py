@@ -401,7 +401,7 @@ class Scheduler:
 
     def _start_queued(self, out: list[act.Action]) -> None:
         n = rules.startable(self.queued, self.holding, self.capacity)
-        placements = []
+        placements: list[tuple[int, int]] = []
         while len(placements) < n:
             x = self._queue.popleft()
             if x in self._queued:
@@ -488,6 +488,7 @@ class Scheduler:
         return rules.waterlevel_allows(self.cfg, self.waterlevel, self.capacity, unit_capacity)
 
     def _maybe_transition(self, out: list[act.Action]) -> None:
+        assert self.now is not None  # set by handle() before any rule runs
         if not rules.timer_elapsed(self.cfg, self.supply_since, self.now):
             return  # checked first: it is cheap, and false after most events
         unit = self._candidate_unit()
@@ -502,7 +503,9 @@ class Scheduler:
             for cell in cells:
                 self._ledger.close(cell)
         for cell in cells:
-            self.roles[cell] = R.next_role(self.roles[cell], change)
+            new_role = R.next_role(self.roles[cell], change)
+            assert new_role is not None  # only cells whose role allows the change are offered
+            self.roles[cell] = new_role
             out.append(act.BeginTransition(cell, role))
 
 

@@ -37,6 +37,7 @@ serve the published weights (the real backend does the same).
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import numpy as np
@@ -146,7 +147,7 @@ class Simulation(ActionHandler):
                                          self._group_tokens(g))
             self._outcomes[g] = GroupOutcomes(self.cfg.N)
             if g in self._dropped:
-                self._after(0.0, lambda g=g: self._drop(g))
+                self._after(0.0, functools.partial(self._drop, g))
 
     def on_start_executions(self, a: act.StartExecutions) -> None:
         start, started, duration, size, now = (self.engines.start, self.record.execution_started, self._duration,
@@ -226,10 +227,10 @@ class Simulation(ActionHandler):
         for x in a.executions:
             if x in self.engines:
                 self.engines.remove(x)
-                self._after(0.0, lambda x=x: self._close(x, "cancelled"))
+                self._after(0.0, functools.partial(self._close, x, "cancelled"))
             elif x in self._evaluating:  # harness already stopped: its evaluation is cancelled
                 self._evaluating.discard(x)
-                self._after(0.0, lambda x=x: self._close(x, "cancelled"))
+                self._after(0.0, functools.partial(self._close, x, "cancelled"))
 
     def on_reroute(self, a: act.Reroute) -> None:
         self.record.reroute(a.execution, a.source, a.dest, self.env.now)

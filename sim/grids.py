@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gyre.formats.tables import write_csv
 from gyre.presets import ABLATION_NAMES, WORKLOAD_SHAPES
 from gyre.sim.costs import CostModel
-from gyre.formats.tables import write_csv
 from gyre.sim.report import format_table
 from gyre.sim.runner import run_simulation
 

@@ -30,19 +30,19 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gyre.staleness import steady_window
-from gyre.config import SchedulerConfig
-from gyre.presets import PAPER_SHAPE, WORKLOAD_SHAPES, build_preset
 from gyre.actions import SEPARATE
-from gyre.sim.breakdown import role_node_seconds, rollout_busy_share, time_breakdown
-from gyre.sim.costs import CostModel
-from gyre.sim.sizes import for_workload
-from gyre.sim.driver import Simulation
-from gyre.sim.record import SimRecord, write_tables
+from gyre.config import SchedulerConfig
 from gyre.formats.trace import Trace, load_trace
 from gyre.formats.trace_meta import read_trace_meta
+from gyre.presets import PAPER_SHAPE, WORKLOAD_SHAPES, build_preset
+from gyre.sim.breakdown import role_node_seconds, rollout_busy_share, time_breakdown
+from gyre.sim.costs import CostModel
+from gyre.sim.driver import Simulation
+from gyre.sim.record import SimRecord, write_tables
+from gyre.sim.sizes import for_workload
 from gyre.sim.traces.presets import PRESETS as TRACE_PRESETS
 from gyre.sim.traces.presets import generate_trace
+from gyre.staleness import steady_window
 
 DEFAULT_PRESET = "E0"
 DEFAULT_TRACE = "nl2repo-122b"

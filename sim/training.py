@@ -161,6 +161,7 @@ class SimTrainingPlane:
 
     def _finish_batch(self) -> None:
         version, self.version = self.version, None
+        assert version is not None  # a batch is open
         tail = self.costs.drain_s + self.costs.grad_reduce_s + self.costs.optimizer_s
         self.busy_node_s += tail * sum(m.nodes for m in self.members.values())
         self.env.timeout(tail).callbacks.append(lambda _e: self._send(ev.StepDone(self.env.now, version)))

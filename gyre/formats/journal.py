@@ -84,6 +84,8 @@ class JournalLog(EventLog):
         super().record_event(event)
         row = self.rows[-1]
         data = _line(row)
+        if self._fd is None:
+            raise ValueError(f"journal {self.path} is closed")
         if os.write(self._fd, data) != len(data):  # pragma: no cover - regular files write fully
             raise OSError(f"short write to {self.path}")
 
@@ -140,4 +142,4 @@ def replay_journal(run_dir: str | os.PathLike) -> tuple[list[dict], Journal]:
     from gyre.formats.eventlog import replay, run_config
 
     journal = read_journal(Path(run_dir) / JOURNAL_NAME)
-    return replay(run_config(run_dir), journal.events), journal
+    return replay(run_config(Path(run_dir)), journal.events), journal

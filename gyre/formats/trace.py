@@ -59,7 +59,7 @@ import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Iterator, NoReturn
+from typing import TYPE_CHECKING, Iterator, NoReturn
 
 import numpy as np
 import pandas as pd
@@ -316,6 +316,10 @@ class Trace:
     N: int | None = None
     source: str = "<frame>"
     trajectories: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    if TYPE_CHECKING:  # set once in __post_init__ (object.__setattr__), not dataclass fields
+        _grids: dict[str, np.ndarray] = field(init=False)
+        _query_ids: np.ndarray = field(init=False)
+        _trajectories: tuple[np.ndarray, np.ndarray] | None = field(init=False)
 
     def __post_init__(self) -> None:
         given = self.trajectories
@@ -382,6 +386,7 @@ class Trace:
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         rank = np.arange(flat.size) - np.repeat(starts, counts)
         kept = np.add.reduceat(np.where(rank < j_max, flat, 0), starts)
+        assert self.N is not None  # set by __post_init__
         return _frozen(kept, self.N)
 
     def group(self, i: int) -> QueryGroup:

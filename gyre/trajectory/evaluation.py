@@ -81,7 +81,10 @@ class ExecutionEvaluation:
     def reward(self) -> float:
         if self.state is not EvalState.VALID:
             raise EvaluationError(f"execution {self.execution_id!r} has no valid reward (state {self.state.value})")
-        return 0.0 if self.placeholder else float(self.designated.score)
+        if self.placeholder:
+            return 0.0
+        assert self.designated is not None  # VALID and not a placeholder: set by record()
+        return float(self.designated.score)
 
     @property
     def trainable(self) -> bool:

@@ -36,8 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gyre.trajectory.evaluation import (EvalState, EvaluationBinding, EvaluationResult,
-                                        ExecutionEvaluation)
+from gyre.trajectory.evaluation import EvalState, EvaluationBinding, EvaluationResult, ExecutionEvaluation
 from gyre.trajectory.outcomes import Designated, GroupOutcomes
 from gyre.trajectory.records import ModelCall
 from gyre.trajectory.tree import Placement, TrajectoryTree

@@ -107,7 +107,9 @@ class ClaudeCodeRoles(HarnessRoles):
         "You are Claude Code",
     )
     summary_markers: tuple[str, ...] = ("Your task is to create a detailed summary of the conversation so far",)
-    summarizer_system_markers: tuple[str, ...] = ("You are a helpful AI assistant tasked with summarizing conversations",)
+    summarizer_system_markers: tuple[str, ...] = (
+        "You are a helpful AI assistant tasked with summarizing conversations",
+    )
     auxiliary_markers: tuple[str, ...] = (
         "Analyze if this message indicates a new conversation topic",
         "Your task is to process Bash commands",

@@ -190,7 +190,7 @@ class ModelCall:
 
     # -- binary codec (used by storage.py) ---------------------------------
 
-    def to_bytes(self, *, base: "ModelCall | None" = None, shared: int = 0) -> bytes:
+    def to_bytes(self, *, base: ModelCall | None = None, shared: int = 0) -> bytes:
         """Header length, JSON metadata, then the arrays little-endian.
 
         With ``base``, the first ``shared`` input ids are left out: they equal the
@@ -212,7 +212,7 @@ class ModelCall:
         return b"".join(parts)
 
     @classmethod
-    def from_bytes(cls, payload: bytes, bases: Mapping[str, "ModelCall"] | None = None) -> "ModelCall":
+    def from_bytes(cls, payload: bytes, bases: Mapping[str, ModelCall] | None = None) -> ModelCall:
         """Inverse of ``to_bytes``; raises RecordError on any inconsistency."""
         try:
             (header_len,) = _HEADER.unpack_from(payload, 0)

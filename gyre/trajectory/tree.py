@@ -82,7 +82,7 @@ class _Incoming:
         self.input_prov = call.input_provenance
         self.output_prov = call.output_provenance
         self.output_logp = call.output_logprobs
-        special_in = np.flatnonzero(self.input_prov) if self.input_prov is not None else ()
+        special_in = np.flatnonzero(self.input_prov) if self.input_prov is not None else np.empty(0, dtype=np.intp)
         if len(special_in):
             self.first_special = int(special_in[0])
         elif self.output_prov is None:
@@ -124,7 +124,7 @@ class TrajectoryTree:
         self._closed = False
 
     @classmethod
-    def from_records(cls, records: Iterable[ModelCall], execution_id: str | None = None) -> "TrajectoryTree":
+    def from_records(cls, records: Iterable[ModelCall], execution_id: str | None = None) -> TrajectoryTree:
         records = list(records)
         if execution_id is None:
             if not records:
@@ -173,7 +173,7 @@ class TrajectoryTree:
         if call.request_id in self._request_index:
             raise TreeError(f"request {call.request_id!r} is already in the tree of {self.execution_id!r}")
 
-    def _match(self, seq: np.ndarray, incoming: "_Incoming") -> tuple[int, int, int, bool]:
+    def _match(self, seq: np.ndarray, incoming: _Incoming) -> tuple[int, int, int, bool]:
         first_special = incoming.first_special
         node, pos, visited = ROOT, 0, 0
         while pos < len(seq):

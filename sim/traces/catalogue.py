@@ -23,7 +23,7 @@ MILLION = "paper: docs/workload.md#workload-profile, 'about a million tokens' pe
 JMAX = {"jmax1_token_share": 0.414, "jmax5_token_share": 0.748}  # trajectories.SPEC51_KEPT_SHARE
 JMAX_PAPER = {k: "paper: docs/workload.md#training-cost-and-slack, forward-backward time vs uncapped (122B)"
               for k in JMAX}
-JMAX_OURS = {k: "ours: the 122B shares of docs/workload.md#training-cost-and-slack, reused (no figure for this workload)"
+JMAX_OURS = {k: "ours: the 122B shares of docs/workload.md#training-cost-and-slack, reused (none for this workload)"
              for k in JMAX}
 
 
@@ -192,8 +192,8 @@ def deepswe() -> TracePreset:
     1.5 h with 3 % harness timeouts, total budget 2 h with 0.5 % overall
     timeouts that cluster (5 % of queries have one as their slowest), 14 %
     of queries hold a timeout (about 4 each: less concentrated than NL2Repo,
-    more of these short tasks end on a plain long run), 1 % failures; 12 s per model call (~120 calls); ~300k tokens per execution,
-    5 % output.
+    more of these short tasks end on a plain long run), 1 % failures; 12 s per model call (~120 calls);
+    ~300k tokens per execution, 5 % output.
     Fitted: median duration exp(-1.22) = 0.30 h, sigma_q = 0.57 between
     queries, sigma_e = 0.53 within a group; the hardest 4.0 % of queries get
     stuck with probability 0.57 per execution; 14 % of stopped executions

@@ -92,8 +92,10 @@ class UnknownPresetError(ValueError):
 def _preset(builder: Callable[[], TracePreset]) -> Callable[[], TracePreset]:
     """Register the preset a function builds; its docstring becomes the summary."""
     preset = builder()
-    frozen = {k: MappingProxyType(dict(getattr(preset, k))) for k in ("targets", "sources", "bounds")}
-    preset = dataclasses.replace(preset, summary=inspect.getdoc(builder) or "", **frozen)
+    preset = dataclasses.replace(preset, summary=inspect.getdoc(builder) or "",
+                                 targets=MappingProxyType(dict(preset.targets)),
+                                 sources=MappingProxyType(dict(preset.sources)),
+                                 bounds=MappingProxyType(dict(preset.bounds)))
     PRESETS[preset.name] = preset
     return builder
 

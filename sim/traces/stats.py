@@ -149,7 +149,9 @@ def count_stats(counts: Mapping[str, np.ndarray]) -> dict[str, float]:
 
 def trace_stats(trace: Trace) -> dict[str, float]:
     """All statistics of a trace, plus its shape (queries, executions, N)."""
-    stats: dict[str, float] = {"queries": trace.queries, "executions": trace.queries * trace.N, "N": trace.N}
+    n = trace.N
+    assert n is not None  # a Trace sets N when it is built
+    stats: dict[str, float] = {"queries": trace.queries, "executions": trace.queries * n, "N": n}
     stats.update(duration_stats(trace.durations_s, trace.outcomes))
     present = {c: trace.column(c) for c in COUNT_COLUMNS if trace.column(c) is not None}
     stats.update(count_stats(present))
@@ -163,10 +165,16 @@ def trajectory_stats(trace: Trace) -> dict[str, float]:
     if sizes is None:
         return {}
     trains = np.isin(trace.outcomes, (Outcome.COMPLETED.value, Outcome.HARNESS_TIMEOUT.value))
-    total = trace.kept_tokens(int(sizes[1].max()))[trains].sum()
+
+    def trained_tokens(j_max: int) -> float:
+        kept = trace.kept_tokens(j_max)
+        assert kept is not None  # the trace has the trajectory column (sizes above)
+        return kept[trains].sum()
+
+    total = trained_tokens(int(sizes[1].max()))
     out = {"mean_trajectories": float(sizes[1].mean())}
     for j in (1, 5):
-        out[f"jmax{j}_token_share"] = float(trace.kept_tokens(j)[trains].sum() / total) if total else 1.0
+        out[f"jmax{j}_token_share"] = float(trained_tokens(j) / total) if total else 1.0
     return out
 
 

@@ -73,8 +73,11 @@ def problems_in(text: str, where: str, docs: Path) -> list[str]:
 def scanned_files(root: Path) -> list[Path]:
     files = [root / name for name in TOP_FILES if (root / name).is_file()]
     for room in ROOMS:
-        files += [p for p in sorted((root / room).rglob("*"))
-                  if p.suffix in SUFFIXES and p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts]
+        files += [
+            p
+            for p in sorted((root / room).rglob("*"))
+            if p.suffix in SUFFIXES and p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts
+        ]
     return files
 
 
@@ -96,22 +99,27 @@ def test_every_doc_page_the_code_cites_has_headings():
         assert section_slugs(page.read_text(encoding="utf-8")), f"{page.name} has no heading"
 
 
-@pytest.mark.parametrize(("planted", "complaint"), [
-    ("see " + "docs/" + "no-such-page.md", "does not exist"),
-    ("see " + "docs/" + "scheduler.md#no-such-section", "has no section"),
-    ("the rule of " + "SPEC" + " 3.3", "cites SPEC"),
-    ("(" + "SPEC" + ".md 4.5)", "cites SPEC"),
-    ("SPEC" + " section 5", "cites SPEC"),
-    ("measured in ../" + "shared/" + "no" + "tes/cpu-stack.md", "path into shared/"),
-])
+@pytest.mark.parametrize(
+    ("planted", "complaint"),
+    [
+        ("see " + "docs/" + "no-such-page.md", "does not exist"),
+        ("see " + "docs/" + "scheduler.md#no-such-section", "has no section"),
+        ("the rule of " + "SPEC" + " 3.3", "cites SPEC"),
+        ("(" + "SPEC" + ".md 4.5)", "cites SPEC"),
+        ("SPEC" + " section 5", "cites SPEC"),
+        ("measured in ../" + "shared/" + "no" + "tes/cpu-stack.md", "path into shared/"),
+    ],
+)
 def test_the_checker_fails_on_a_planted_bad_reference(planted, complaint):
     problems = problems_in(planted, "planted.py", DOCS)
     assert len(problems) == 1 and complaint in problems[0], problems
 
 
 def test_the_checker_accepts_good_references_and_look_alikes():
-    good = ("docs/scheduler.md#counters, docs/scheduler.md and docs/workload.md#hard-queries; "
-            "SPEC51_KEPT_SHARE, SPEC_ABLATIONS, workspace_setup SPEC -- ARGV")
+    good = (
+        "docs/scheduler.md#counters, docs/scheduler.md and docs/workload.md#hard-queries; "
+        "SPEC51_KEPT_SHARE, SPEC_ABLATIONS, workspace_setup SPEC -- ARGV"
+    )
     assert problems_in(good, "good.py", DOCS) == []
 
 
@@ -123,4 +131,5 @@ def test_github_slugs_and_duplicate_headings(tmp_path):
     (tmp_path / "p.md").write_text(page)
     ref = "docs" + "/p.md"  # built, so that the scan of this file does not see it
     assert problems_in(f"{ref}#same-1 {ref}#not-a-heading", "x.py", tmp_path) == [
-        f"x.py:1: {ref} has no section #not-a-heading"]
+        f"x.py:1: {ref} has no section #not-a-heading"
+    ]

@@ -14,8 +14,14 @@ in ``gyre`` that reads and writes tables. Heavy stacks (torch, Megatron,
 SGLang, Mooncake, Ray, aiohttp, transformers) are imported only under
 ``real/``. Every package folder is listed in pyproject.toml.
 
-Each rule is checked by ``violations(room, path, source)``, which the tests
-also feed hand-made sources to, so a broken checker fails here too.
+Arrows hold transitively too: a module may not *reach* a room its own room may
+not import through a chain of imports (real -> analysis -> sim is a break, although
+each arrow alone is allowed). Importing ``a.b.c`` also runs ``a`` and ``a.b``;
+lazy imports count. The one chain allowed is listed in ``BRIDGES`` with its reason.
+
+Each rule is checked by ``violations(room, path, source)`` and
+``chain_violations(sources)``, which the tests also feed hand-made sources to,
+so a broken checker fails here too.
 """
 
 from __future__ import annotations
@@ -88,6 +94,62 @@ def violations(room: str, path: Path, source: str) -> list[str]:
     return found
 
 
+#: modules through which a room may reach one it may not import, and why
+BRIDGES = {
+    "gyre.analysis.sim_vs_real": "a finished real run writes its comparison with the simulator's prediction "
+                                 "(lazy import in the job's last step)",
+}
+PACKAGE_FOLDERS = {"gyre.sim": "sim", "gyre.real": "real", "gyre.analysis": "analysis", "gyre.paper_figs": "paper_figs"}
+
+
+def module_name(path: Path) -> str:
+    """The import name of a project file: sim/driver.py -> gyre.sim.driver."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    heads = {folder: package for package, folder in PACKAGE_FOLDERS.items()}
+    return ".".join([heads.get(parts[0], "gyre"), *parts[1:]])
+
+
+def import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Module -> the project modules its imports run (parent packages included)."""
+    graph: dict[str, set[str]] = {}
+    for name, source in sources.items():
+        named = []
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                named += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                named += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        parts = {".".join(n.split(".")[:i]) for n in named for i in range(1, n.count(".") + 2)}
+        graph[name] = {m for m in parts if m in sources and m != name}
+    return graph
+
+
+def chain_violations(sources: dict[str, str]) -> list[str]:
+    """Every module that reaches a room it may not import, with the shortest chain that does."""
+    graph, found = import_graph(sources), []
+    for origin in sorted(graph):
+        room = room_of_module(origin)
+        came_from: dict[str, str | None] = {origin: None}
+        queue, reported = [origin], set()
+        while queue:
+            module = queue.pop(0)
+            for dep in sorted(graph[module] - came_from.keys()):
+                came_from[dep] = module
+                target = room_of_module(dep)
+                if target not in ALLOWED[room] and target not in reported:
+                    reported.add(target)
+                    chain, step = [dep], module
+                    while step is not None:
+                        chain.append(step)
+                        step = came_from[step]
+                    found.append(f"{' -> '.join(reversed(chain))}: {room} reaches {target}")
+                if dep not in BRIDGES:
+                    queue.append(dep)
+    return found
+
+
 def project_modules() -> list[tuple[str, Path]]:
     return [(room, path) for folder, room in ROOMS.items() for path in sorted((ROOT / folder).rglob("*.py"))]
 
@@ -95,6 +157,38 @@ def project_modules() -> list[tuple[str, Path]]:
 def test_every_module_keeps_its_rooms_contracts():
     problems = [v for room, path in project_modules() for v in violations(room, path, path.read_text())]
     assert not problems, "\n".join(problems)
+
+
+def test_no_module_reaches_a_forbidden_room_through_a_chain():
+    sources = {module_name(path): path.read_text() for _, path in project_modules()}
+    assert "gyre.sim.driver" in sources and "gyre.real.runtime.job" in sources
+    problems = chain_violations(sources)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_chain_checker_catches_a_planted_transitive_break():
+    planted = {
+        "gyre.real.runtime.job": "from gyre.analysis import plots\n",  # real -> analysis: allowed
+        "gyre.analysis.plots": "def f():\n    import gyre.sim.runner\n",  # analysis -> sim: allowed
+        "gyre.sim.runner": "from gyre import scheduler\n",
+        "gyre.scheduler": "",
+    }
+    direct = [v for name, source in planted.items()
+              for v in violations(room_of_module(name) or "", ROOT / "x.py", source)]
+    assert direct == []  # each arrow alone is allowed
+    assert chain_violations(planted) == [
+        "gyre.real.runtime.job -> gyre.analysis.plots -> gyre.sim.runner: real reaches sim"]
+
+
+def test_the_chain_checker_follows_parent_packages_and_stops_at_a_bridge():
+    via_package = {"gyre.real.a": "import gyre.analysis.b\n", "gyre.analysis": "from gyre.sim import c\n",
+                   "gyre.analysis.b": "", "gyre.sim": "", "gyre.sim.c": ""}
+    assert chain_violations(via_package) == ["gyre.real.a -> gyre.analysis -> gyre.sim: real reaches sim"]
+    bridged = {"gyre.real.a": "from gyre.analysis.sim_vs_real import w\n",
+               "gyre.analysis.sim_vs_real": "import gyre.sim.c\n", "gyre.sim.c": ""}
+    assert chain_violations(bridged) == []
+    assert chain_violations({**bridged, "gyre.analysis.sim_vs_real": "import gyre.sim.c\nimport gyre.real.a\n"}) == [
+        "gyre.analysis.sim_vs_real -> gyre.real.a: analysis reaches real"]
 
 
 @pytest.mark.parametrize("room, relpath, source, expected", [
