@@ -133,3 +133,29 @@ def test_github_slugs_and_duplicate_headings(tmp_path):
     assert problems_in(f"{ref}#same-1 {ref}#not-a-heading", "x.py", tmp_path) == [
         f"x.py:1: {ref} has no section #not-a-heading"
     ]
+
+
+MARKDOWN_LINK = re.compile(r"\]\(([A-Za-z0-9_.-]+\.md)?(?:#([A-Za-z0-9_-]+))?\)")
+
+
+def link_problems(page: Path, docs: Path) -> list[str]:
+    """Broken relative links between docs pages: ``[text](other.md#section)`` or ``[text](#section)``."""
+    found = []
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        for match in MARKDOWN_LINK.finditer(line):
+            target = docs / (match.group(1) or page.name)
+            if not target.is_file():
+                found.append(f"{page.name}:{number}: {target.name} does not exist")
+            elif match.group(2) and match.group(2) not in section_slugs(target.read_text(encoding="utf-8")):
+                found.append(f"{page.name}:{number}: {target.name} has no section #{match.group(2)}")
+    return found
+
+
+def test_links_between_docs_pages_resolve(tmp_path):
+    assert [p for page in sorted(DOCS.glob("*.md")) for p in link_problems(page, DOCS)] == []
+    (tmp_path / "a.md").write_text("# A\n## Here\nsee [x](#here), [y](b.md#gone) and [z](c.md)\n")
+    (tmp_path / "b.md").write_text("# B\n")
+    assert link_problems(tmp_path / "a.md", tmp_path) == [
+        "a.md:3: b.md has no section #gone",
+        "a.md:3: c.md does not exist",
+    ]
