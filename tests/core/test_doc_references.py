@@ -21,7 +21,7 @@ TOP_FILES = ("Makefile", "README.md")
 SUFFIXES = {".py", ".sh", ".md", ".toml", ".txt", ".cfg", ".yaml", ".yml", ".ini"}
 
 REFERENCE = re.compile(r"\bdocs/([A-Za-z0-9_.-]+?\.md)(?:#([A-Za-z0-9_-]+))?")
-SPEC_CITATION = re.compile(r"\bSPEC(?:\.md)?(?:'s)?\s+(?:§\s*|section\s+)?\d")
+SPEC_CITATION = re.compile(r"\bSPEC(?:\.md)?(?:'s)?(?:\s*§\s*|\s+(?:section\s+)?)\d")
 SHARED_PATH = re.compile(r"(?<![\w.-])(?:/work/)?(?:\.\./)*shared/(?:notes/|SPEC|STYLE)")
 HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 
@@ -107,6 +107,7 @@ def test_every_doc_page_the_code_cites_has_headings():
         ("the rule of " + "SPEC" + " 3.3", "cites SPEC"),
         ("(" + "SPEC" + ".md 4.5)", "cites SPEC"),
         ("SPEC" + " section 5", "cites SPEC"),
+        ("SPEC" + "§3.3 and " + "SPEC" + ".md § 2", "cites SPEC"),
         ("measured in ../" + "shared/" + "no" + "tes/cpu-stack.md", "path into shared/"),
     ],
 )
