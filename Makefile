@@ -58,7 +58,7 @@ FORMATTED := tests/core/test_doc_references.py
 check: $(VENV)/.check-installed
 	$(BIN)/ruff check $(LINT_DIRS)
 	$(BIN)/ruff format --check $(FORMATTED)
-	$(BIN)/mypy
+	bash tools/typecheck.sh $(VENV)
 	GYRE_TEST_TIER=check $(BIN)/python -m pytest -q -n 2 -m "not slow" -p no:cacheprovider $(CHECK_DIRS)
 
 test: $(VENV)/.dev-installed .venv-sglang/.installed .harness/.installed

@@ -74,12 +74,12 @@ class Simulation(ActionHandler):
         self.core = Scheduler(cfg)
         self.record = SimRecord(cfg)
         self.loop = DriverLoop(self.core, self, self.record.log)
-        self.costs = costs = costs.bind(cfg, trace)  # gyre.sim.sizes: training work, publication, sandbox start
-        self.trace = costs.trace
-        self.plane = SimTrainingPlane(self.env, cfg, costs, self.send)
+        bound = costs.bind(cfg, trace)  # gyre.sim.sizes: training work, publication, sandbox start
+        self.costs, self.trace = bound, bound.trace
+        self.plane = SimTrainingPlane(self.env, cfg, bound, self.send)
         self._on_step = on_step
         self._done = self.env.event()
-        self.engines = EngineBank(self.env, costs.engine_curve(), self._capacity, self._execution_done)
+        self.engines = EngineBank(self.env, bound.engine_curve(), self._capacity, self._execution_done)
         self._durations = self.trace.durations_s.tolist()  # plain lists: read once per execution, hot
         self._harness = self.trace.harness_s.tolist() if HARNESS_COLUMN in self.trace.frame else None
         self._evaluating: set[int] = set()  # harness stopped, evaluation tail still running

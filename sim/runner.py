@@ -26,7 +26,7 @@ import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -132,7 +132,8 @@ def where_the_time_goes(cfg: SchedulerConfig, record: SimRecord, training_busy_n
     slots = {x: record.slot_interval(x) for x in record.executions}  # a stopped harness frees its slot
     seconds = time_breakdown(end_s=record.end_s, executions=list(slots.values()),
                              roles=roles, steps=[(s["start_s"], s["end_s"]) for s in record.steps.values()],
-                             publications=[tuple(p) for p in record.publications], C_e=cfg.C_e, C_s=cfg.C_s)
+                             publications=[cast("tuple[float, float | None]", tuple(p)) for p in record.publications],
+                             C_e=cfg.C_e, C_s=cfg.C_s)
     node_s = role_node_seconds(roles, cfg.nodes_per_cell)
     on_cells = [slots[x["execution"]] for x in execs if x["engine"] != SEPARATE]
     rollout_busy = rollout_busy_share(end_s=record.end_s, executions_on_cells=on_cells, roles=roles, C_e=cfg.C_e)

@@ -129,7 +129,7 @@ class BoundCosts:
     group g's training work.
     """
 
-    base: Any  # CostModel
+    base: CostModel
     cfg: SchedulerConfig
     trace: Trace | None
 
@@ -199,5 +199,5 @@ def for_workload(costs: CostModel, workload: str) -> CostModel:
     """Model-description fields still at their defaults take the workload's model (``WORKLOAD_MODELS``)."""
     model = MODELS[WORKLOAD_MODELS.get(workload, "122b")]
     defaults = MODELS["122b"].fields()  # the CostModel defaults
-    changes = {k: v for k, v in model.fields().items() if getattr(costs, k) == defaults[k]}
+    changes: dict[str, Any] = {k: v for k, v in model.fields().items() if getattr(costs, k) == defaults[k]}
     return dataclasses.replace(costs, **changes)
