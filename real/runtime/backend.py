@@ -96,6 +96,7 @@ from typing import Any, Callable
 
 from gyre import actions as act
 from gyre import events as ev
+from gyre.driver_rules import asks_for_group, is_satellite
 from gyre.ids import execution_id, group_id, query_id
 from gyre.loop import ActionHandler
 from gyre.real.harness.evaluation import close_and_evaluate
@@ -107,6 +108,7 @@ from gyre.trajectory.groups import ReadyGroup, TrajectoryBuffer
 from gyre.trajectory.packing import StreamPacker
 from gyre.trajectory.harness_roles import GenericRoles
 from gyre.real.store.tito_log import ExecutionStore
+from gyre.staleness import staleness_by_group
 
 PROXY_WAIT_S = 120.0  # how long an admin call waits for a proxy that is restarting
 
@@ -166,7 +168,7 @@ class Metrics:
     excluded: list[int] = field(default_factory=list)          # executions out of budget without a valid reward
 
     def staleness(self) -> list[int]:
-        return [self.v_t[g] - self.v_d[g] for g in sorted(self.v_t)]
+        return list(staleness_by_group(self.v_d, self.v_t).values())
 
 
 class RealBackend(ActionHandler):
@@ -403,7 +405,7 @@ class RealBackend(ActionHandler):
         t_idle = self.clock()
         # idle by construction: release cannot race
         await self._engine_ops(name, "training", self.parts.engines.quiesce, self.parts.engines.release_memory)
-        satellite = cell not in self.cfg.core_unit and cell >= self.cfg.static_train_cells
+        satellite = is_satellite(self.cfg, cell)
         # a satellite holds until the core has acted on its TransitionDone: if its burst ended
         # meanwhile the core sends it straight back, and it must not join the next burst's step
         ticket = self.parts.plane.send(cell, "enter_training", **({"hold": True} if satellite else {}))
@@ -476,8 +478,8 @@ class RealBackend(ActionHandler):
         version = self._open
         if not self.cfg.streaming or version is None:
             return
-        if (self._wanted == 0 and self._packed < self.cfg.B
-                and self._queued(version) < max(1, len(self._members))):
+        if asks_for_group(asked=self._wanted, fed=self._packed, batch_size=self.cfg.B,
+                          queued=self._queued(version), training_cells=len(self._members)):
             self._wanted = 1
             self._report(ev.GroupWanted)
 

@@ -56,6 +56,7 @@ from pathlib import Path
 from gyre import actions as act
 from gyre import events as ev
 from gyre import roles as R
+from gyre.driver_rules import is_satellite
 from gyre.ids import execution_id, group_id, query_id
 from gyre.real.harness.evaluation import close_and_evaluate
 from gyre.real.harness.runner import ExecutionResult
@@ -104,7 +105,7 @@ class Checkpointer:
 
 def restore_parts(plan: ResumePlan, backend) -> None:
     """Step 1 of the module docstring: engines, core cell, cell roles and the backend's view at P."""
-    parts, core, cfg = backend.parts, plan.core, plan.core.cfg
+    parts, core, cfg = backend.parts, plan.core.snapshot(), plan.core.cfg
     folder = plan.published_folder()
     if folder is not None:
         backend.latest = (plan.published, str(folder))
@@ -121,7 +122,7 @@ def restore_parts(plan: ResumePlan, backend) -> None:
             backend.admin("POST", f"/admin/engines/{name}/drain", {"evacuate": False})
             parts.engines.quiesce(name)
             parts.engines.release_memory(name)
-        satellite = cell not in cfg.core_unit
+        satellite = is_satellite(cfg, cell)
         parts.plane.call(cell, "enter_training", **({"hold": True} if satellite else {}), timeout=600.0)
         backend.rollout_ready.discard(cell)
         if role == R.TRAINING:
@@ -141,7 +142,7 @@ def restore_parts(plan: ResumePlan, backend) -> None:
 def _open_groups(plan: ResumePlan, backend) -> list[int]:
     """Open every unfed, undropped group of P in the buffer; the groups whose task is gone now."""
     gone, overall = [], backend.parts.runner.budgets.overall_timeout_s
-    for g, group in plan.core.groups.items():
+    for g, group in plan.core.snapshot().groups.items():
         if group.v_t is not None or group.dropped:
             continue
         try:
@@ -182,7 +183,7 @@ async def rebuild_buffer(plan: ResumePlan, backend) -> list[int]:
             backend.metrics.excluded.append(x)
         backend.metrics.outcomes[x] = event.outcome
     ready = set(backend.buffer.ready_group_ids())
-    for g, group in plan.core.groups.items():
+    for g, group in plan.core.snapshot().groups.items():
         if group.ready and group.v_t is None and g not in gone:
             if group_id(g) not in ready:
                 raise ResumeError(f"group {group_id(g)} was ready at event {plan.position}, but its executions' "

@@ -34,6 +34,7 @@ from gyre.real.runtime.controller import Controller
 from gyre.scheduler import Scheduler
 from gyre.sim.costs import CostModel
 from gyre.sim.driver import Simulation
+from gyre.staleness import staleness_by_group
 
 from .doubles import TOKEN_BUDGET, EngineDouble, PlaneDouble, ProxyDouble, RunnerDouble, TaskDouble
 from .virtual_loop import VirtualLoop
@@ -117,7 +118,7 @@ def run_real(cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
     if backend.errors:
         raise AssertionError(f"backend tasks failed: {backend.errors}")
     m = backend.metrics
-    return World(controller.log, {g: m.v_t[g] - m.v_d[g] for g in sorted(m.v_t)}, loop.time()), backend
+    return World(controller.log, staleness_by_group(m.v_d, m.v_t), loop.time()), backend
 
 
 def transcript(cfg: SchedulerConfig, log: EventLog) -> list[str]:
