@@ -395,7 +395,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
             engines.wait_healthy(name, timeout=300)
         timings["startup_s"] = time.monotonic() - t0
         # from here on a dead engine is restarted with the newest published weights (runtime.engine_watch)
-        supervisor = EngineWatch(engines, latest=lambda: backend.latest, publishing=lambda: backend._publishing,
+        supervisor = EngineWatch(engines, latest=lambda: backend.latest, publishing=lambda: backend.publisher.publishing,
                                  gate=lambda name, serving: backend.gate_engine(name, serving),
                                  progress=say, roster=work / "engines.json").start()
         say(f"ready after {timings['startup_s']:.1f} s; running {job.steps} steps, {cfg.mu} per burst")
@@ -421,7 +421,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
         redone = None if resume is None else resume.version + 1  # the first redone step (step = version + 1)
         live = LiveMetrics(cfg, work, names, log=say, watch=watch, wandb=job.wandb,
                            purge_step=redone).bind(controller, backend)
-        backend.on_step = live.on_step  # metrics.jsonl + tb/, one record per step, during the run
+        backend.set_hooks(on_step=live.on_step)  # metrics.jsonl + tb/, one record per step, during the run
         wiring = ResumeWiring(resume, controller, backend, work=work, tp=tp, seed=job.seed)  # runtime.restore
 
         async def main() -> None:
