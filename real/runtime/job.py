@@ -130,6 +130,8 @@ class JobConfig:
     wandb: str = ""            # "offline": metrics also to an offline W&B run in WORKDIR/wandb (runtime.metrics)
 
     def __post_init__(self) -> None:
+        """Checks that need nothing but the fields (no file read, no import, no tokenizer): a job can be
+        built and compared cheaply; ``check_environment`` looks at what the fields name."""
         if self.isolate not in ISOLATE_MODES:
             raise ValueError(f"job field isolate must be one of {ISOLATE_MODES}, not {self.isolate!r}")
         if not isinstance(self.schedule, dict):
@@ -147,13 +149,9 @@ class JobConfig:
             raise ValueError(f"job field steps must be a positive multiple of mu = {cfg.mu} (whole bursts), "
                              f"not {self.steps}")
         Budgets(harness_timeout_s=self.harness_timeout_s, overall_timeout_s=self.overall_timeout_s)
-        if self.model:
-            self.model_config()  # a checkpoint the bridge cannot load fails here, before anything starts
-        self.harness_adapter()  # an unknown harness or unimportable class fails here
         if bool(self.tasks) != bool(self.evaluator):
             raise ValueError("job fields tasks and evaluator go together: a task set needs its evaluator "
                              f"(\"module:Class\"), got tasks={self.tasks!r}, evaluator={self.evaluator!r}")
-        self.task_source()  # every line of the task set and every evaluator's arguments are checked here
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"job field device must be cpu or cuda, not {self.device!r}")
         if self.device == "cuda":
@@ -165,13 +163,23 @@ class JobConfig:
         if self.device == "cuda" and self.tp not in (1, self.cell_tp()):
             raise ValueError(f"job field tp = {self.tp} disagrees with layout.tensor_parallel = {self.cell_tp()}: "
                              f"on device = \"cuda\" a cell's ranks are the layout's; leave tp out")
+        if self.cluster and self.device == "cuda":
+            raise ValueError("[cluster] places CPU jobs only so far: a CUDA job's [job.layout] numbers the GPUs "
+                             "of one node; run it without [cluster]")
+
+    def check_environment(self) -> "JobConfig":
+        """What the fields name, looked at before anything starts (files read, classes imported, the tiny
+        tokenizer trained when a split needs its vocabulary): ValueError names the field; ``self`` when all
+        is well. ``load_job_config`` and a resume run it."""
+        if self.model:
+            self.model_config()  # a checkpoint the bridge cannot load fails here, before anything starts
+        self.harness_adapter()  # an unknown harness or unimportable class fails here
+        self.task_source()  # every line of the task set and every evaluator's arguments are checked here
         if self.cluster:
             self.cluster_config()  # a bad address, unknown key or missing interface fails here, naming the field
-            if self.device == "cuda":
-                raise ValueError("[cluster] places CPU jobs only so far: a CUDA job's [job.layout] numbers the GPUs "
-                                 "of one node; run it without [cluster]")
         if self.cell_tp() > 1:  # the model must split over the cell's ranks; CellConfig's check names what cannot
             self.check_cells(self.model_config() or self.toy_model_config())
+        return self
 
     def cluster_config(self):
         """The checked ``ClusterConfig`` of the ``[cluster]`` table (None: a single-machine run)."""
@@ -258,8 +266,11 @@ class JobConfig:
         return build_preset(self.preset, self.shape(), **self.schedule)
 
 
-def load_job_config(path: str | Path, **overrides: Any) -> JobConfig:
-    """The ``[job]`` table of a TOML file, with ``overrides``; errors name the file and the field."""
+def load_job_config(path: str | Path, tables: dict[str, dict[str, Any]] | None = None,
+                    **overrides: Any) -> JobConfig:
+    """The ``[job]`` table of a TOML file, with ``overrides`` (whole fields) and ``tables`` (entries merged
+    into a table field: ``gyre run --set schedule.phi=0.5``), checked with ``check_environment``; errors
+    name the file and the field."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -271,12 +282,16 @@ def load_job_config(path: str | Path, **overrides: Any) -> JobConfig:
     if isinstance(overrides.get("cluster"), dict) and isinstance(table.get("cluster", {}), dict):
         overrides["cluster"] = {**table.get("cluster", {}), **overrides["cluster"]}  # --cluster ADDRESS
     data = dict(table, **overrides)
+    for name, entries in (tables or {}).items():
+        if not isinstance(data.get(name, {}), dict):
+            raise ValueError(f"job configuration {path}: {name} is not a table, so {name}.KEY cannot be set")
+        data[name] = {**data.get(name, {}), **entries}
     known = {f.name for f in dataclasses.fields(JobConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"job configuration {path}: unknown field(s) {unknown}; known: {sorted(known)}")
     try:
-        return JobConfig(**data)
+        return JobConfig(**data).check_environment()
     except (TypeError, ValueError) as exc:
         raise ValueError(f"job configuration {path}: {exc}") from None
 

@@ -181,7 +181,7 @@ def plan_resume(run_dir: str | os.PathLike) -> ResumePlan:
     if (work / "summary.json").is_file():
         raise ResumeError(f"{run_dir} is a finished run (summary.json is written): nothing to resume")
     try:
-        job = JobConfig(**dict(json.loads((work / JOB_FILE).read_text()), workdir=str(work)))
+        job = JobConfig(**dict(json.loads((work / JOB_FILE).read_text()), workdir=str(work))).check_environment()
     except (ValueError, TypeError) as exc:
         raise ResumeError(f"{run_dir}/{JOB_FILE}: {exc}") from None
     try:
