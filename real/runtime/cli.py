@@ -24,6 +24,10 @@ that dies during the run comes back the same way: the job stops
 (``runtime.job.CellFailed``) and resumes itself from its last checkpoint, up to
 the job's ``cell_restarts`` times (the steps since that checkpoint are redone;
 executions recorded since are re-admitted, those cut are re-run).
+
+Quiet by default (``runtime.quiet``): third-party warnings and logs are
+filtered, in this process and the ones it starts; ``--verbose`` shows
+everything. Each engine's full output is in ``WORKDIR/engine-logs``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", metavar="ADDRESS", default=None,
                         help="place the run on the Ray cluster at ADDRESS (HOST:PORT of the head, or auto); "
                              "overrides [cluster] address")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show third-party warnings and logs too (default: Gyre's own lines only)")
     parser.set_defaults(func=run)
 
 
@@ -63,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gyre run: error: {exc}{f' (with {given})' if given and '--set' not in str(exc) else ''}",
               file=sys.stderr)
         return 2
-    return _run(job)
+    return _run(job, verbose=args.verbose)
 
 
 TABLE_KEYS = {"model": ("checkpoint", "dtype"), "cluster": None, "layout": None, "harness_options": None}
@@ -107,21 +113,25 @@ def _resume(args: argparse.Namespace) -> int:
     print(f"gyre run: resuming {plan.work} at version {plan.version} (checkpoint "
           f"{plan.checkpoint.name if plan.checkpoint else 'none: from the start'}, events[0:{plan.position}] kept, "
           f"{plan.discarded} discarded{'; ' + plan.torn if plan.torn else ''})", file=sys.stderr)
-    return _run(plan.job, plan)
+    return _run(plan.job, plan, verbose=args.verbose)
 
 
-def _run(job, plan=None) -> int:
-    from gyre.real.runtime.job import CellFailed, run_job
+def _run(job, plan=None, verbose: bool = True) -> int:
+    from gyre.real.runtime import job as job_module
+    from gyre.real.runtime.job import CellFailed
     from gyre.real.runtime.lifetime import terminate_on_sigterm
     from gyre.real.runtime.progress import RunDisplay
+    from gyre.real.runtime.quiet import quiet_third_parties
     from gyre.real.runtime.resume import ResumeError, plan_resume
+
+    quiet_third_parties(verbose=verbose)  # before any engine, cell or proxy starts (they inherit it)
 
     terminate_on_sigterm()  # `kill PID` stops engines, cells and harnesses in order, as Ctrl-C does
     display = RunDisplay(job.steps, sys.stderr)  # a bar on a terminal, plain lines otherwise
     try:
         for restart in range(job.cell_restarts + 1):
             try:
-                summary = run_job(job, progress=display.line, watch=display.record, resume=plan)
+                summary = job_module.run_job(job, progress=display.line, watch=display.record, resume=plan)
                 break
             except CellFailed as exc:  # the cell comes back: the whole job resumes from its last checkpoint
                 if restart == job.cell_restarts:
