@@ -12,11 +12,11 @@ staleness v_t - v_d:
 - excluded executions (overall timeouts) and dropped groups (GroupDropped);
 - fine-cell streaming Gyre.
 
-Streaming: both worlds ask for groups by one rule (SPEC 3.6): the packing
-buffer asks while its queued micro-steps plus the asked-for groups' are fewer
-than the training cells; the simulator delivers its ask after the instant's
-claims (``sim.training``), the real backend on its next turn of the event loop
-(``RealBackend._ask_for_groups``), woken by the plane double when a cell
+Streaming: both worlds ask for groups by one rule (``gyre.driver_rules.asks_for_group``):
+the packing buffer asks while its queued micro-steps are fewer than the
+training cells; the simulator delivers its ask after the instant's claims
+(``sim.training``), the real backend on its next turn of the event loop
+(``runtime.batch_feed.BatchFeed.ask``), woken by the plane double when a cell
 claims. With that rule ready groups can wait unclaimed and satellites join.
 """
 
