@@ -83,18 +83,19 @@ class Checkpointer:
     def __call__(self, version: int) -> None:
         if any(v == version for v, _, _ in complete_checkpoints(self.root)):
             return  # a resumed run re-applying its checkpoint's outstanding Publish
-        core = self.controller.core
+        core = self.controller.core.snapshot()
         manifest = {"format": 1, "version": version, "events": len(self.controller.log),
                     "published": core.published, "burst": core.burst, "now": core.now, "tp": self.tp,
-                    "cells": core.cfg.K, "seed": self.seed, "written_unix_s": time.time()}
+                    "cells": self.controller.cfg.K, "seed": self.seed, "written_unix_s": time.time()}
         tmp = self.root / f".{checkpoint_name(version)}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        (tmp / METRICS).write_text(json.dumps(dataclasses.asdict(self.backend.metrics)))  # as of P exactly
+        measured = json.dumps(dataclasses.asdict(self.backend.metrics))  # as of P exactly; written off the loop
         ticket = self.plane.send(0, "save_checkpoint", folder=str(tmp))
-        self.backend.ctx.spawn(self._finish(ticket, tmp, manifest))
+        self.backend.ctx.spawn(self._finish(ticket, tmp, manifest, measured))
 
-    async def _finish(self, ticket, tmp: Path, manifest: dict) -> None:
+    async def _finish(self, ticket, tmp: Path, manifest: dict, measured: str) -> None:
+        await asyncio.to_thread((tmp / METRICS).write_text, measured)
         await asyncio.to_thread(ticket.result, 600.0)
         self.controller.log.sync()  # events[0:P] are on disk before the manifest names P
         final = await asyncio.to_thread(finalize, tmp, manifest)
