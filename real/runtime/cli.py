@@ -55,6 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gyre.real.runtime.quiet import quiet_third_parties
+
+    quiet_third_parties(verbose=args.verbose)  # before torch or any engine, cell or proxy is imported or started
     from gyre.real.runtime.job import load_job_config
 
     if args.resume is not None:
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gyre run: error: {exc}{f' (with {given})' if given and '--set' not in str(exc) else ''}",
               file=sys.stderr)
         return 2
-    return _run(job, verbose=args.verbose)
+    return _run(job)
 
 
 TABLE_KEYS = {"model": ("checkpoint", "dtype"), "cluster": None, "layout": None, "harness_options": None}
@@ -113,18 +116,15 @@ def _resume(args: argparse.Namespace) -> int:
     print(f"gyre run: resuming {plan.work} at version {plan.version} (checkpoint "
           f"{plan.checkpoint.name if plan.checkpoint else 'none: from the start'}, events[0:{plan.position}] kept, "
           f"{plan.discarded} discarded{'; ' + plan.torn if plan.torn else ''})", file=sys.stderr)
-    return _run(plan.job, plan, verbose=args.verbose)
+    return _run(plan.job, plan)
 
 
-def _run(job, plan=None, verbose: bool = True) -> int:
+def _run(job, plan=None) -> int:
     from gyre.real.runtime import job as job_module
     from gyre.real.runtime.job import CellFailed
     from gyre.real.runtime.lifetime import terminate_on_sigterm
     from gyre.real.runtime.progress import RunDisplay
-    from gyre.real.runtime.quiet import quiet_third_parties
     from gyre.real.runtime.resume import ResumeError, plan_resume
-
-    quiet_third_parties(verbose=verbose)  # before any engine, cell or proxy starts (they inherit it)
 
     terminate_on_sigterm()  # `kill PID` stops engines, cells and harnesses in order, as Ctrl-C does
     display = RunDisplay(job.steps, sys.stderr)  # a bar on a terminal, plain lines otherwise
