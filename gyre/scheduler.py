@@ -74,7 +74,9 @@ from gyre import events as ev
 from gyre import roles as R
 from gyre import rules
 from gyre.config import SchedulerConfig
+from gyre.driver_rules import is_satellite
 from gyre.ledger import RolloutLedger
+from gyre.snapshot import GroupView, SchedulerSnapshot, read_only
 
 
 class PolicyError(RuntimeError):
@@ -147,6 +149,18 @@ class Scheduler:
         return out
 
     # ---- read-only views ----------------------------------------------------
+    def snapshot(self) -> SchedulerSnapshot:
+        """A frozen copy of the state that readers outside the core use (``gyre.snapshot``)."""
+        groups = {g: GroupView(s.v_d, s.v_t, s.closed, s.ready, s.dropped) for g, s in self.groups.items()}
+        return SchedulerSnapshot(
+            now=self.now, d=self.d, p=self.p, f=self.f, version=self.version, published=self.published,
+            burst=self.burst, steps_in_burst=self.steps_in_burst, roles=tuple(self.roles),
+            batch_open=self.batch_open, fed=self.fed, wants=self.wants, awaiting_publish=self.awaiting_publish,
+            supply_since=self.supply_since, holding=self.holding, capacity=self.capacity,
+            ready_unclaimed=self.ready_unclaimed, training_cells=self.training_cells(),
+            placements=read_only(self.placements()), stopped=self.stopped_executions(),
+            groups=read_only(groups))
+
     @property
     def waterlevel(self) -> int:
         return self.d - self.f
@@ -350,8 +364,7 @@ class Scheduler:
         self.batch_open = False
         self.fed = self.wants = 0
         satellites = tuple(c for c in range(self.cfg.K)
-                           if c not in self.cfg.core_unit and c >= self.cfg.static_train_cells
-                           and self.roles[c] == R.TRAINING)
+                           if is_satellite(self.cfg, c) and self.roles[c] == R.TRAINING)
         if self.steps_in_burst < self.cfg.mu:
             if satellites:
                 out.append(act.Broadcast(self.version, satellites))

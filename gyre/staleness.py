@@ -1,8 +1,14 @@
 """Staleness, the one formula (docs/staleness.md#staleness-identity, Theorem A.1) and its steady-state window.
 
-Every place that predicts or windows staleness imports from here: the
-scheduler's config, the simulator's summary, the real job's summary, the
-analysis tables and the figures.
+Every place that measures, predicts or windows staleness imports from here:
+the scheduler's snapshot, the simulator's record, the real backend's metrics,
+the analysis tables and the figures.
+
+- ``group_staleness(v_d, v_t)``: a consumed group's staleness d = v_t - v_d,
+  the policy versions between the weights that rolled it out (dispatched at
+  v_d) and the step that trains on it (v_t).
+- ``staleness_by_group(v_d, v_t)``: d of every consumed group, in group
+  order (a group in ``v_t`` only: fed, so it was dispatched).
 
 - ``predicted_staleness(phi, mu, dispatch)``: the group-weighted steady-state
   mean E[d]. Boundary dispatch: phi + (mu - 1) / 2. Continuous dispatch at the
@@ -19,14 +25,28 @@ analysis tables and the figures.
   window cut mid-burst biases the mean.
 
 Invariants: pure functions of their arguments; an unknown dispatch policy or
-a run too short for any steady burst raises ValueError naming the problem.
+a run too short for any steady burst raises ValueError naming the problem; a
+group trained before it was dispatched (v_t < v_d) raises ValueError.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
 DISPATCH_POLICIES: tuple[str, ...] = ("boundary", "continuous")
+
+
+def group_staleness(v_d: int, v_t: int) -> int:
+    """d = v_t - v_d of one consumed group; never negative."""
+    if v_t < v_d:
+        raise ValueError(f"a group dispatched at version {v_d} cannot be trained at version {v_t}")
+    return v_t - v_d
+
+
+def staleness_by_group(v_d: Mapping[int, int], v_t: Mapping[int, int]) -> dict[int, int]:
+    """Group -> d for every consumed group (those in ``v_t``), in group order."""
+    return {g: group_staleness(v_d[g], v_t[g]) for g in sorted(v_t)}
 
 
 def predicted_staleness(phi: float, mu: int, dispatch: str = "boundary") -> float:

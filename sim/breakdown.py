@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-CATEGORIES = ("rollout_full", "rollout_tail", "training_exposed", "publication", "transitions", "waiting")
+from gyre.driver_rules import CATEGORIES, breakdown_category
 ROLE_CLASS = {"rollout": "rollout", "training": "training", "to_training": "switching", "to_rollout": "switching"}
 
 
@@ -83,16 +83,9 @@ def _group(points: list[tuple[float, float]]) -> dict[float, float]:
 
 
 def _category(level: dict[str, float], C_s: int) -> str:
-    running = level["running"]
-    if running > 0:
-        return "rollout_full" if running >= level["capacity"] + C_s - 1e-9 else "rollout_tail"
-    if level["training"] > 0:
-        return "training_exposed"
-    if level["publishing"] > 0:
-        return "publication"
-    if level["switching"] > 0:
-        return "transitions"
-    return "waiting"
+    return breakdown_category(running=level["running"], capacity=level["capacity"] + C_s,
+                              training=level["training"] > 0, publishing=level["publishing"] > 0,
+                              switching=level["switching"] > 0)
 
 
 def role_node_seconds(roles: Iterable[tuple[int, str, float, float]], nodes_per_cell: int) -> dict[str, float]:

@@ -1,11 +1,18 @@
 """``gyre sim``: simulate a schedule on a trace, or a grid of schedules.
 
     gyre sim [--preset E0] [--trace nl2repo-122b|PATH] [--steps 12] [--seed 0]
-             [--set key=value ...] [--costs FILE] [--cost key=value ...] [--out DIR]
+             [--set section.field=value ...] [--costs FILE] [--cost key=value ...] [--out DIR]
     gyre sim --grid ablation|methods [--steps 12] [--out DIR]
 
+``--set`` takes the dotted syntax ``gyre run`` takes too (``gyre.overrides``):
+``schedule.<field>`` (a ``SchedulerConfig`` field) or ``costs.<field>`` (a
+``CostModel`` constant, as ``--cost``); the section may be left out
+(``--set phi=0.5``). A trace's ``trace.json`` (a real run's) supplies the
+preset, cluster and schedule it ran under: what it supplies is printed (stderr).
+
 Bad input (unknown preset or field, malformed trace, impossible config) prints
-``gyre sim: error: <message naming the problem>`` and exits with status 2.
+``gyre sim: error: <message naming the problem>`` (an override's names the
+flag and the field) and exits with status 2.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", default="nl2repo-122b", help="trace preset name or CSV/Parquet path")
     p.add_argument("--steps", type=int, default=12, help="optimizer steps to simulate")
     p.add_argument("--seed", type=int, default=0, help="seed for generated traces")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a schedule field, e.g. --set phi=0.5")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override a schedule field or a cost constant, e.g. --set schedule.phi=0.5 "
+                        "(section optional: --set phi=0.5), --set costs.publish_s=60")
     p.add_argument("--costs", dest="cost_file", type=Path, metavar="FILE",
                    help="a TOML [costs] table, e.g. the costs.toml `gyre calibrate RUN_DIR` writes")
     p.add_argument("--cost", dest="costs", action="append", default=[], metavar="KEY=VALUE",
@@ -34,16 +42,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from gyre.config import ConfigError, parse_overrides
-    from gyre.formats.trace import TraceError
+    from gyre.config import ConfigError
     from gyre.sim.costs import CostError, CostModel, parse_cost_overrides
+    from gyre.formats.trace import TraceError
 
     try:
-        overrides = parse_overrides(args.overrides)
+        overrides, cost_pairs = _overrides(args.overrides)
         from gyre.sim.cost_file import load_cost_file
 
         base = load_cost_file(args.cost_file) if args.cost_file else {}
-        costs = CostModel(**{**base, **parse_cost_overrides(args.costs)})
+        costs = CostModel(**{**base, **parse_cost_overrides(cost_pairs + args.costs)})
         if args.grid:
             return _grid(args, overrides, costs)
         return _single(args, overrides, costs)
@@ -52,11 +60,52 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
 
 
+def _overrides(items: list[str]) -> tuple[dict, list[str]]:
+    """``--set`` assignments: typed schedule fields, and cost pairs for ``parse_cost_overrides``."""
+    import dataclasses
+
+    from gyre.config import ConfigError, SchedulerConfig, parse_overrides
+    from gyre.overrides import parse_assignments
+    from gyre.sim.costs import CostError, CostModel
+
+    sections = {"schedule": [f.name for f in dataclasses.fields(SchedulerConfig)],
+                "costs": [f.name for f in dataclasses.fields(CostModel)]}
+    schedule, costs = {}, []
+    for a in parse_assignments("--set", items, sections):
+        pair = f"{a.field}={a.raw}"
+        if a.section == "costs":
+            costs.append(pair)
+            continue
+        try:
+            schedule.update(parse_overrides([pair]))
+        except (ConfigError, CostError) as exc:
+            raise a.problem(str(exc)) from None
+    return schedule, costs
+
+
+def _say_trace_defaults(args) -> None:
+    """What a trace's ``trace.json`` supplies (its preset, cluster and schedule), so no default is silent."""
+    from gyre.formats.trace_meta import read_trace_meta
+    from gyre.sim.traces.presets import PRESETS as TRACE_PRESETS
+
+    if args.trace in TRACE_PRESETS:
+        return
+    meta = read_trace_meta(args.trace)
+    if meta is None:
+        return
+    preset = args.preset or meta.preset
+    schedule = dict(meta.schedule) if preset == meta.preset else {}
+    print(f"gyre sim: {args.trace} has a trace.json (written by {meta.source}): cluster {meta.shape}, "
+          f"preset {preset}{' (from trace.json)' if not args.preset else ''}, schedule from trace.json "
+          f"{schedule or '{}'}; --preset and --set override them", file=sys.stderr)
+
+
 def _single(args, overrides, costs) -> int:
     from gyre.sim.progress import step_progress
     from gyre.sim.report import format_summary
     from gyre.sim.runner import run_simulation
 
+    _say_trace_defaults(args)
     with step_progress(args.steps, f"{args.preset or 'schedule'} on {args.trace}") as on_step:
         result = run_simulation(args.preset, args.trace, steps=args.steps, seed=args.seed,
                                 overrides=overrides, costs=costs, on_step=on_step)

@@ -47,6 +47,7 @@ from gyre import actions as act
 from gyre import events as ev
 from gyre.actions import SEPARATE
 from gyre.config import SchedulerConfig
+from gyre.driver_rules import is_satellite
 from gyre.formats.trace import HARNESS_COLUMN, Trace
 from gyre.ids import execution_id
 from gyre.loop import ActionHandler, DriverLoop
@@ -239,7 +240,7 @@ class Simulation(ActionHandler):
 
     def on_begin_transition(self, a: act.BeginTransition) -> None:
         self.record.role(a.cell, "to_" + a.role, self.env.now)
-        satellite = a.cell not in self.cfg.core_unit
+        satellite = is_satellite(self.cfg, a.cell)
         if a.role == "rollout":
             self.plane.leave(a.cell)
             start = max(self.env.now, self._publish_until)
@@ -251,7 +252,7 @@ class Simulation(ActionHandler):
     def _transition_done(self, cell: int, role: str) -> None:
         self.record.role(cell, role, self.env.now)
         if role == "training":
-            satellite = cell not in self.cfg.core_unit
+            satellite = is_satellite(self.cfg, cell)
             self.plane.join(cell, self.costs.weight_pull_s if satellite else 0.0)
         self.send(ev.TransitionDone(self.env.now, cell, role))
 

@@ -27,6 +27,7 @@ from typing import Any
 from gyre.config import SchedulerConfig
 from gyre.formats.eventlog import EventLog
 from gyre.formats.tables import write_csv
+from gyre.staleness import group_staleness
 
 
 class SimRecord:
@@ -63,7 +64,8 @@ class SimRecord:
     def groups_fed(self, groups: tuple[int, ...], version: int, now: float) -> None:
         for g in groups:
             row = self.groups[g]
-            row.update(v_t=version, staleness=version - row["v_d"], consumed_at_s=now, consumed_step=version)
+            row.update(v_t=version, staleness=group_staleness(row["v_d"], version), consumed_at_s=now,
+                       consumed_step=version)
 
     def execution_started(self, x: int, g: int, engine: int, now: float) -> None:
         self.executions[x] = {"execution": x, "group_id": g, "engine": engine, "start_s": float(now),

@@ -33,6 +33,7 @@ import simpy
 
 from gyre import events as ev
 from gyre.config import SchedulerConfig
+from gyre.driver_rules import asks_for_group
 from gyre.sim.costs import CostModel
 from gyre.sim.sizes import BoundCosts
 
@@ -142,10 +143,9 @@ class SimTrainingPlane:
     def _ask_for_groups(self) -> None:
         if not self.cfg.streaming:
             return
-        # one group at a time (at most one ask outstanding), when fewer micro-steps are queued
-        # than cells are training: exactly RealBackend._ask_for_groups
-        if (self.version is not None and self.wanted == 0 and self.fed < self.cfg.B
-                and len(self.queue) < max(1, len(self.members))):
+        # the rule the real backend follows too (gyre.driver_rules)
+        if self.version is not None and asks_for_group(asked=self.wanted, fed=self.fed, batch_size=self.cfg.B,
+                                                       queued=len(self.queue), training_cells=len(self.members)):
             self.wanted = 1
             # asynchronously, as any real plane must ask: cells free now claim before the core answers
             self.env.timeout(0).callbacks.append(lambda _e, now=self.env.now: self._send(ev.GroupWanted(now)))

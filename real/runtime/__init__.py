@@ -2,8 +2,14 @@
 
 - ``controller``: the shared ``gyre.loop.DriverLoop`` fed by reports from real
   components, stamped with a wall clock; writes the replayable event log;
-- ``backend``: ``RealBackend``, the real world's ``ActionHandler`` (its
-  module docstring holds the table action -> real effect -> event reported);
+- ``backend``: ``RealBackend``, the real world's ``ActionHandler``, a thin
+  handler (its module docstring holds the table action -> part -> event
+  reported) over its parts, each owning its state with ``snapshot()`` /
+  ``restore()``: ``proxy_admin`` (the proxy's admin API, off the loop),
+  ``executions`` (tasks, harnesses, evaluation), ``cell_switches`` (role
+  transitions), ``batch_feed`` (steps, packing, the streaming ask) and
+  ``publisher`` (publications); ``backend_context`` is what they share;
+- ``restore``: resume checkpoints, and a resumed run's parts set from its plan;
 - ``job``: a whole run from one TOML file (``JobConfig``, ``run_job``);
 - ``cli``: ``gyre run --config FILE``;
 - ``metrics``: one record per step, written live to ``metrics.jsonl`` and

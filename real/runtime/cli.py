@@ -1,7 +1,12 @@
 """``gyre run --config FILE``: one real run (SGLang CPU engines, proxy, harnesses, training cells).
 
 The TOML file holds a ``[job]`` table of ``runtime.job.JobConfig`` fields;
-``--set name=value`` overrides one field (parsed as TOML, e.g. ``steps=20``).
+``--set section.field=value`` overrides one of them, in the syntax ``gyre sim``
+takes too (``gyre.overrides``): ``job.<field>`` (``--set job.steps=20``, or
+``--set steps=20``), or one entry of a table: ``schedule.<SchedulerConfig
+field>`` (``--set schedule.phi=0.5``, or ``--set phi=0.5``), ``model.<key>``,
+``cluster.<key>``, ``layout.<key>``, ``harness_options.<key>``. Values are
+TOML; a bare word is text (``--set workdir=runs/x``).
 Progress (start-up phases, one line per trained step, and a bar with the
 current step, burst and cell roles on a terminal, else one ``progress:`` line
 per step: ``runtime.progress``) goes to stderr; each step's metrics are
@@ -19,6 +24,10 @@ that dies during the run comes back the same way: the job stops
 (``runtime.job.CellFailed``) and resumes itself from its last checkpoint, up to
 the job's ``cell_restarts`` times (the steps since that checkpoint are redone;
 executions recorded since are re-admitted, those cut are re-run).
+
+Quiet by default (``runtime.quiet``): third-party warnings and logs are
+filtered, in this process and the ones it starts; ``--verbose`` shows
+everything. Each engine's full output is in ``WORKDIR/engine-logs``.
 """
 
 from __future__ import annotations
@@ -34,34 +43,62 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--config", help="job configuration (.toml with a [job] table)")
     source.add_argument("--resume", metavar="DIR", help="go on with the killed run in DIR from its last checkpoint "
                                                         "(runtime.resume; its own job.json, no --set)")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="override one JobConfig field (TOML value)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override one field: job.steps=20 (or steps=20), schedule.phi=0.5 (or phi=0.5), "
+                             "model.checkpoint=DIR, cluster.address=auto, ... (TOML value; a bare word is text)")
     parser.add_argument("--cluster", metavar="ADDRESS", default=None,
                         help="place the run on the Ray cluster at ADDRESS (HOST:PORT of the head, or auto); "
                              "overrides [cluster] address")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show third-party warnings and logs too (default: Gyre's own lines only)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import tomllib
+    from gyre.real.runtime.quiet import quiet_third_parties
 
+    quiet_third_parties(verbose=args.verbose)  # before torch or any engine, cell or proxy is imported or started
     from gyre.real.runtime.job import load_job_config
 
     if args.resume is not None:
         return _resume(args)
-    overrides = {}
     try:
-        for item in args.set:
-            name, _, value = item.partition("=")
-            overrides[name.strip()] = tomllib.loads(f"v = {value}")["v"]
+        fields, tables = job_overrides(args.set)
         if args.cluster is not None:
-            table = overrides.get("cluster", {})
-            overrides["cluster"] = {**(table if isinstance(table, dict) else {}), "address": args.cluster}
-        job = load_job_config(args.config, **overrides)
-    except (ValueError, tomllib.TOMLDecodeError) as exc:
-        print(f"gyre run: error: {exc}", file=sys.stderr)
+            tables.setdefault("cluster", {})["address"] = args.cluster
+        job = load_job_config(args.config, tables=tables, **fields)
+    except ValueError as exc:
+        given = " ".join(f"--set {item}" for item in args.set)
+        print(f"gyre run: error: {exc}{f' (with {given})' if given and '--set' not in str(exc) else ''}",
+              file=sys.stderr)
         return 2
     return _run(job)
+
+
+TABLE_KEYS = {"model": ("checkpoint", "dtype"), "cluster": None, "layout": None, "harness_options": None}
+
+
+def job_overrides(items: list[str]) -> tuple[dict, dict[str, dict]]:
+    """``--set`` assignments as whole ``JobConfig`` fields and entries of its tables (``load_job_config``)."""
+    import dataclasses
+
+    from gyre.config import SchedulerConfig
+    from gyre.overrides import check_type, parse_assignments, toml_value
+    from gyre.real.runtime.job import JobConfig
+
+    job = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+           for f in dataclasses.fields(JobConfig)}
+    schedule = {f.name: None if f.default is dataclasses.MISSING else f.default
+                for f in dataclasses.fields(SchedulerConfig)}
+    fields, tables = {}, {}
+    for a in parse_assignments("--set", items, {"job": list(job), "schedule": list(schedule), **TABLE_KEYS}):
+        value = toml_value(a)
+        if a.section == "job":
+            fields[a.field] = check_type(a, value, job[a.field])
+        else:
+            default = schedule.get(a.field) if a.section == "schedule" else None
+            tables.setdefault(a.section, {})[a.field] = check_type(a, value, default)
+    return fields, tables
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -83,7 +120,8 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _run(job, plan=None) -> int:
-    from gyre.real.runtime.job import CellFailed, run_job
+    from gyre.real.runtime import job as job_module
+    from gyre.real.runtime.job import CellFailed
     from gyre.real.runtime.lifetime import terminate_on_sigterm
     from gyre.real.runtime.progress import RunDisplay
     from gyre.real.runtime.resume import ResumeError, plan_resume
@@ -93,7 +131,7 @@ def _run(job, plan=None) -> int:
     try:
         for restart in range(job.cell_restarts + 1):
             try:
-                summary = run_job(job, progress=display.line, watch=display.record, resume=plan)
+                summary = job_module.run_job(job, progress=display.line, watch=display.record, resume=plan)
                 break
             except CellFailed as exc:  # the cell comes back: the whole job resumes from its last checkpoint
                 if restart == job.cell_restarts:

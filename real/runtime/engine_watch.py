@@ -133,7 +133,7 @@ def describe_exit(code: int) -> str:
 class EngineWatch:
     """Finds dead engines of ``manager`` and revives them; see the module docstring."""
 
-    def __init__(self, manager: Any, *, latest: Callable[[], tuple[int, str] | None],
+    def __init__(self, manager: Any, *, latest: Callable[[], tuple[int, str] | None] = lambda: None,
                  publishing: Callable[[], Any] = lambda: None, progress: Callable[[str], None] | None = None,
                  gate: Callable[[str, bool], None] = lambda name, serving: None,
                  poll_s: float = 1.0, restart_timeout_s: float = 300.0, roster: str | Path | None = None,
@@ -152,6 +152,14 @@ class EngineWatch:
         self._locks: dict[str, asyncio.Lock] = {}
         self._reviving: dict[str, asyncio.Task] = {}  # per engine: its revive under way (on the loop)
         self.thread = RestartThread()
+
+    def serve(self, backend: Any) -> "EngineWatch":
+        """Revive engines for ``backend`` (``runtime.backend.RealBackend``): its newest publication, the
+        publication in flight, and its proxy gate. Called once both exist, before the watch supervises."""
+        self.latest = lambda: backend.latest
+        self.publishing = lambda: backend.publisher.publishing
+        self.gate = backend.gate_engine
+        return self
 
     def start(self) -> "EngineWatch":
         self.thread.start()

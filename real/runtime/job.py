@@ -15,7 +15,8 @@ rank, ``train.ranks``); all of it is checked when the configuration loads
 named by ``train.context.CellConfig``'s own check).
 A preset that keeps a separate rollout pool (``C_s > 0``) gets one extra
 SGLang engine for it; cells that train for the whole run (a static split)
-get no engine and enter training before the first event. ``run_job`` builds, in order: the tiny tokenizer (trained
+get no engine and enter training before the first event. ``run_job`` is build, run, close
+(``runtime.job_parts.JobParts``); the build starts, in order: the tiny tokenizer (trained
 locally if missing), the training plane (K cells, Megatron-core on CPU), the
 initial Qwen2 checkpoint *exported from the plane's version-0 weights* (so the
 engines' behaviour policy and the trainer start identical), one SGLang CPU
@@ -59,41 +60,27 @@ hidden where its sandbox can make a private mount namespace
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
-import os
-import shutil
 import statistics
-import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from gyre.actions import SEPARATE
 from gyre.config import ConfigError, SchedulerConfig
 from gyre.formats.trace_meta import TraceMeta, write_trace_meta
 from gyre.presets import ClusterShape, build_preset
-from gyre.real.runtime.backend import Parts, RealBackend
-from gyre.real.runtime.controller import Controller
-from gyre.real.runtime.engine_watch import EngineWatch
-from gyre.real.runtime.metrics import WANDB_MODES, LiveMetrics
-from gyre.real.runtime.proxy_process import ProxyProcess
-from gyre.real.engines.manager import HOST, EngineManager, EngineSpec, free_port
 from gyre.real.harness.plugins import resolve_harness
-from gyre.real.harness.runner import Budgets, HarnessRunner
+from gyre.real.harness.runner import Budgets
 from gyre.real.harness.sandbox import ISOLATE_MODES
-from gyre.real.harness.taskset import TaskSet, load_taskset
+from gyre.real.harness.taskset import load_taskset
+from gyre.real.runtime.job_parts import (ADMIN_TOKEN, ENGINE_HOLD_S, SMALL_ENGINE, CellFailed,  # noqa: F401
+                                         JobParts)
 from gyre.real.runtime.layout import layout_from_table
+from gyre.real.runtime.metrics import WANDB_MODES
 from gyre.real.toy.tasks import EmitCharTask
 from gyre.real.toy.tiny_model import build_tiny_tokenizer
-
-ADMIN_TOKEN = "gyre-job-admin"
-# a model call that finds no engine in the rollout role (the only one died and restarts, or every cell
-# trains) waits this long for one in the proxy (RetryPolicy.hold_s) instead of failing the execution
-ENGINE_HOLD_S = 600.0
-SMALL_ENGINE = ("--mem-fraction-static", "0.05", "--max-total-tokens", "16384", "--skip-server-warmup")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +117,8 @@ class JobConfig:
     wandb: str = ""            # "offline": metrics also to an offline W&B run in WORKDIR/wandb (runtime.metrics)
 
     def __post_init__(self) -> None:
+        """Checks that need nothing but the fields (no file read, no import, no tokenizer): a job can be
+        built and compared cheaply; ``check_environment`` looks at what the fields name."""
         if self.isolate not in ISOLATE_MODES:
             raise ValueError(f"job field isolate must be one of {ISOLATE_MODES}, not {self.isolate!r}")
         if not isinstance(self.schedule, dict):
@@ -147,13 +136,9 @@ class JobConfig:
             raise ValueError(f"job field steps must be a positive multiple of mu = {cfg.mu} (whole bursts), "
                              f"not {self.steps}")
         Budgets(harness_timeout_s=self.harness_timeout_s, overall_timeout_s=self.overall_timeout_s)
-        if self.model:
-            self.model_config()  # a checkpoint the bridge cannot load fails here, before anything starts
-        self.harness_adapter()  # an unknown harness or unimportable class fails here
         if bool(self.tasks) != bool(self.evaluator):
             raise ValueError("job fields tasks and evaluator go together: a task set needs its evaluator "
                              f"(\"module:Class\"), got tasks={self.tasks!r}, evaluator={self.evaluator!r}")
-        self.task_source()  # every line of the task set and every evaluator's arguments are checked here
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"job field device must be cpu or cuda, not {self.device!r}")
         if self.device == "cuda":
@@ -165,13 +150,23 @@ class JobConfig:
         if self.device == "cuda" and self.tp not in (1, self.cell_tp()):
             raise ValueError(f"job field tp = {self.tp} disagrees with layout.tensor_parallel = {self.cell_tp()}: "
                              f"on device = \"cuda\" a cell's ranks are the layout's; leave tp out")
+        if self.cluster and self.device == "cuda":
+            raise ValueError("[cluster] places CPU jobs only so far: a CUDA job's [job.layout] numbers the GPUs "
+                             "of one node; run it without [cluster]")
+
+    def check_environment(self) -> "JobConfig":
+        """What the fields name, looked at before anything starts (files read, classes imported, the tiny
+        tokenizer trained when a split needs its vocabulary): ValueError names the field; ``self`` when all
+        is well. ``load_job_config`` and a resume run it."""
+        if self.model:
+            self.model_config()  # a checkpoint the bridge cannot load fails here, before anything starts
+        self.harness_adapter()  # an unknown harness or unimportable class fails here
+        self.task_source()  # every line of the task set and every evaluator's arguments are checked here
         if self.cluster:
             self.cluster_config()  # a bad address, unknown key or missing interface fails here, naming the field
-            if self.device == "cuda":
-                raise ValueError("[cluster] places CPU jobs only so far: a CUDA job's [job.layout] numbers the GPUs "
-                                 "of one node; run it without [cluster]")
         if self.cell_tp() > 1:  # the model must split over the cell's ranks; CellConfig's check names what cannot
             self.check_cells(self.model_config() or self.toy_model_config())
+        return self
 
     def cluster_config(self):
         """The checked ``ClusterConfig`` of the ``[cluster]`` table (None: a single-machine run)."""
@@ -258,8 +253,11 @@ class JobConfig:
         return build_preset(self.preset, self.shape(), **self.schedule)
 
 
-def load_job_config(path: str | Path, **overrides: Any) -> JobConfig:
-    """The ``[job]`` table of a TOML file, with ``overrides``; errors name the file and the field."""
+def load_job_config(path: str | Path, tables: dict[str, dict[str, Any]] | None = None,
+                    **overrides: Any) -> JobConfig:
+    """The ``[job]`` table of a TOML file, with ``overrides`` (whole fields) and ``tables`` (entries merged
+    into a table field: ``gyre run --set schedule.phi=0.5``), checked with ``check_environment``; errors
+    name the file and the field."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -271,189 +269,35 @@ def load_job_config(path: str | Path, **overrides: Any) -> JobConfig:
     if isinstance(overrides.get("cluster"), dict) and isinstance(table.get("cluster", {}), dict):
         overrides["cluster"] = {**table.get("cluster", {}), **overrides["cluster"]}  # --cluster ADDRESS
     data = dict(table, **overrides)
+    for name, entries in (tables or {}).items():
+        if not isinstance(data.get(name, {}), dict):
+            raise ValueError(f"job configuration {path}: {name} is not a table, so {name}.KEY cannot be set")
+        data[name] = {**data.get(name, {}), **entries}
     known = {f.name for f in dataclasses.fields(JobConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"job configuration {path}: unknown field(s) {unknown}; known: {sorted(known)}")
     try:
-        return JobConfig(**data)
+        return JobConfig(**data).check_environment()
     except (TypeError, ValueError) as exc:
         raise ValueError(f"job configuration {path}: {exc}") from None
 
 
-class CellFailed(RuntimeError):
-    """A training cell's process died during the run (the message names the cells and exit codes);
-    ``gyre run`` resumes the run from its last checkpoint, up to ``cell_restarts`` times."""
-
-
-async def _run_until_failure(controller, backend, plane, job: JobConfig, wiring) -> None:
-    """Run the controller to the end; a failed backend task (engine, cell, proxy) stops it at once,
-    as ``CellFailed`` when a training cell is among the dead."""
-    run = asyncio.ensure_future(controller.run(job.steps, timeout_s=job.timeout_s, finish_publication=True,
-                                               resume=await wiring.before_run()))
-    try:
-        while not run.done():
-            await asyncio.wait({run}, timeout=0.5)
-            if backend.errors and not run.done():
-                run.cancel()
-                raise RuntimeError(f"backend task failed: {backend.errors}")
-        run.result()
-    except Exception as exc:
-        if plane.crashes:
-            dead = ", ".join(f"cell {c} (exit code {code})" for c, code in sorted(plane.crashes.items()))
-            raise CellFailed(f"training {dead} died: {exc}") from exc
-        raise
-
-
-def _initial_model(plane, tokenizer_dir: Path, work: Path) -> Path:
-    """Export the plane's version-0 weights as an HF Qwen2 folder with the tokenizer (engine model)."""
-    plane.call(0, "enter_training")
-    answer = plane.call(0, "publish", version=0, endpoints=[], directory=str(work / "checkpoints"))
-    plane.call(0, "leave_training")
-    model = work / "engine-model"
-    shutil.copytree(answer["path"], model)
-    for item in tokenizer_dir.iterdir():
-        if item.is_file() and item.name not in ("config.json", "model.safetensors"):
-            shutil.copy(item, model / item.name)
-    return model
-
-
 def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
             watch: Callable[[dict], None] | None = None, resume=None) -> dict[str, Any]:
-    """Run ``job`` to its last step; ``progress`` gets one line per phase and per trained step,
-    ``watch`` each step's metrics record (``runtime.metrics``) as it is written. ``resume``: a
-    ``runtime.resume.ResumePlan`` (``gyre run --resume``) to go on from instead of starting afresh."""
-    from gyre.real.proxy.config import EngineSpec as ProxyEngine
-    from gyre.real.proxy.config import Limits, ProxyConfig, RetryPolicy
-    from gyre.real.runtime.trace import write_trace
-    from gyre.real.train.plane import PlaneConfig, TrainingPlane
-    from gyre.real.train.state import OptimConfig
+    """Run ``job`` to its last step: build its parts, run, close (``runtime.job_parts``). ``progress`` gets
+    one line per phase and per trained step, ``watch`` each step's metrics record (``runtime.metrics``) as
+    it is written; ``resume``: a ``runtime.resume.ResumePlan`` to go on from instead of starting afresh."""
     from gyre.formats.eventlog import replay_run
+    from gyre.real.runtime.trace import write_trace
 
-    layout = job.gpu_layout() if job.device == "cuda" else None
-    if layout is not None and layout.runnable_problem():  # refuse what this build cannot place, touching nothing
-        raise ValueError(f"job layout: {layout.runnable_problem()}")
-    from gyre.real.runtime.restore import ResumeWiring, controller_parts
-    from gyre.real.runtime.resume import open_run_folder
-
-    work = Path(job.workdir)
-    lock = open_run_folder(job, resume)  # fresh: wiped, job.json; resumed: what it must not see moved aside
-    timings: dict[str, float] = {}
-    t0 = time.monotonic()
-    say = progress or (lambda line: None)
-    model_cfg = job.model_config()
-    if model_cfg is not None:  # a Hugging Face checkpoint: the cells load it, its tokenizer serves
-        tok_dir = Path(job.model["checkpoint"])
-        say(f"model: {model_cfg.family} checkpoint {tok_dir} ({model_cfg.dtype})")
-    else:
-        say(f"building the tiny tokenizer in {job.model_dir}")
-        tok_dir = build_tiny_tokenizer(Path(job.model_dir))
-        model_cfg = job.toy_model_config()
-    cfg = job.scheduler()
-    for line in layout.describe(cfg.K) if layout is not None else ():
-        say(line)
-    tasks, adapter = job.task_source(), job.harness_adapter()
-    if isinstance(tasks, TaskSet):  # each execution's process builds its task's workspace first
-        adapter = tasks.harness(adapter)
-        say(f"task set {job.tasks}: {len(tasks.specs)} tasks, evaluator {job.evaluator}, harness {adapter.name}")
-    tp = job.cell_tp()
-    plane = TrainingPlane(PlaneConfig(cells=cfg.K, model=model_cfg, optim=OptimConfig(lr=job.lr), timeout_s=300.0,
-                                      device=job.device, tp=tp, pp=layout.pipeline_parallel if layout else 1),
-                          work / "plane")
-    engines = EngineManager(work / "engine-logs")
-    names = {c: f"e{c}" for c in range(cfg.static_train_cells, cfg.K)}  # static trainers serve no rollout
-    if cfg.C_s > 0:
-        names[SEPARATE] = "sep"
-    proxy = runner = supervisor = placement = None
+    run = JobParts(job, progress or (lambda line: None), resume)
     try:
-        if job.cluster:  # one placement group per cell on the Ray cluster (real.cluster)
-            from gyre.real.cluster.placement import Placement
-
-            cluster = job.cluster_config()
-            say(f"placing {cfg.K} cells on the Ray cluster at {cluster.address}")
-            placement = Placement(cluster, progress=say).open(cells=cfg.K, tp=tp, engines=names)
-            plane.launcher = engines.launcher = placement
-        say(f"schedule {job.preset}: K={cfg.K} cells, C_s={cfg.C_s}, phi={cfg.phi}, mu={cfg.mu}, "
-            f"{cfg.granularity} transitions, streaming {'on' if cfg.streaming else 'off'}")
-        say(f"starting {cfg.K} training cells of {tp} rank{'s' if tp > 1 else ''} each (Megatron-core, "
-            f"{job.device})")
-        plane.start()
-        cells = [plane.call(c, "info") for c in range(cfg.K)]  # each cell's leader, as it came up: role, tp, pid
-        (work / "cells.json").write_text(json.dumps({str(c): info for c, info in enumerate(cells)}, default=str))
-        model = work / "engine-model"  # a resumed run's engines start from it (runtime.restore loads the newest)
-        if resume is None or not model.is_dir():
-            model = _initial_model(plane, tok_dir, work)
-        for cell in range(cfg.static_train_cells):
-            plane.send(cell, "enter_training").result()
-        for cell, name in names.items():
-            host, port = placement.engine_endpoint(name) if placement is not None else (HOST, free_port())
-            engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=port, host=host,
-                                      cpu=layout is None,
-                                      extra_args=SMALL_ENGINE if layout is None else layout.engine_args(cell)))
-        say(f"starting {len(names)} SGLang CPU engines ({', '.join(names.values())})")
-        for name in names.values():
-            engines.wait_healthy(name, timeout=300)
-        timings["startup_s"] = time.monotonic() - t0
-        # from here on a dead engine is restarted with the newest published weights (runtime.engine_watch)
-        supervisor = EngineWatch(engines, latest=lambda: backend.latest, publishing=lambda: backend._publishing,
-                                 gate=lambda name, serving: backend.gate_engine(name, serving),
-                                 progress=say, roster=work / "engines.json").start()
-        say(f"ready after {timings['startup_s']:.1f} s; running {job.steps} steps, {cfg.mu} per burst")
-        proxy_cfg = ProxyConfig(model_path=str(model), records_dir=str(work / "records"), admin_token=ADMIN_TOKEN,
-                                engines=tuple(ProxyEngine(id=n, url=engines.engines[n].url) for n in names.values()),
-                                port=free_port(), fsync=False, limits=Limits(default_max_tokens=job.max_tokens),
-                                retry=RetryPolicy(hold_s=ENGINE_HOLD_S))
-        proxy = ProxyProcess(proxy_cfg, work / "proxy", progress=say).start()
-        proxy_url = f"http://127.0.0.1:{proxy_cfg.port}"
-        runner = HarnessRunner(work / "executions", proxy_url, adapter,
-                               Budgets(harness_timeout_s=job.harness_timeout_s,
-                                       overall_timeout_s=job.overall_timeout_s), isolate=job.isolate,
-                               hide=[work / "records", work / "records" / "keys.json",  # records, key digests
-                                     work / "attempts",  # and what a resume moved aside (runtime.resume)
-                                     work / "proxy"])  # the proxy's config holds the admin token
-        parts = Parts(proxy_url=proxy_url, admin_token=ADMIN_TOKEN, engines=engines, engine_names=names,
-                      plane=plane, runner=runner, records_dir=work / "records",
-                      checkpoint_dir=work / "checkpoints", task=tasks, watch=supervisor)
-        backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget,
-                              progress=say, steps=job.steps)
-        controller = Controller(cfg, backend, **controller_parts(resume, work / "log"))  # log: events.jsonl, live
-        backend.bind(controller)
-        redone = None if resume is None else resume.version + 1  # the first redone step (step = version + 1)
-        live = LiveMetrics(cfg, work, names, log=say, watch=watch, wandb=job.wandb,
-                           purge_step=redone).bind(controller, backend)
-        backend.on_step = live.on_step  # metrics.jsonl + tb/, one record per step, during the run
-        wiring = ResumeWiring(resume, controller, backend, work=work, tp=tp, seed=job.seed)  # runtime.restore
-
-        async def main() -> None:
-            supervising = asyncio.ensure_future(supervisor.supervise())
-            proxy_watch = asyncio.ensure_future(proxy.supervise(on_restart=backend.reapply_proxy_state))
-            try:
-                await _run_until_failure(controller, backend, plane, job, wiring)
-            finally:
-                supervisor.stop()  # the run is over: nothing waits for an engine still coming back
-                supervising.cancel()
-                proxy_watch.cancel()
-                await backend.stop()
-
-        t_run = time.monotonic()
-        try:
-            asyncio.run(main())
-        finally:
-            live.close()
-            log_dir = controller.write_log(work / "log")
-        timings["run_s"] = time.monotonic() - t_run
-        return _summarise(job, cfg, controller, backend, log_dir, replay_run(log_dir), write_trace, work, timings,
-                          cells, supervisor, placement, proxy)
+        log_dir = run.build(watch).run()
+        return _summarise(job, run.cfg, run.controller, run.backend, log_dir, replay_run(log_dir), write_trace,
+                          run.work, run.timings, run.cells, run.watch, run.placement, run.proxy)
     finally:
-        if proxy is not None:
-            proxy.stop()
-        if supervisor is not None:
-            supervisor.close()  # restarts nothing more; stops every engine, then the thread that launched restarts
-        engines.shutdown_all()
-        plane.close()
-        if placement is not None:
-            placement.close()  # whatever the node agents still run, then the agents and placement groups
-        os.close(lock)
+        run.close()
 
 
 def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, work, timings,

@@ -59,22 +59,17 @@ from gyre import events as ev
 from gyre import roles as R
 from gyre.actions import SEPARATE
 from gyre.config import SchedulerConfig
+from gyre.driver_rules import CATEGORIES, breakdown_category
 from gyre.scheduler import Scheduler
-
-CATEGORIES = ("rollout_full", "rollout_tail", "training_exposed", "publication", "transitions", "waiting")
+from gyre.staleness import group_staleness
 
 
 def category(core: Scheduler) -> str:
-    """The breakdown category of the core's state now (``sim/breakdown.py``'s order)."""
-    if core.holding > 0:  # executions holding rollout slots (a stopped harness's evaluation holds none)
-        return "rollout_full" if core.holding >= core.capacity else "rollout_tail"
-    if core.batch_open:
-        return "training_exposed"
-    if core.awaiting_publish:
-        return "publication"
-    if any(role in (R.TO_TRAINING, R.TO_ROLLOUT) for role in core.roles):
-        return "transitions"
-    return "waiting"
+    """The breakdown category of the core's state now (``gyre.driver_rules``, as the simulator's);
+    a stopped harness's evaluation holds no rollout slot, so it does not count as running."""
+    return breakdown_category(running=core.holding, capacity=core.capacity, training=core.batch_open,
+                              publishing=core.awaiting_publish,
+                              switching=any(role in (R.TO_TRAINING, R.TO_ROLLOUT) for role in core.roles))
 
 
 class Timeline:
@@ -123,7 +118,6 @@ def step_record(timeline: Timeline, metrics: Any, version: int, *, rows: list[di
                 engine_names: dict[int, str]) -> dict[str, Any]:
     """The record of step ``version`` (see the module docstring); ``metrics`` is the backend's ``Metrics``."""
     problems: list[str] = []
-    core = timeline.core
     try:
         breakdown = timeline.advance(rows, now)
     except Exception as exc:  # a log the shadow core refuses: the rest of the record still stands
@@ -133,12 +127,13 @@ def step_record(timeline: Timeline, metrics: Any, version: int, *, rows: list[di
     if not step:
         problems.append("step report")
     rewards = [r for r in (_number(v, "reward", problems) for v in metrics.rewards.get(version, [])) if r is not None]
-    staleness = [metrics.v_t[g] - metrics.v_d[g] for g in sorted(metrics.v_t)
+    staleness = [group_staleness(metrics.v_d[g], metrics.v_t[g]) for g in sorted(metrics.v_t)
                  if metrics.v_t[g] == version and g in metrics.v_d]
     transitions = [t for t in (_number(x.get("total_s"), "transition total_s", problems)
                                for x in metrics.transitions) if t is not None]
+    core = timeline.core.snapshot()  # as of the rows replayed
     load = {name: 0 for engine, name in engine_names.items()}
-    for engine in core.placements().values():
+    for engine in core.placements.values():
         name = engine_names.get(engine, "sep" if engine == SEPARATE else str(engine))
         load[name] = load.get(name, 0) + 1
     record = {
@@ -156,7 +151,7 @@ def step_record(timeline: Timeline, metrics: Any, version: int, *, rows: list[di
         if metrics.publishes else None,
         "breakdown_s": {k: _number(v, f"breakdown_s.{k}", problems) for k, v in breakdown.items()},
         "roles": {str(c): role for c, role in enumerate(core.roles)},
-        "running": core.holding, "evaluating": len(core.stopped_executions()), "engine_load": load,
+        "running": core.holding, "evaluating": len(core.stopped), "engine_load": load,
     }
     record["problems"] = problems
     return record

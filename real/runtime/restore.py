@@ -17,10 +17,11 @@ A resumed run (``runtime.resume.ResumePlan``), in order:
    proxy records it; the core cell loads the checkpoint; each cell that
    the core holds in training, or leaving it, at P enters training again
    (its engine drained in the proxy, quiesced and its memory released, as
-   ``RealBackend._to_training`` leaves it), so a re-applied transition back
-   to rollout finds what it expects; the backend's view (roles, latest
-   publication, each group's v_d / v_t, dropped groups) is set from the
-   replayed core, and its measurements up to P (step reports, rewards,
+   ``CellSwitches.to_training`` leaves it), so a re-applied transition back
+   to rollout finds what it expects; the backend's parts are set through
+   their ``restore()`` from the replayed core (roles, latest publication,
+   dropped groups, the packer's next batch), each group's v_d / v_t too,
+   and its measurements up to P (step reports, rewards,
    publications, trace rows: ``metrics.json``, which the checkpointer writes
    into the checkpoint at P) from the checkpoint, so the summary, trace and
    calibration cover the whole lineage.
@@ -34,9 +35,13 @@ A resumed run (``runtime.resume.ResumePlan``), in order:
    once reports can be queued): the outstanding ``Publish`` and
    ``BeginTransition`` actions are applied again in their original order;
    executions already cancelled at P report ``cancelled``; re-admitted ones
-   run the backend's own finish path from their record (``_execute`` with
-   the harness's exit given); re-run ones start again on the engine the core
+   run the backend's own finish path from their record
+   (``Executions.readmit``); re-run ones start again on the engine the core
    placed them on (``on_start_executions``).
+
+Only the parts' public methods are used here (``snapshot`` / ``restore``, and
+``Executions``' resume methods); the actions go through the backend's own
+``on_<action>`` table.
 
 Invariants: nothing here reports an event the replayed core would refuse
 (each report is one the core expects at P); no recorded call is dropped
@@ -56,13 +61,11 @@ from pathlib import Path
 from gyre import actions as act
 from gyre import events as ev
 from gyre import roles as R
-from gyre.ids import execution_id, group_id, query_id
-from gyre.real.harness.evaluation import close_and_evaluate
+from gyre.driver_rules import is_satellite
+from gyre.ids import group_id
 from gyre.real.harness.runner import ExecutionResult
-from gyre.real.runtime.backend import TaskUnavailable
 from gyre.real.runtime.resume import ResumeError, ResumePlan
 from gyre.real.train.checkpoint import checkpoint_name, complete_checkpoints, finalize
-from gyre.trajectory.evaluation import EvalState
 
 METRICS = "metrics.json"  # the backend's measurements at P, beside the cell's rank files
 
@@ -80,18 +83,19 @@ class Checkpointer:
     def __call__(self, version: int) -> None:
         if any(v == version for v, _, _ in complete_checkpoints(self.root)):
             return  # a resumed run re-applying its checkpoint's outstanding Publish
-        core = self.controller.core
+        core = self.controller.core.snapshot()
         manifest = {"format": 1, "version": version, "events": len(self.controller.log),
                     "published": core.published, "burst": core.burst, "now": core.now, "tp": self.tp,
-                    "cells": core.cfg.K, "seed": self.seed, "written_unix_s": time.time()}
+                    "cells": self.controller.cfg.K, "seed": self.seed, "written_unix_s": time.time()}
         tmp = self.root / f".{checkpoint_name(version)}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        (tmp / METRICS).write_text(json.dumps(dataclasses.asdict(self.backend.metrics)))  # as of P exactly
+        measured = json.dumps(dataclasses.asdict(self.backend.metrics))  # as of P exactly; written off the loop
         ticket = self.plane.send(0, "save_checkpoint", folder=str(tmp))
-        self.backend._spawn(self._finish(ticket, tmp, manifest))
+        self.backend.ctx.spawn(self._finish(ticket, tmp, manifest, measured))
 
-    async def _finish(self, ticket, tmp: Path, manifest: dict) -> None:
+    async def _finish(self, ticket, tmp: Path, manifest: dict, measured: str) -> None:
+        await asyncio.to_thread((tmp / METRICS).write_text, measured)
         await asyncio.to_thread(ticket.result, 600.0)
         self.controller.log.sync()  # events[0:P] are on disk before the manifest names P
         final = await asyncio.to_thread(finalize, tmp, manifest)
@@ -103,57 +107,57 @@ class Checkpointer:
 
 
 def restore_parts(plan: ResumePlan, backend) -> None:
-    """Step 1 of the module docstring: engines, core cell, cell roles and the backend's view at P."""
-    parts, core, cfg = backend.parts, plan.core, plan.core.cfg
+    """Step 1 of the module docstring: engines, core cell, cell roles and the backend's parts at P."""
+    parts, core, cfg = backend.parts, plan.core.snapshot(), plan.core.cfg
     folder = plan.published_folder()
     if folder is not None:
-        backend.latest = (plan.published, str(folder))
+        backend.publisher.restore({"latest": [plan.published, str(folder)]})
         for name in parts.engine_names.values():
             parts.engines.update_weights_from_disk(name, str(folder), weight_version=str(plan.published))
-        backend.admin("POST", "/admin/policy_version", {"version": plan.published})
+        backend.proxy.call_blocking("POST", "/admin/policy_version", {"version": plan.published})
     if plan.checkpoint is not None:
         parts.plane.call(0, "load_checkpoint", folder=str(plan.checkpoint), timeout=600.0)
+    cells = backend.cells.snapshot()
     for cell, role in enumerate(core.roles):
         if role not in (R.TRAINING, R.TO_ROLLOUT) or cell < cfg.static_train_cells:
             continue  # static trainers already entered training with the job
-        name = parts.engine_names.get(cell)
-        if name is not None:
-            backend.admin("POST", f"/admin/engines/{name}/drain", {"evacuate": False})
-            parts.engines.quiesce(name)
-            parts.engines.release_memory(name)
-        satellite = cell not in cfg.core_unit
-        parts.plane.call(cell, "enter_training", **({"hold": True} if satellite else {}), timeout=600.0)
-        backend.rollout_ready.discard(cell)
+        _enter_training(backend, cell)
+        cells["rollout_ready"] = [c for c in cells["rollout_ready"] if c != cell]
         if role == R.TRAINING:
-            backend._members.add(cell)
+            cells["members"] = sorted({*cells["members"], cell})
+    backend.cells.restore(cells)
     for g, group in core.groups.items():
         backend.metrics.v_d[g] = group.v_d
         if group.v_t is not None:
             backend.metrics.v_t[g] = group.v_t
-        if group.dropped:
-            backend.dropped.add(g)
+    backend.executions.restore(dict(backend.executions.snapshot(), harness_stopped_before=sorted(plan.stopped),
+                                    dropped=sorted(g for g, group in core.groups.items() if group.dropped)))
     if plan.checkpoint is not None and (plan.checkpoint / METRICS).is_file():
         _load_metrics(backend.metrics, json.loads((plan.checkpoint / METRICS).read_text()))
-    backend.harness_stopped_before = set(plan.stopped)
-    backend.packer.batch_id = plan.version  # no batch is open at P: the next one the packer fills is v
+    # no batch is open at P: the next one the packer fills is v
+    backend.batches.restore(dict(backend.batches.snapshot(), next_batch=plan.version))
+
+
+def _enter_training(backend, cell: int) -> None:
+    """Cell ``cell`` back in training as the core holds it at P (its engine drained, quiesced, released)."""
+    parts = backend.parts
+    name = parts.engine_names.get(cell)
+    if name is not None:
+        backend.proxy.call_blocking("POST", f"/admin/engines/{name}/drain", {"evacuate": False})
+        parts.engines.quiesce(name)
+        parts.engines.release_memory(name)
+    satellite = is_satellite(backend.cfg, cell)
+    parts.plane.call(cell, "enter_training", **({"hold": True} if satellite else {}), timeout=600.0)
 
 
 def _open_groups(plan: ResumePlan, backend) -> list[int]:
     """Open every unfed, undropped group of P in the buffer; the groups whose task is gone now."""
-    gone, overall = [], backend.parts.runner.budgets.overall_timeout_s
-    for g, group in plan.core.groups.items():
+    gone = []
+    for g, group in plan.core.snapshot().groups.items():
         if group.v_t is not None or group.dropped:
             continue
-        try:
-            if not group.ready:  # a ready group runs nothing more: its evaluations need no task set up
-                backend._tasks[g] = backend.parts.task.task(query_id(g))
-        except TaskUnavailable as exc:
-            backend.progress(f"group {group_id(g)} dropped on resume: {exc}")
-            backend.dropped.add(g)
+        if not backend.executions.reopen_group(g, group.v_d, ready=group.ready):
             gone.append(g)
-            continue
-        ids = [execution_id(x) for x in plan.core.executions_of(g)]
-        backend.buffer.open_group(group_id(g), group.v_d, ids, deadline=backend.clock() + overall)
     return gone
 
 
@@ -165,29 +169,13 @@ async def rebuild_buffer(plan: ResumePlan, backend) -> list[int]:
     """Step 2 of the module docstring; returns the groups whose task could not be set up again."""
     gone = _open_groups(plan, backend)
     for event in plan.events:  # in the order they finished: the first N to resolve are a group's designated
-        if not isinstance(event, ev.ExecutionFinished):
-            continue
-        x = event.execution
-        g = plan.core.group_of(x)
-        backend._closed[g] += 1
-        if g in gone or group_id(g) not in backend.buffer._groups or event.outcome == "cancelled":
-            continue
-        eid = execution_id(x)
-        calls = await asyncio.to_thread(backend.store.read, eid) if backend.store.path_for(eid).exists() else []
-        for call in calls:
-            backend.buffer.add(call)
-        state = await close_and_evaluate(backend.buffer, backend.parts.task, eid, workspace_of(backend, x),
-                                         backend.clock)
-        if state is EvalState.INVALID:
-            backend.metrics.excluded.append(x)
-        backend.metrics.outcomes[x] = event.outcome
-    ready = set(backend.buffer.ready_group_ids())
-    for g, group in plan.core.groups.items():
-        if group.ready and group.v_t is None and g not in gone:
-            if group_id(g) not in ready:
-                raise ResumeError(f"group {group_id(g)} was ready at event {plan.position}, but its executions' "
-                                  f"records and workspaces in {plan.work} no longer make it ready")
-            backend._ready_reported.add(g)
+        if isinstance(event, ev.ExecutionFinished):
+            await backend.executions.replay_finished(event.execution, event.outcome,
+                                                     workspace_of(backend, event.execution))
+    for g, group in plan.core.snapshot().groups.items():
+        if group.ready and group.v_t is None and g not in gone and not backend.executions.mark_ready(g):
+            raise ResumeError(f"group {group_id(g)} was ready at event {plan.position}, but its executions' "
+                              f"records and workspaces in {plan.work} no longer make it ready")
     return gone
 
 
@@ -196,17 +184,15 @@ def resume_actions(plan: ResumePlan, backend, gone: list[int]):
 
     def apply() -> None:
         for g in gone:
-            backend._report(ev.GroupDropped, group=g)
+            backend.ctx.report(ev.GroupDropped, group=g)
         for a in plan.outstanding():
-            (backend.on_publish if isinstance(a, act.Publish) else backend.on_begin_transition)(a)
+            backend.apply(a)
         for x in plan.cancelled:
-            backend.metrics.outcomes[x] = "cancelled"
-            backend._closed[plan.core.group_of(x)] += 1
-            backend._report(ev.ExecutionFinished, execution=x, outcome="cancelled")
+            backend.executions.cancelled_before(x)
         now = time.monotonic()
         for x, outcome in sorted(plan.readmit.items()):
-            exited = ExecutionResult(x, outcome, 0, workspace_of(backend, x), now, now, backend.parts.runner.isolated)
-            backend.running[x] = backend._spawn(backend._execute(x, "", exited=exited))
+            backend.executions.readmit(x, ExecutionResult(x, outcome, 0, workspace_of(backend, x), now, now,
+                                                          backend.parts.runner.isolated))
         placements = plan.core.placements()
         rerun = tuple((x, placements[x]) for x in plan.rerun)
         if rerun:
@@ -236,7 +222,7 @@ class ResumeWiring:
         self.plan, self.backend = plan if plan is not None and plan.position else None, backend
         self.checkpointer = Checkpointer(Path(work) / "checkpoints", backend.parts.plane, controller, backend,
                                          tp=tp, seed=seed)
-        backend.on_burst_end = self.checkpointer
+        backend.set_hooks(on_burst_end=self.checkpointer)
         controller.write_summary(Path(work) / "log")  # log/ replays (replay_journal) even after a kill -9
         if self.plan is not None:
             restore_parts(self.plan, backend)

@@ -148,14 +148,15 @@ class ResumePlan:
         """Publish and BeginTransition actions issued before P whose completion is not in events[0:P],
         in the order the core issued them."""
         pending: dict[Any, tuple[int, act.Action]] = {}
+        core = self.core.snapshot()
         for index, a in enumerate(self.actions):
             if isinstance(a, act.Publish):
                 pending["publish"] = (index, a)
             elif isinstance(a, act.BeginTransition):
                 pending[a.cell] = (index, a)
         keep = [item for key, item in pending.items()
-                if (key == "publish" and self.core.awaiting_publish)
-                or (key != "publish" and self.core.roles[key] in (R.TO_TRAINING, R.TO_ROLLOUT))]
+                if (key == "publish" and core.awaiting_publish)
+                or (key != "publish" and core.roles[key] in (R.TO_TRAINING, R.TO_ROLLOUT))]
         return [a for _, a in sorted(keep, key=lambda item: item[0])]
 
     def summary(self) -> dict[str, Any]:
@@ -180,7 +181,7 @@ def plan_resume(run_dir: str | os.PathLike) -> ResumePlan:
     if (work / "summary.json").is_file():
         raise ResumeError(f"{run_dir} is a finished run (summary.json is written): nothing to resume")
     try:
-        job = JobConfig(**dict(json.loads((work / JOB_FILE).read_text()), workdir=str(work)))
+        job = JobConfig(**dict(json.loads((work / JOB_FILE).read_text()), workdir=str(work))).check_environment()
     except (ValueError, TypeError) as exc:
         raise ResumeError(f"{run_dir}/{JOB_FILE}: {exc}") from None
     try:
@@ -212,14 +213,14 @@ def plan_resume(run_dir: str | os.PathLike) -> ResumePlan:
 
 
 def _sort_executions(plan: ResumePlan, later: list[ev.Event]) -> None:
-    core = plan.core
+    core = plan.core.snapshot()
     for event in plan.events:
         if isinstance(event, ev.ExecutionFinished):
             plan.finished[event.execution] = event.outcome
-    plan.stopped = set(core.stopped_executions())
+    plan.stopped = set(core.stopped)
     exited = {e.execution: e.outcome for e in later if isinstance(e, ev.ExecutionFinished)}
-    for x in sorted(set(core.placements()) | plan.stopped):
-        group = core.groups[core.group_of(x)]
+    for x in sorted(set(core.placements) | plan.stopped):
+        group = core.groups[plan.core.group_of(x)]
         if group.ready or group.dropped:
             plan.cancelled.append(x)
         elif exited.get(x, "cancelled") != "cancelled":

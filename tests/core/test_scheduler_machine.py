@@ -7,13 +7,17 @@ the invariants (docs/scheduler.md) of ``gyre.scheduler`` after every step. It is
 simulator and the real controller; its event log must replay to the same
 actions at every step. ``running`` holds the executions that hold a rollout
 slot, ``stopped`` those whose harness stopped (HarnessStopped) before they
-finished: they hold no slot but stay in the waterlevel.
+finished: they hold no slot but stay in the waterlevel. The machine reads the
+core only through its public views: ``Scheduler.snapshot()`` (whose copy must
+agree with the model and never change once taken) and the read-only properties.
 """
 
 from __future__ import annotations
 
-import copy
+import dataclasses
+from typing import Mapping
 
+import pytest
 from hypothesis import HealthCheck, assume, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -49,17 +53,10 @@ def configs(draw) -> SchedulerConfig:
         raise
 
 
-def snapshot(s: Scheduler) -> dict:
-    """Everything observable about the core, to check that illegal events change nothing."""
-    return {
-        "counters": (s.d, s.p, s.f, s.version, s.published, s.burst, s.steps_in_burst, s.now),
-        "roles": tuple(s.roles),
-        "groups": copy.deepcopy(s.groups),
-        "batch": (s.batch_open, s.fed, s.wants, s.awaiting_publish, s.supply_since),
-        "placements": s.placements(),
-        "stopped": s.stopped_executions(),
-        "ready": s.ready_unclaimed,
-    }
+def plain(snap) -> dict:
+    """A snapshot's fields as plain values (mappings copied), to compare one taken earlier with itself."""
+    return {f.name: dict(v) if isinstance(v := getattr(snap, f.name), Mapping) else v
+            for f in dataclasses.fields(snap)}
 
 
 class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
@@ -77,6 +74,8 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
         self.ready_sent: set[int] = set()
         self.ready_unfed: dict[int, int] = {}  # group -> v_d
         self.v_d: dict[int, int] = {}
+        self.v_t: dict[int, int] = {}
+        self.taken: tuple | None = None  # an earlier snapshot and its plain values then
         self.fed_groups: set[int] = set()
         self.dropped_groups: set[int] = set()
         self.reserve: dict[int, int] = {}  # streaming off: groups the current burst may draw from
@@ -152,6 +151,7 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
             assert max(self.v_d[g] for g in a.groups) <= oldest_left, "fed a newer group before an older one"
         for g in a.groups:
             self.fed_groups.add(g)
+            self.v_t[g] = a.version
             del self.ready_unfed[g]
             self.reserve.pop(g, None)
         self.fed += len(a.groups)
@@ -304,14 +304,14 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
         if self.batch is None or not self.cfg.streaming:
             candidates.append(ev.GroupWanted(self.now))
         event = data.draw(st.sampled_from(candidates))
-        before = snapshot(self.s)
+        before = self.s.snapshot()
         try:
             self.s.handle(event)
         except PolicyError:
             pass
         else:
             raise AssertionError(f"illegal event accepted: {event}")
-        assert snapshot(self.s) == before
+        assert self.s.snapshot() == before
 
     # ---- invariants ------------------------------------------------------------
     @invariant()
@@ -361,6 +361,21 @@ class SchedulerMachine(RuleBasedStateMachine, ActionHandler):
         assert unconsumed <= self.cfg.initial_groups
         if self.cfg.dispatch == "continuous":
             assert unconsumed == self.cfg.initial_groups
+
+    @invariant()
+    def snapshot_agrees_and_stays_put(self) -> None:
+        """The public snapshot matches the model; one taken earlier has not changed since."""
+        snap = self.s.snapshot()
+        assert snap.staleness() == {g: self.v_t[g] - self.v_d[g] for g in sorted(self.v_t)}
+        assert (snap.waterlevel, snap.queued, snap.running) == (self.s.waterlevel, len(self.queued),
+                                                               len(self.running) + len(self.stopped))
+        assert set(snap.placements) == self.running and snap.stopped == self.stopped
+        assert {g for g, view in snap.groups.items() if view.dropped} == self.dropped_groups
+        if self.taken is not None:
+            assert plain(self.taken[0]) == self.taken[1], "a snapshot changed after it was taken"
+        with pytest.raises((dataclasses.FrozenInstanceError, TypeError)):
+            snap.groups[0] = None  # read-only (TypeError), like every field (FrozenInstanceError)
+        self.taken = (snap, plain(snap))
 
     @invariant()
     def training_is_a_prefix(self) -> None:

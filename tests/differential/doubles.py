@@ -102,6 +102,15 @@ class _Queues:
     def ready_count(self) -> int:
         return len(self.plane.work)
 
+    async def changes(self, depth: int, still_open) -> int:
+        """The backend's wait for a claim (``BatchFeed.queue_changes``): woken when a cell claims, at the
+        claim's own time (the real backend polls the shared directory instead)."""
+        if still_open() and self.ready_count() == depth:
+            future = asyncio.get_running_loop().create_future()
+            self.plane.depth_waiters.append(future)
+            await future  # one claim (the depth may be back where it was after a feed: still a change)
+        return self.ready_count()
+
     def put(self, step: Any) -> None:
         self.plane._put(step)
 
@@ -123,7 +132,7 @@ class PlaneDouble:
         self.in_flight = self.micro_steps = 0
         self._ticket: VirtualTicket | None = None
         self._participants: set[int] = set()
-        #: futures the backend's ``_queue_changes`` waits on: resolved whenever a cell claims
+        #: futures ``_Queues.changes`` waits on: resolved whenever a cell claims
         self.depth_waiters: list[asyncio.Future] = []
         for cell in range(cfg.static_train_cells):
             self._join(cell, 0.0)

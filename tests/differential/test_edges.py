@@ -92,8 +92,8 @@ def test_a_group_whose_task_cannot_be_set_up_is_dropped_and_its_executions_cance
     async def body():
         from gyre.config import SchedulerConfig
         cfg = SchedulerConfig(K=1, C_e=8, C_s=0, N=2, B=1, phi=0.0, mu=1, granularity="global")
-        backend = EdgeBackend(cfg, Parts(), seed=0, token_budget=10, clock=lambda: 0.0).bind(reports)
-        backend.proxy = Proxy()
+        backend = EdgeBackend(cfg, Parts(), seed=0, token_budget=10, clock=lambda: 0.0,
+                              proxy_double=Proxy()).bind(reports)
         backend.on_dispatch_groups(act.DispatchGroups((5,), 0))
         backend.on_start_executions(act.StartExecutions(((10, 0), (11, 0))))
         await asyncio.sleep(0)
@@ -150,8 +150,8 @@ def test_an_evaluation_in_retries_reports_harness_stopped_and_is_cancelled(tmp_p
             return {"ok": True}
 
     cfg = SchedulerConfig(K=1, C_e=8, C_s=0, N=2, B=1, phi=0.0, mu=1, granularity="global")
-    backend = EdgeBackend(cfg, Parts(), seed=0, token_budget=10, clock=loop.time).bind(reports)
-    backend.proxy = Proxy()
+    backend = EdgeBackend(cfg, Parts(), seed=0, token_budget=10, clock=loop.time,
+                          proxy_double=Proxy()).bind(reports)
 
     async def body():
         backend.on_dispatch_groups(act.DispatchGroups((0,), 0))

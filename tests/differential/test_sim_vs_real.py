@@ -12,11 +12,11 @@ staleness v_t - v_d:
 - excluded executions (overall timeouts) and dropped groups (GroupDropped);
 - fine-cell streaming Gyre.
 
-Streaming: both worlds ask for groups by one rule (docs/streaming.md#two-buffers): the packing
-buffer asks while its queued micro-steps plus the asked-for groups' are fewer
-than the training cells; the simulator delivers its ask after the instant's
-claims (``sim.training``), the real backend on its next turn of the event loop
-(``RealBackend._ask_for_groups``), woken by the plane double when a cell
+Streaming: both worlds ask for groups by one rule (``gyre.driver_rules.asks_for_group``):
+the packing buffer asks while its queued micro-steps are fewer than the
+training cells; the simulator delivers its ask after the instant's claims
+(``sim.training``), the real backend on its next turn of the event loop
+(``runtime.batch_feed.BatchFeed.ask``), woken by the plane double when a cell
 claims. With that rule ready groups can wait unclaimed and satellites join.
 """
 
@@ -108,7 +108,7 @@ def test_streaming_schedules_are_identical(preset):
     # the backend starts each StartExecutions with one admin call (keys and routes): per-execution calls held the
     # event loop long enough, on a busy machine, to delay the StartBatch behind them (CPU demo: ~1.8 s a burst)
     starts = [a for a in real.log.actions if a["kind"] == "start_executions" and a["placements"]]
-    calls = Counter(backend.proxy.calls)
+    calls = Counter(backend.proxy_double.calls)
     assert calls[("POST", "/admin/executions/start")] == len(starts) > 0
     assert calls[("POST", "/admin/executions")] == 0
     assert calls[("POST", "/admin/routes")] == sum(1 for a in real.log.actions if a["kind"] == "reroute")
@@ -130,7 +130,7 @@ def test_excluded_executions_and_dropped_groups_are_identical(preset):
         assert sim.log.actions == real.log.actions and sim.staleness == real.staleness
     else:
         assert_identical(cfg, sim, real)
-    assert backend.dropped == set(DROPPED)
+    assert backend.executions.dropped == set(DROPPED)
     assert kinds(real.log).count("group_dropped") == len(DROPPED)
     assert len(backend.metrics.excluded) >= 2  # excluded by their evaluation budget, not by the trace
     consumed_with_exclusions = {x // cfg.group_size for x in backend.metrics.excluded} & set(real.staleness)
@@ -180,7 +180,7 @@ class NoPublicationWait(EdgeBackend):
 
     def on_publish(self, a) -> None:
         super().on_publish(a)
-        self._publishing = None
+        self.publisher.publishing = None
 
 
 @pytest.mark.slow

@@ -30,10 +30,12 @@ from gyre.formats.eventlog import EventLog
 from gyre.formats.trace import Trace
 from gyre.real.harness.runner import Budgets
 from gyre.real.runtime.backend import Parts, RealBackend
+from gyre.real.runtime.proxy_admin import InlineAdmin
 from gyre.real.runtime.controller import Controller
 from gyre.scheduler import Scheduler
 from gyre.sim.costs import CostModel
 from gyre.sim.driver import Simulation
+from gyre.staleness import staleness_by_group
 
 from .doubles import TOKEN_BUDGET, EngineDouble, PlaneDouble, ProxyDouble, RunnerDouble, TaskDouble
 from .virtual_loop import VirtualLoop
@@ -54,21 +56,11 @@ class World:
 
 
 class EdgeBackend(RealBackend):
-    """The real backend with its one HTTP call (the proxy's admin API) answered by a double."""
+    """The real backend with its one HTTP edge (the proxy's admin API) answered by a double's ``handle``."""
 
-    proxy: ProxyDouble
-
-    def admin(self, method: str, path: str, body: dict | None = None) -> Any:
-        return self.proxy.handle(method, path, body)
-
-    async def _queue_changes(self, version: int, depth: int) -> int:
-        """The plane double wakes the watcher when a cell claims (the real backend polls the directory)."""
-        plane = self.parts.plane
-        if self._open == version and plane.queues.queue(version).ready_count() == depth:
-            future = asyncio.get_running_loop().create_future()
-            plane.depth_waiters.append(future)
-            await future  # one claim (the depth may be back where it was after a feed: still a change)
-        return plane.queues.queue(version).ready_count()
+    def __init__(self, cfg: SchedulerConfig, parts: Any, *, proxy_double: Any, **kwargs: Any) -> None:
+        super().__init__(cfg, parts, admin=InlineAdmin(proxy_double.handle), **kwargs)
+        self.proxy_double = proxy_double
 
 
 def run_sim(cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
@@ -102,8 +94,8 @@ def run_real(cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
                       engine_names=names, plane=PlaneDouble(loop, cfg, costs), runner=runner,
                       records_dir=root / "records", checkpoint_dir=root / "checkpoints",
                       task=TaskDouble(runner, dropped, seed=7))
-        backend = backend_class(cfg, parts, seed=3, token_budget=TOKEN_BUDGET, clock=loop.time)
-        backend.proxy = ProxyDouble(runner)
+        backend = backend_class(cfg, parts, seed=3, token_budget=TOKEN_BUDGET, clock=loop.time,
+                                proxy_double=ProxyDouble(runner))
         controller = Controller(cfg, backend, clock=loop.time)
         backend.bind(controller)
         try:
@@ -117,7 +109,7 @@ def run_real(cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
     if backend.errors:
         raise AssertionError(f"backend tasks failed: {backend.errors}")
     m = backend.metrics
-    return World(controller.log, {g: m.v_t[g] - m.v_d[g] for g in sorted(m.v_t)}, loop.time()), backend
+    return World(controller.log, staleness_by_group(m.v_d, m.v_t), loop.time()), backend
 
 
 def transcript(cfg: SchedulerConfig, log: EventLog) -> list[str]:

@@ -364,20 +364,23 @@ class Plane:
         return self.ticket
 
 
-def publishing_backend(tmp_path, manager, ticket):
+def publishing_backend(tmp_path, manager, ticket, admin_calls=None):
+    """A backend whose proxy admin API answers at once (``admin_calls`` gets each call's path)."""
     from gyre.config import SchedulerConfig
     from gyre.real.runtime.backend import RealBackend
+    from gyre.real.runtime.proxy_admin import InlineAdmin
 
-    class Backend(RealBackend):
-        def admin(self, method, path, body=None):
-            return {"ok": True}
+    def admin(method, path, body=None):
+        if admin_calls is not None:
+            admin_calls.append(path)
+        return {"ok": True, "engines": []}
 
     reports = []
     parts = SimpleNamespace(engine_names={0: "e0", 1: "e1", 2: "e2"}, engines=manager, plane=Plane(ticket),
                             records_dir=tmp_path / "records", checkpoint_dir=tmp_path / "checkpoints",
                             watch=EngineWatch(manager, latest=lambda: None))
     cfg = SchedulerConfig(K=3, C_e=8, C_s=0, N=2, B=1, phi=0.0, mu=1, granularity="global")
-    backend = Backend(cfg, parts, seed=0, token_budget=10)
+    backend = RealBackend(cfg, parts, seed=0, token_budget=10, admin=InlineAdmin(admin))
     backend.bind(SimpleNamespace(report=lambda kind, **fields: reports.append((kind.__name__, fields))))
     return backend, reports
 
@@ -387,7 +390,7 @@ def publish(backend, version: int) -> None:
 
     async def main():
         backend.on_publish(act.Publish(version))
-        await asyncio.wait({backend._publishing})
+        await asyncio.wait({backend.publisher.publishing})
 
     asyncio.run(main())
 
@@ -451,7 +454,7 @@ def test_stop_ends_the_queue_watcher_of_a_batch_the_run_never_trained(tmp_path):
     queues = SimpleNamespace(queue=lambda version: SimpleNamespace(ready_count=lambda: 0))
     plane = SimpleNamespace(send=lambda cell, op, **fields: StepTicket(), abandon=abandoned.set, queues=queues)
     parts = SimpleNamespace(engine_names={0: "e0"}, plane=plane, runner=Runner(), records_dir=tmp_path / "records",
-                            watch=None)
+                            watch=None, proxy_url="http://127.0.0.1:9", admin_token="-")  # no admin call made
     cfg = SchedulerConfig(K=1, C_e=8, C_s=0, N=2, B=1, phi=0.0, mu=1, granularity="global")
     backend = RealBackend(cfg, parts, seed=0, token_budget=10).bind(SimpleNamespace(report=lambda kind, **f: None))
 
@@ -469,19 +472,21 @@ def test_the_backends_gate_holds_apart_from_the_drains_of_roles(tmp_path):
     to rollout undrains its engine even while the watch revives it (the hold keeps calls off it); a
     restarted proxy gets the drains of training cells and the holds of down engines back."""
     manager = FakeManager(names=("e0", "e1", "e2"))
-    backend, _ = publishing_backend(tmp_path, manager, Ticket())
     calls = []
-    backend.admin = lambda method, path, body=None: calls.append(path) or {"engines": []}
-    backend.rollout_ready.discard(2)  # cell 2 trains
-    backend.gate_engine("e1", False)
-    backend.gate_engine("e1", True)
-    backend.gate_engine("e2", False)
-    assert calls == ["/admin/engines/e1/hold", "/admin/engines/e1/release", "/admin/engines/e2/hold"]
+    backend, _ = publishing_backend(tmp_path, manager, Ticket(), admin_calls=calls)
+    backend.cells.restore(dict(backend.cells.snapshot(), rollout_ready=[0, 1]))  # cell 2 trains
 
-    calls.clear()
-    manager.kill("e0")  # found dead: a publish or a restarted proxy must not count on it
-    backend.reapply_proxy_state()
-    assert calls == ["/admin/engines/e0/hold", "/admin/engines/e2/drain"]
+    async def gate_and_reapply():
+        backend.gate_engine("e1", False)
+        backend.gate_engine("e1", True)
+        backend.gate_engine("e2", False)
+        assert calls == ["/admin/engines/e1/hold", "/admin/engines/e1/release", "/admin/engines/e2/hold"]
+        calls.clear()
+        manager.kill("e0")  # found dead: a publish or a restarted proxy must not count on it
+        backend.reapply_proxy_state()
+        assert calls == ["/admin/engines/e0/hold", "/admin/engines/e2/drain"]
+
+    asyncio.run(gate_and_reapply())
 
     calls.clear()
     backend.parts.watch.down.add("e2")  # cell 2 goes back to rollout while the watch revives its engine
@@ -489,8 +494,8 @@ def test_the_backends_gate_holds_apart_from_the_drains_of_roles(tmp_path):
     manager.engines["e0"].code = None
 
     async def back_to_rollout():
-        backend._engine_ops = lambda name, role, *ops: asyncio.sleep(0)
-        await backend._to_rollout(2, Ticket())
+        backend.cells.engine_ops = lambda name, role, *ops: asyncio.sleep(0)  # the watch's own, tested above
+        await backend.cells.to_rollout(2, Ticket())
 
     asyncio.run(back_to_rollout())
     assert calls[-1] == "/admin/engines/e2/undrain" and 2 in backend.rollout_ready

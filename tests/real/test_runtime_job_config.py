@@ -118,3 +118,41 @@ def test_a_tp_the_vocabulary_cannot_split_is_named(model, tmp_path):
     with pytest.raises(ValueError, match=f"model vocab_size = {odd} is not divisible by tp = 2"):
         job.check_cells(ModelConfig(vocab_size=odd))
     job.check_cells(ModelConfig(vocab_size=odd + 1))  # an even one can
+
+
+def test_gyre_run_set_takes_the_dotted_syntax_gyre_sim_takes():
+    """``--set section.field=value`` (section optional): whole job fields, or entries merged into a table."""
+    from gyre.real.runtime.cli import job_overrides
+
+    fields, tables = job_overrides(["workdir=runs/x", "job.steps=6", "phi=0.5", "schedule.mu=3",
+                                    "model.dtype=bfloat16", "cluster.address=auto"])
+    assert fields == {"workdir": "runs/x", "steps": 6}  # a bare word is text (once "Invalid value ...")
+    assert tables == {"schedule": {"phi": 0.5, "mu": 3}, "model": {"dtype": "bfloat16"},
+                      "cluster": {"address": "auto"}}
+    job = load_job_config(DEMO, tables={"schedule": {"mu": 3}}, steps=6)
+    cfg = job.scheduler()
+    assert (cfg.mu, cfg.phi, cfg.tau, job.steps) == (3, 1.0, 0.0, 6)  # the file's [job.schedule] is kept
+
+
+def test_gyre_run_names_the_flag_and_the_field(capsys):
+    from gyre.cli import main
+
+    assert main(["run", "--config", str(DEMO), "--set", "steps=abc"]) == 2
+    assert "--set steps=abc: job.steps takes an integer, not 'abc'" in capsys.readouterr().err
+    assert main(["run", "--config", str(DEMO), "--set", "schedule.warp=1"]) == 2
+    assert "--set schedule.warp=1: unknown field 'warp' in schedule" in capsys.readouterr().err
+    assert main(["run", "--config", str(DEMO), "--set", "phi=-1"]) == 2
+    assert "phi must be >= 0" in (err := capsys.readouterr().err) and "--set phi=-1" in err
+
+
+def test_a_job_is_built_without_io_and_checked_against_what_it_names(tmp_path):
+    """The constructor reads no file: a task set that is not there fails at ``check_environment``
+    (which ``load_job_config`` runs), naming it."""
+    missing = tmp_path / "no-tasks.jsonl"
+    job = JobConfig(tasks=str(missing), evaluator="gyre.real.toy.tasks:EmitCharTask")
+    with pytest.raises(ValueError, match="no-tasks.jsonl"):
+        job.check_environment()
+    path = tmp_path / "job.toml"
+    path.write_text(f"[job]\ntasks = '{missing}'\nevaluator = 'gyre.real.toy.tasks:EmitCharTask'\n")
+    with pytest.raises(ValueError, match="no-tasks.jsonl"):
+        load_job_config(path)

@@ -68,7 +68,8 @@ def instant_world(cfg, stop):
             if kind == "finish" and args[0] in core.placements() or kind == "cancelled":
                 feed(ev.ExecutionFinished(now, args[0], "completed" if kind == "finish" else "cancelled"))
             g = core.group_of(args[0])
-            if core.groups[g].closed >= cfg.N and not core.groups[g].ready and not core.groups[g].dropped:
+            group = core.snapshot().groups[g]
+            if group.closed >= cfg.N and not group.ready and not group.dropped:
                 feed(ev.GroupReady(now, g))
         elif kind == "transition":
             feed(ev.TransitionDone(now, *args))
@@ -114,7 +115,7 @@ def killed_run(tmp_path):
     for v in (0, 2, 4):
         (work / "checkpoints" / f"v{v:06d}").mkdir()
     (work / "engine-model").mkdir()
-    for x in range(len(core.groups) * cfg.N):
+    for x in range(len(core.snapshot().groups) * cfg.N):
         (work / "records").mkdir(exist_ok=True)
         (work / "records" / f"x{x}.tito").write_bytes(f"calls of {x}".encode())
         (work / "executions" / f"exec-{x}" / "workspace").mkdir(parents=True)
@@ -133,8 +134,7 @@ def test_the_newest_complete_checkpoint_is_taken_and_the_core_replayed_to_it(kil
     replayed = Scheduler(plan.core.cfg)
     for event in events[:at_p]:
         replayed.handle(event)
-    assert (replayed.d, replayed.p, replayed.f, replayed.roles) == (plan.core.d, plan.core.p, plan.core.f,
-                                                                   plan.core.roles)
+    assert replayed.snapshot() == plan.core.snapshot()
 
 
 def test_executions_running_at_the_checkpoint_are_readmitted_rerun_or_cancelled(killed_run):

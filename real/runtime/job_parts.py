@@ -1,0 +1,255 @@
+"""The live parts of one real run, built in order, run, and closed in reverse: ``runtime.job.run_job``.
+
+``JobParts(job, say, resume)`` holds what a run starts; ``build()`` starts it,
+one named step each (the work folder and its lock, the model and tokenizer,
+the tasks and harness, the training plane, the engines and their watch, the
+proxy, the backend wired to the controller, its live metrics and resume
+checkpoints); ``run()`` runs the controller to the end and writes the event
+log; ``close()`` stops whatever was started, in reverse order, whatever
+failed. Every step reads the job's configuration and does the I/O the
+configuration itself never does.
+
+Invariants: nothing starts before the layout is known to be runnable; every
+process started here is stopped by ``close`` (harnesses, engines, cells,
+proxy, placement) and the folder's lock released; the engine watch serves
+the backend (its newest publication, the one in flight, the proxy's gate)
+only once both exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from gyre.actions import SEPARATE
+from gyre.real.engines.manager import HOST, EngineManager, EngineSpec, free_port
+from gyre.real.harness.runner import Budgets, HarnessRunner
+from gyre.real.harness.taskset import TaskSet
+from gyre.real.runtime.backend import Parts, RealBackend
+from gyre.real.runtime.controller import Controller
+from gyre.real.runtime.engine_watch import EngineWatch
+from gyre.real.runtime.metrics import LiveMetrics
+from gyre.real.runtime.proxy_process import ProxyProcess
+from gyre.real.toy.tiny_model import build_tiny_tokenizer
+
+ADMIN_TOKEN = "gyre-job-admin"
+# a model call that finds no engine in the rollout role (the only one died and restarts, or every cell
+# trains) waits this long for one in the proxy (RetryPolicy.hold_s) instead of failing the execution
+ENGINE_HOLD_S = 600.0
+SMALL_ENGINE = ("--mem-fraction-static", "0.05", "--max-total-tokens", "16384", "--skip-server-warmup")
+
+
+class CellFailed(RuntimeError):
+    """A training cell's process died during the run (the message names the cells and exit codes);
+    ``gyre run`` resumes the run from its last checkpoint, up to ``cell_restarts`` times."""
+
+
+class JobParts:
+    def __init__(self, job, say: Callable[[str], None], resume=None) -> None:
+        self.job, self.say, self.resume = job, say, resume
+        self.cfg, self.work = job.scheduler(), Path(job.workdir)
+        self.layout = job.gpu_layout() if job.device == "cuda" else None
+        self.names = {c: f"e{c}" for c in range(self.cfg.static_train_cells, self.cfg.K)}  # static: no engine
+        if self.cfg.C_s > 0:
+            self.names[SEPARATE] = "sep"
+        self.timings: dict[str, float] = {}
+        self.cells: list[dict] = []
+        self.lock: int | None = None
+        self.plane = self.engines = self.placement = self.watch = self.proxy = None
+        self.backend = self.controller = self.live = self.wiring = None
+
+    # ---- build -------------------------------------------------------------------------
+    def build(self, watch: Callable[[dict], None] | None = None) -> "JobParts":
+        if self.layout is not None and self.layout.runnable_problem():  # refuse what cannot be placed, touching nothing
+            raise ValueError(f"job layout: {self.layout.runnable_problem()}")
+        from gyre.real.runtime.resume import open_run_folder
+
+        self.lock = open_run_folder(self.job, self.resume)  # fresh: wiped, job.json; resumed: old work moved aside
+        t0 = time.monotonic()
+        tokenizer, model_cfg = self._model()
+        tasks, adapter = self._tasks()
+        self._start_plane(model_cfg)
+        model = self._start_engines(tokenizer)
+        self.timings["startup_s"] = time.monotonic() - t0
+        self.watch = EngineWatch(self.engines, progress=self.say, roster=self.work / "engines.json").start()
+        self.say(f"ready after {self.timings['startup_s']:.1f} s; running {self.job.steps} steps, "
+                 f"{self.cfg.mu} per burst")
+        self._start_proxy(model)
+        self._wire(tasks, adapter, watch)
+        return self
+
+    def _model(self):
+        """The tokenizer's folder and the cells' model: a Hugging Face checkpoint, or the tiny toy model."""
+        model_cfg = self.job.model_config()
+        if model_cfg is not None:  # a Hugging Face checkpoint: the cells load it, its tokenizer serves
+            folder = Path(self.job.model["checkpoint"])
+            self.say(f"model: {model_cfg.family} checkpoint {folder} ({model_cfg.dtype})")
+            return folder, model_cfg
+        self.say(f"building the tiny tokenizer in {self.job.model_dir}")
+        return build_tiny_tokenizer(Path(self.job.model_dir)), self.job.toy_model_config()
+
+    def _tasks(self):
+        for line in self.layout.describe(self.cfg.K) if self.layout is not None else ():
+            self.say(line)
+        tasks, adapter = self.job.task_source(), self.job.harness_adapter()
+        if isinstance(tasks, TaskSet):  # each execution's process builds its task's workspace first
+            adapter = tasks.harness(adapter)
+            self.say(f"task set {self.job.tasks}: {len(tasks.specs)} tasks, evaluator {self.job.evaluator}, "
+                     f"harness {adapter.name}")
+        return tasks, adapter
+
+    def _start_plane(self, model_cfg) -> None:
+        from gyre.real.train.plane import PlaneConfig, TrainingPlane
+        from gyre.real.train.state import OptimConfig
+
+        job, cfg, tp = self.job, self.cfg, self.job.cell_tp()
+        self.plane = TrainingPlane(PlaneConfig(cells=cfg.K, model=model_cfg, optim=OptimConfig(lr=job.lr),
+                                               timeout_s=300.0, device=job.device, tp=tp,
+                                               pp=self.layout.pipeline_parallel if self.layout else 1),
+                                   self.work / "plane")
+        self.engines = EngineManager(self.work / "engine-logs")
+        if job.cluster:  # one placement group per cell on the Ray cluster (real.cluster)
+            from gyre.real.cluster.placement import Placement
+
+            cluster = job.cluster_config()
+            self.say(f"placing {cfg.K} cells on the Ray cluster at {cluster.address}")
+            self.placement = Placement(cluster, progress=self.say).open(cells=cfg.K, tp=tp, engines=self.names)
+            self.plane.launcher = self.engines.launcher = self.placement
+        self.say(f"schedule {job.preset}: K={cfg.K} cells, C_s={cfg.C_s}, phi={cfg.phi}, mu={cfg.mu}, "
+                 f"{cfg.granularity} transitions, streaming {'on' if cfg.streaming else 'off'}")
+        self.say(f"starting {cfg.K} training cells of {tp} rank{'s' if tp > 1 else ''} each (Megatron-core, "
+                 f"{job.device})")
+        self.plane.start()
+        self.cells = [self.plane.call(c, "info") for c in range(cfg.K)]  # each cell's leader: role, tp, pid
+        (self.work / "cells.json").write_text(json.dumps({str(c): i for c, i in enumerate(self.cells)}, default=str))
+
+    def _start_engines(self, tokenizer: Path) -> Path:
+        """One SGLang engine per rollout cell (and the separate pool), serving the plane's version-0 weights."""
+        model = self.work / "engine-model"  # a resumed run's engines start from it (runtime.restore loads the newest)
+        if self.resume is None or not model.is_dir():
+            model = _initial_model(self.plane, tokenizer, self.work)
+        for cell in range(self.cfg.static_train_cells):
+            self.plane.send(cell, "enter_training").result()
+        for cell, name in self.names.items():
+            host, port = self.placement.engine_endpoint(name) if self.placement is not None else (HOST, free_port())
+            extra = SMALL_ENGINE if self.layout is None else self.layout.engine_args(cell)
+            self.engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=port, host=host,
+                                           cpu=self.layout is None, extra_args=extra))
+        self.say(f"starting {len(self.names)} SGLang CPU engines ({', '.join(self.names.values())})")
+        for name in self.names.values():
+            self.engines.wait_healthy(name, timeout=300)
+        return model
+
+    def _start_proxy(self, model: Path) -> None:
+        from gyre.real.proxy.config import EngineSpec as ProxyEngine
+        from gyre.real.proxy.config import Limits, ProxyConfig, RetryPolicy
+
+        config = ProxyConfig(model_path=str(model), records_dir=str(self.work / "records"), admin_token=ADMIN_TOKEN,
+                             engines=tuple(ProxyEngine(id=n, url=self.engines.engines[n].url)
+                                           for n in self.names.values()),
+                             port=free_port(), fsync=False, limits=Limits(default_max_tokens=self.job.max_tokens),
+                             retry=RetryPolicy(hold_s=ENGINE_HOLD_S))
+        self.proxy = ProxyProcess(config, self.work / "proxy", progress=self.say).start()
+        self.proxy_url = f"http://127.0.0.1:{config.port}"
+
+    def _wire(self, tasks, adapter, watch: Callable[[dict], None] | None) -> None:
+        """Harness runner, backend, controller, live metrics and resume wiring, each given what it needs."""
+        from gyre.real.runtime.restore import ResumeWiring, controller_parts
+
+        job, work, cfg = self.job, self.work, self.cfg
+        runner = HarnessRunner(work / "executions", self.proxy_url, adapter,
+                               Budgets(harness_timeout_s=job.harness_timeout_s,
+                                       overall_timeout_s=job.overall_timeout_s), isolate=job.isolate,
+                               hide=[work / "records", work / "records" / "keys.json",  # records, key digests
+                                     work / "attempts",  # and what a resume moved aside (runtime.resume)
+                                     work / "proxy"])  # the proxy's config holds the admin token
+        parts = Parts(proxy_url=self.proxy_url, admin_token=ADMIN_TOKEN, engines=self.engines,
+                      engine_names=self.names, plane=self.plane, runner=runner, records_dir=work / "records",
+                      checkpoint_dir=work / "checkpoints", task=tasks, watch=self.watch)
+        self.backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget, progress=self.say,
+                                   steps=job.steps)
+        self.watch.serve(self.backend)  # from here on a dead engine comes back with the newest weights
+        self.controller = Controller(cfg, self.backend, **controller_parts(self.resume, work / "log"))
+        self.backend.bind(self.controller)
+        redone = None if self.resume is None else self.resume.version + 1  # the first redone step
+        self.live = LiveMetrics(cfg, work, self.names, log=self.say, watch=watch, wandb=job.wandb,
+                                purge_step=redone).bind(self.controller, self.backend)
+        self.backend.set_hooks(on_step=self.live.on_step)  # metrics.jsonl + tb/, one record per step
+        self.wiring = ResumeWiring(self.resume, self.controller, self.backend, work=work, tp=job.cell_tp(),
+                                   seed=job.seed)
+
+    # ---- run -----------------------------------------------------------------------------
+    def run(self) -> Path:
+        """Run the controller to the last step; the event log's folder."""
+        async def main() -> None:
+            supervising = asyncio.ensure_future(self.watch.supervise())
+            proxy_watch = asyncio.ensure_future(self.proxy.supervise(on_restart=self.backend.reapply_proxy_state))
+            try:
+                await _run_until_failure(self.controller, self.backend, self.plane, self.job, self.wiring)
+            finally:
+                self.watch.stop()  # the run is over: nothing waits for an engine still coming back
+                supervising.cancel()
+                proxy_watch.cancel()
+                await self.backend.stop()
+
+        t_run = time.monotonic()
+        try:
+            asyncio.run(main())
+        finally:
+            self.live.close()
+            log_dir = self.controller.write_log(self.work / "log")
+        self.timings["run_s"] = time.monotonic() - t_run
+        return log_dir
+
+    # ---- close ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop what was started, in reverse order; release the folder's lock."""
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.watch is not None:
+            self.watch.close()  # restarts nothing more; stops every engine, then the thread that launched restarts
+        if self.engines is not None:
+            self.engines.shutdown_all()
+        if self.plane is not None:
+            self.plane.close()
+        if self.placement is not None:
+            self.placement.close()  # whatever the node agents still run, then the agents and placement groups
+        if self.lock is not None:
+            os.close(self.lock)
+
+
+async def _run_until_failure(controller, backend, plane, job, wiring) -> None:
+    """Run the controller to the end; a failed backend task (engine, cell, proxy) stops it at once,
+    as ``CellFailed`` when a training cell is among the dead."""
+    run = asyncio.ensure_future(controller.run(job.steps, timeout_s=job.timeout_s, finish_publication=True,
+                                               resume=await wiring.before_run()))
+    try:
+        while not run.done():
+            await asyncio.wait({run}, timeout=0.5)
+            if backend.errors and not run.done():
+                run.cancel()
+                raise RuntimeError(f"backend task failed: {backend.errors}")
+        run.result()
+    except Exception as exc:
+        if plane.crashes:
+            dead = ", ".join(f"cell {c} (exit code {code})" for c, code in sorted(plane.crashes.items()))
+            raise CellFailed(f"training {dead} died: {exc}") from exc
+        raise
+
+
+def _initial_model(plane, tokenizer_dir: Path, work: Path) -> Path:
+    """Export the plane's version-0 weights as an HF Qwen2 folder with the tokenizer (engine model)."""
+    plane.call(0, "enter_training")
+    answer = plane.call(0, "publish", version=0, endpoints=[], directory=str(work / "checkpoints"))
+    plane.call(0, "leave_training")
+    model = work / "engine-model"
+    shutil.copytree(answer["path"], model)
+    for item in tokenizer_dir.iterdir():
+        if item.is_file() and item.name not in ("config.json", "model.safetensors"):
+            shutil.copy(item, model / item.name)
+    return model
