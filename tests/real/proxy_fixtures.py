@@ -31,8 +31,9 @@ def shared_tiny_dir(tmp_path_factory: Any, name: str = "tiny-model") -> Path:
 class ServerThread:
     """Run ``make_app()`` (an aiohttp Application factory) on 127.0.0.1 in a thread."""
 
-    def __init__(self, make_app: Any, port: int | None = None) -> None:
+    def __init__(self, make_app: Any, port: int | None = None, runner_args: dict | None = None) -> None:
         self.make_app = make_app
+        self.runner_args = runner_args or {}
         self.port = port or free_port()
         self.loop = asyncio.new_event_loop()
         self.app: Any = None
@@ -54,7 +55,7 @@ class ServerThread:
         self.app = self.make_app()
         if asyncio.iscoroutine(self.app):
             self.app = await self.app
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = web.AppRunner(self.app, access_log=None, **self.runner_args)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
 
@@ -361,7 +362,7 @@ def proxy_config(model_dir: Any, records_dir: Any, engines: dict[str, str], **ov
 
 def start_proxy(config: Any, chat: Any = None) -> tuple[ServerThread, Any]:
     """Start a ``ProxyServer`` in a thread; returns (thread, server)."""
-    from gyre.real.proxy.app import ProxyServer
+    from gyre.real.proxy.app import RUNNER_ARGS, ProxyServer
 
     holder: dict[str, Any] = {}
 
@@ -369,7 +370,7 @@ def start_proxy(config: Any, chat: Any = None) -> tuple[ServerThread, Any]:
         holder["server"] = ProxyServer(config, chat=chat)
         return holder["server"].application()
 
-    thread = ServerThread(make_app).start()
+    thread = ServerThread(make_app, runner_args=RUNNER_ARGS).start()
     return thread, holder["server"]
 
 
