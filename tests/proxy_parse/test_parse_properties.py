@@ -241,7 +241,8 @@ def test_hostile_outputs_always_write_valid_json(api):
 
 def test_tool_calls_with_nan_are_not_tool_calls():
     assert parse_tool_call('{"name": "Bash", "arguments": {"n": NaN}}') is None
-    assert parse_tool_call('{"name": "Bash", "arguments": {"n": "\\ud800"}}').arguments == {"n": "\ud800"}
+    # a lone surrogate the JSON spells is replaced (what the proxy returns must be valid Unicode)
+    assert parse_tool_call('{"name": "Bash", "arguments": {"n": "\\ud800"}}').arguments == {"n": "\ufffd"}
 
 
 @given(text=st.text(alphabet="ab.\n", max_size=40), stop=st.sampled_from([".", "ab", "\n\n"]),
