@@ -27,6 +27,12 @@ Invariants:
 - every error, aiohttp's own 404/405 included, has the API's error shape;
 - a client that disconnects (streaming or not) stops its generation and the
   engine request is aborted; nothing is recorded for it;
+- a client that half-closes its connection after sending a streaming request
+  (``shutdown(SHUT_WR)``) is served: the connection stays open for the answer
+  and closes after it (``keep_half_open``); one that has really gone is found by
+  the stream's writes failing. A non-streaming call cannot tell a half-close
+  from a disconnect before its answer is written, so there the end of the
+  client's input counts as a disconnect (as above: aborted, not recorded);
 - a streaming client that stops reading for ``limits.client_write_timeout_s``
   is cut off the same way (its connection aborted, at most a quarter of the
   timeout or 1 s later: ``proxy.write_watch``); a record committed before the
@@ -46,6 +52,7 @@ from types import ModuleType
 from typing import Any, AsyncIterator
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from gyre.real.proxy import collector, fields
 from gyre.real.proxy.api import anthropic, openai_chat, openai_responses
@@ -96,6 +103,39 @@ async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
     yield first
     async for item in rest:
         yield item
+
+
+class _HalfOpenHandler(RequestHandler):
+    """aiohttp's connection handler, except that the end of a client's input while a request is queued or
+    being answered keeps the connection open for the answer (then closes it): ``peer_eof`` records it."""
+
+    __slots__ = ("peer_eof",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.peer_eof = False
+
+    def eof_received(self) -> bool:
+        self.peer_eof = True
+        self._close = True  # no keep-alive: the connection closes once the answer is written
+        # decided a loop turn later: a request just taken from the queue has started its task by then
+        self._loop.call_soon(self._close_if_idle)
+        return True  # the transport stays open for writing
+
+    def _close_if_idle(self) -> None:
+        if not (self._messages or self._request_in_progress) and self.transport is not None:
+            self.transport.close()  # nothing to answer: the connection ends, as aiohttp ends it
+
+
+class _HalfOpenServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _HalfOpenHandler(self, loop=self._loop, **self._kwargs)
+
+
+def keep_half_open(runner: web.AppRunner) -> None:
+    """After ``runner.setup()``: serve clients that half-close their connection (module invariants)."""
+    assert type(runner.server) is web.Server, type(runner.server)
+    runner.server.__class__ = _HalfOpenServer
 
 
 def _inflate(raw: bytes, encoding: str, limit: int) -> bytes:
@@ -300,7 +340,8 @@ class ProxyServer:
             while not consumer.done():
                 await asyncio.wait({consumer}, timeout=DISCONNECT_POLL_S)
                 transport = request.transport
-                if not consumer.done() and (transport is None or transport.is_closing()):
+                if not consumer.done() and (transport is None or transport.is_closing()
+                                            or getattr(request.protocol, "peer_eof", False)):
                     raise ClientGone()
             finished = consumer.result()
         finally:

@@ -93,12 +93,13 @@ async def _serve(config, gc_mode: str = "tuned") -> None:
     from aiohttp import web
 
     from gyre.real.proxy import collector
-    from gyre.real.proxy.app import RUNNER_ARGS, ProxyServer
+    from gyre.real.proxy.app import RUNNER_ARGS, ProxyServer, keep_half_open
 
     server = ProxyServer(config)
     collector.tune(gc_mode)  # after everything startup builds, before the first request
     runner = web.AppRunner(server.application(), access_log=None, handle_signals=False, **RUNNER_ARGS)
     await runner.setup()
+    keep_half_open(runner)
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # the real port when 0 was asked for

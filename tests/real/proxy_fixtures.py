@@ -31,9 +31,11 @@ def shared_tiny_dir(tmp_path_factory: Any, name: str = "tiny-model") -> Path:
 class ServerThread:
     """Run ``make_app()`` (an aiohttp Application factory) on 127.0.0.1 in a thread."""
 
-    def __init__(self, make_app: Any, port: int | None = None, runner_args: dict | None = None) -> None:
+    def __init__(self, make_app: Any, port: int | None = None, runner_args: dict | None = None,
+                 on_setup: Any = None) -> None:
         self.make_app = make_app
         self.runner_args = runner_args or {}
+        self.on_setup = on_setup  # called with the runner after its setup (``app.keep_half_open``)
         self.port = port or free_port()
         self.loop = asyncio.new_event_loop()
         self.app: Any = None
@@ -57,6 +59,8 @@ class ServerThread:
             self.app = await self.app
         self._runner = web.AppRunner(self.app, access_log=None, **self.runner_args)
         await self._runner.setup()
+        if self.on_setup is not None:
+            self.on_setup(self._runner)
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
 
     def call(self, coro: Any, timeout: float = 60) -> Any:
@@ -362,7 +366,7 @@ def proxy_config(model_dir: Any, records_dir: Any, engines: dict[str, str], **ov
 
 def start_proxy(config: Any, chat: Any = None) -> tuple[ServerThread, Any]:
     """Start a ``ProxyServer`` in a thread; returns (thread, server)."""
-    from gyre.real.proxy.app import RUNNER_ARGS, ProxyServer
+    from gyre.real.proxy.app import RUNNER_ARGS, ProxyServer, keep_half_open
 
     holder: dict[str, Any] = {}
 
@@ -370,7 +374,7 @@ def start_proxy(config: Any, chat: Any = None) -> tuple[ServerThread, Any]:
         holder["server"] = ProxyServer(config, chat=chat)
         return holder["server"].application()
 
-    thread = ServerThread(make_app, runner_args=RUNNER_ARGS).start()
+    thread = ServerThread(make_app, runner_args=RUNNER_ARGS, on_setup=keep_half_open).start()
     return thread, holder["server"]
 
 
