@@ -116,13 +116,19 @@ def _get(body: dict[str, Any], name: str, required: bool, where: str, expected: 
     return value
 
 
+MODEL_MAX_CHARS = 256  # ``model`` is echoed into every stream chunk and record: bounded
+
+
 def string(body: dict[str, Any], name: str, *, where: str = "", required: bool = False,
-           default: str | None = None) -> str | None:
+           default: str | None = None, max_chars: int | None = None) -> str | None:
+    """A string field; ``max_chars`` bounds one the proxy echoes (into every chunk and record)."""
     value = _get(body, name, required, where, "string")
     if value is _MISSING:
         return default
     if not isinstance(value, str):
         raise bad_request(f"{_path(where, name)}: must be a string, got {type(value).__name__}")
+    if max_chars is not None and len(value) > max_chars:
+        raise bad_request(f"{_path(where, name)}: at most {max_chars} characters, got {len(value)}")
     return value
 
 

@@ -155,6 +155,10 @@ RESPONSES_BASE = {"model": "m", "input": "hi"}
     ("responses", {"tools": 5}, "tools"),
     ("responses", {"max_output_tokens": 0}, "max_output_tokens"),
     ("responses", {"input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]}, "input.0.call_id"),
+    # ``model`` is echoed into every chunk and record: a 100 KB one made a 5 MB stream
+    ("anthropic", {"model": "m" * 257}, "model"),
+    ("chat", {"model": "m" * 100_000}, "model"),
+    ("responses", {"model": "m" * 257}, "model"),
 ])
 def test_wrong_values_are_400s_naming_the_field(api, change, param):
     base = {"anthropic": ANTHROPIC_BASE, "chat": CHAT_BASE, "responses": RESPONSES_BASE}[api]

@@ -174,7 +174,7 @@ def _thinking(body: dict[str, Any]) -> bool | None:
 def parse(body: dict[str, Any], hints: dict[str, str], *, count_only: bool = False) -> ChatRequest:
     """A ``ChatRequest`` from a Messages (or count_tokens) body; raises 400 ``ApiError``."""
     try:
-        model = fields.string(body, "model", required=True)
+        model = fields.string(body, "model", required=True, max_chars=fields.MODEL_MAX_CHARS)
         max_tokens = 1 if count_only else fields.integer(body, "max_tokens", required=True, minimum=1)
         for name in ("metadata", "tool_choice", "output_config", "context_management"):
             fields.mapping(body, name)
