@@ -29,6 +29,7 @@ follow ``config.ID_RULE``; a key is issued only for a valid id.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hmac
 import json
@@ -101,16 +102,19 @@ class AdminApi:
         return body
 
     async def list_executions(self, request: web.Request) -> web.Response:
-        """Every execution; one whose records cannot be read is listed under ``unreadable``."""
+        """Every execution; one whose records cannot be read is listed under ``unreadable``. Logs not
+        loaded yet are counted on a worker thread, never replayed on the event loop."""
         known = set(self.recorder.executions()) | self.keys.executions() | set(self.router.routes)
+        ids = sorted(filter(valid_id, known))  # a stray file never breaks the listing
+        counts = await asyncio.get_running_loop().run_in_executor(self.service.pool, self.recorder.request_counts,
+                                                                  ids)
         rows, unreadable = [], []
-        for execution_id in sorted(filter(valid_id, known)):  # a stray file never breaks the listing
-            try:
-                state = self.recorder.state(execution_id)
-            except RecordsUnreadable as exc:
-                unreadable.append({"execution_id": execution_id, "error": exc.message})
+        for execution_id in ids:
+            count = counts[execution_id]
+            if isinstance(count, str):
+                unreadable.append({"execution_id": execution_id, "error": count})
                 continue
-            rows.append({"execution_id": execution_id, "requests": state.requests,
+            rows.append({"execution_id": execution_id, "requests": count,
                          "route": self.router.routes.get(execution_id),
                          "in_flight": len(self.router.in_flight(execution_id))})
         return web.json_response({"executions": rows, "unreadable": unreadable})
@@ -161,6 +165,7 @@ class AdminApi:
         execution_id = request.match_info["execution_id"]
         if not valid_id(execution_id) or execution_id not in set(self.recorder.executions()) | self.keys.executions():
             raise KeyError(f"unknown execution {execution_id!r}")
+        await self.recorder.state_async(execution_id, self.service.pool)  # a first replay: off the loop
         return web.json_response(self.recorder.stats(execution_id))
 
     async def engines(self, request: web.Request) -> web.Response:

@@ -155,24 +155,63 @@ class Recorder:
         self.fsync = fsync
         self.group = GroupCommit(self.store) if fsync else None
         self._states: dict[str, ExecutionState] = {}
+        self._loading: dict[str, asyncio.Future] = {}  # first replays running off the loop (``state_async``)
         self._learning = threading.Lock()
 
     def state(self, execution_id: str) -> ExecutionState:
-        """The state of ``execution_id``, replayed from its log on first use."""
+        """The state of ``execution_id``, replayed from its log on first use (``state_async``: off the loop)."""
         state = self._states.get(execution_id)
         if state is not None and state.unlearned:
             self._learn_queued(state)
         if state is None:
-            state = ExecutionState(execution_id)
-            if self.store.path_for(execution_id).exists():
-                try:
-                    calls = self.store.read(execution_id)
-                except OSError as exc:  # not cached: the next call reads again (the fault may be mended)
-                    raise RecordsUnreadable(execution_id, exc) from None
-                for call in calls:
-                    state.learn(call, self.chat)
-            self._states[execution_id] = state
+            state = self._states.setdefault(execution_id, self._replay(execution_id))
         return state
+
+    async def state_async(self, execution_id: str, pool: Any) -> ExecutionState:
+        """``state``, with a first replay run on ``pool`` (a long log must not stall every other call);
+        callers that ask while it runs share it."""
+        if execution_id in self._states or not self.store.path_for(execution_id).exists():
+            return self.state(execution_id)
+        loading = self._loading.get(execution_id)
+        if loading is None:
+            loading = asyncio.ensure_future(self._load(execution_id, pool))
+            self._loading[execution_id] = loading
+        await asyncio.shield(loading)
+        return self.state(execution_id)
+
+    async def _load(self, execution_id: str, pool: Any) -> None:
+        try:
+            replayed = await asyncio.get_running_loop().run_in_executor(pool, self._replay, execution_id)
+            self._states.setdefault(execution_id, replayed)  # a state built meanwhile on the loop wins
+        finally:
+            self._loading.pop(execution_id, None)
+
+    def _replay(self, execution_id: str) -> ExecutionState:
+        """A new state of ``execution_id`` learned from its log (touches no shared state: any thread)."""
+        state = ExecutionState(execution_id)
+        if self.store.path_for(execution_id).exists():
+            try:
+                calls = self.store.read(execution_id)
+            except OSError as exc:  # not cached: the next call reads again (the fault may be mended)
+                raise RecordsUnreadable(execution_id, exc) from None
+            for call in calls:
+                state.learn(call, self.chat)
+        return state
+
+    def request_counts(self, execution_ids: list[str]) -> dict[str, int | str]:
+        """Requests of each execution (an error message for one whose log cannot be read), without replaying
+        the logs not loaded yet: their intact records are counted (any thread)."""
+        counts: dict[str, int | str] = {}
+        for execution_id in execution_ids:
+            state = self._states.get(execution_id)
+            if state is not None:
+                counts[execution_id] = state.requests
+                continue
+            try:
+                counts[execution_id] = self.store.count(execution_id)
+            except OSError as exc:
+                counts[execution_id] = RecordsUnreadable(execution_id, exc).message
+        return counts
 
     async def commit(self, call: ModelCall, prompt_text: str, *, alone: bool = False) -> None:
         """Append ``call`` durably; its tree and caches follow (``_learn_soon``). ``alone``: no other

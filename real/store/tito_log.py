@@ -297,6 +297,14 @@ class ExecutionStore:
             raise KeyError(f"no records stored for execution {execution_id!r} under {self.root}")
         return read_records(path)
 
+    def count(self, execution_id: str) -> int:
+        """How many intact records the log of ``execution_id`` holds (0 without a log); frames are
+        checked, not decoded, so a long log is counted far faster than it is read."""
+        path = self.path_for(execution_id)
+        if not path.exists():
+            return 0
+        return sum(1 for _, payload, _ in _scan(path.read_bytes()) if payload is not None)
+
     def executions(self) -> list[str]:
         return sorted(p.name[: -len(LOG_SUFFIX)] for p in self.root.glob(f"*{LOG_SUFFIX}"))
 
