@@ -13,7 +13,8 @@ tokens. ``ChunkDecoder`` handles both: the number of new tokens is
 ``completion_tokens`` minus the tokens already seen, taken from the tail of the
 lists; in a long chunk only that tail is parsed (the arrays are found by byte
 search), so a cumulative stream costs Python work linear in its length, not
-quadratic (engines Gyre starts stream incrementally anyway). An engine error mid-stream arrives as a chunk ``{"error": {...}}``.
+quadratic (engines Gyre starts stream incrementally anyway). An engine error
+mid-stream arrives as a chunk ``{"error": {...}}``.
 ``POST /abort_request {"rid": ...}`` cancels a request.
 
 Invariants:

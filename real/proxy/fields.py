@@ -197,14 +197,16 @@ def objects(items: list[Any], where: str) -> list[dict[str, Any]]:
     return items
 
 
-def stop_list(body: dict[str, Any], name: str, *, limit: int = 16) -> list[str]:
-    """A string or list of non-empty strings (OpenAI ``stop``, Anthropic ``stop_sequences``)."""
+def stop_list(body: dict[str, Any], name: str, *, limit: int = 16, one_string: bool = True) -> list[str]:
+    """A list of non-empty strings, or (``one_string``: OpenAI ``stop``) one such string; Anthropic's
+    ``stop_sequences`` must be a list, as its API requires."""
     value = body.get(name)
     if value is None:
         return []
-    values = [value] if isinstance(value, str) else value
+    values = [value] if isinstance(value, str) and one_string else value
     if not isinstance(values, list) or not all(isinstance(s, str) and s for s in values):
-        raise bad_request(f"{name}: must be a non-empty string or a list of non-empty strings")
+        kinds = "a non-empty string or a list of non-empty strings" if one_string else "a list of non-empty strings"
+        raise bad_request(f"{name}: must be {kinds}")
     if len(values) > limit:
         raise bad_request(f"{name}: at most {limit} stop sequences")
     return list(values)

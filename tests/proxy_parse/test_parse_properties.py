@@ -157,6 +157,7 @@ RESPONSES_BASE = {"model": "m", "input": "hi"}
     ("responses", {"input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]}, "input.0.call_id"),
     # ``model`` is echoed into every chunk and record: a 100 KB one made a 5 MB stream
     ("anthropic", {"model": "m" * 257}, "model"),
+    ("anthropic", {"stop_sequences": "."}, "stop_sequences"),  # a list in Anthropic's API (a string is OpenAI's)
     ("chat", {"model": "m" * 100_000}, "model"),
     ("responses", {"model": "m" * 257}, "model"),
 ])
