@@ -138,7 +138,8 @@ class Engine:
 def launch_command(spec: EngineSpec, python: Path) -> list[str]:
     """The argv that starts ``spec`` (pure; tests and logs can show it)."""
     args = [str(python), "-m", "sglang.launch_server", "--model-path", str(spec.model_path),
-            "--host", spec.host, "--port", str(spec.port)]
+            "--host", spec.host, "--port", str(spec.port),
+            "--incremental-streaming-output"]  # chunks hold only new tokens: the proxy's work stays linear
     if spec.cpu:
         args += list(CPU_ARGS)
     return args + list(spec.extra_args)

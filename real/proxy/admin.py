@@ -2,8 +2,11 @@
 
 Every route needs ``Authorization: Bearer <admin_token>`` (or ``x-admin-token``);
 execution keys never work here, and the admin token never works as an
-execution key. Errors are ``{"error": message}`` with 400/401/404. Execution
-ids follow ``config.ID_RULE``; a key is issued only for a valid id.
+execution key. Errors are ``{"error": message}`` with 400/401/404, 409 for an
+execution whose records cannot be read, 507 (disk full) or 503 (another disk
+fault) when the key file cannot be written; an action that fails changes
+nothing (every argument is checked before the first change). Execution ids
+follow ``config.ID_RULE``; a key is issued only for a valid id.
 
 | method and path                         | body                         | effect |
 |-----------------------------------------|------------------------------|--------|
@@ -26,6 +29,8 @@ ids follow ``config.ID_RULE``; a key is issued only for a valid id.
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import hmac
 import json
 from typing import Any, Awaitable, Callable
@@ -33,7 +38,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from gyre.real.proxy.config import ID_RULE, EngineSpec, ProxyConfigError, valid_id
-from gyre.real.proxy.recording import KeyRegistry, Recorder
+from gyre.real.proxy.recording import KeyRegistry, Recorder, RecordsUnreadable
 from gyre.real.proxy.routing import Router, RoutingError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -69,12 +74,18 @@ class AdminApi:
         async def guarded(request: web.Request) -> web.StreamResponse:
             auth = request.headers.get("authorization", "")
             given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-admin-token", "")
-            if not hmac.compare_digest(given.encode(), self.token.encode()):
+            # a header aiohttp could not decode as UTF-8 holds surrogate escapes: compared as the bytes sent
+            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token.encode()):
                 return _error(401, "admin token required")
             try:
                 return await handler(request)
             except (RoutingError, ProxyConfigError, KeyError, ValueError) as exc:
                 return _error(404 if isinstance(exc, KeyError) else 400, str(exc).strip("'\""))
+            except RecordsUnreadable as exc:
+                return _error(409, str(exc))
+            except OSError as exc:  # the key file could not be written: nothing was registered
+                full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                return _error(507 if full else 503, f"cannot write the key file: {exc}")
 
         return guarded
 
@@ -82,6 +93,8 @@ class AdminApi:
     async def _json(request: web.Request) -> dict[str, Any]:
         try:
             body = json.loads(await request.read() or b"{}")
+        except RecursionError:
+            raise ValueError("body: nested too deeply") from None
         except ValueError as exc:
             raise ValueError(f"body: invalid JSON: {exc}") from None
         if not isinstance(body, dict):
@@ -89,14 +102,22 @@ class AdminApi:
         return body
 
     async def list_executions(self, request: web.Request) -> web.Response:
+        """Every execution; one whose records cannot be read is listed under ``unreadable``. Logs not
+        loaded yet are counted on a worker thread, never replayed on the event loop."""
         known = set(self.recorder.executions()) | self.keys.executions() | set(self.router.routes)
-        rows = []
-        for execution_id in sorted(filter(valid_id, known)):  # a stray file never breaks the listing
-            state = self.recorder.state(execution_id)
-            rows.append({"execution_id": execution_id, "requests": state.requests,
+        ids = sorted(filter(valid_id, known))  # a stray file never breaks the listing
+        counts = await asyncio.get_running_loop().run_in_executor(self.service.pool, self.recorder.request_counts,
+                                                                  ids)
+        rows, unreadable = [], []
+        for execution_id in ids:
+            count = counts[execution_id]
+            if isinstance(count, str):
+                unreadable.append({"execution_id": execution_id, "error": count})
+                continue
+            rows.append({"execution_id": execution_id, "requests": count,
                          "route": self.router.routes.get(execution_id),
                          "in_flight": len(self.router.in_flight(execution_id))})
-        return web.json_response({"executions": rows})
+        return web.json_response({"executions": rows, "unreadable": unreadable})
 
     async def create_execution(self, request: web.Request) -> web.Response:
         execution_id = (await self._json(request)).get("execution_id")
@@ -144,6 +165,7 @@ class AdminApi:
         execution_id = request.match_info["execution_id"]
         if not valid_id(execution_id) or execution_id not in set(self.recorder.executions()) | self.keys.executions():
             raise KeyError(f"unknown execution {execution_id!r}")
+        await self.recorder.state_async(execution_id, self.service.pool)  # a first replay: off the loop
         return web.json_response(self.recorder.stats(execution_id))
 
     async def engines(self, request: web.Request) -> web.Response:
@@ -161,8 +183,20 @@ class AdminApi:
     async def drain(self, request: web.Request) -> web.Response:
         engine_id = request.match_info["engine_id"]
         body = await self._json(request)
-        self.router.drain(engine_id)
-        moves = self.router.evacuate(engine_id, body.get("to")) if body.get("evacuate") else {}
+        to, evacuate = body.get("to"), body.get("evacuate", False)
+        if not isinstance(evacuate, bool) or (to is not None and not isinstance(to, str)):
+            raise ValueError('evacuate: a boolean; to: an engine id (a string) when given')
+        if evacuate and to is not None:
+            if to == engine_id:
+                raise ValueError(f"to: cannot evacuate {engine_id!r} onto itself")
+            self.router.check_destination(to)
+        was_draining = self.router.engines[engine_id].draining if engine_id in self.router.engines else None
+        self.router.drain(engine_id)  # names an unknown engine
+        try:
+            moves = self.router.evacuate(engine_id, to) if evacuate else {}
+        except RoutingError:  # no engine left to take them: nothing moved (the first move fails)
+            self.router.drain(engine_id, draining=bool(was_draining))
+            raise
         return web.json_response({"engine": engine_id, "draining": True, "moved": moves})
 
     async def undrain(self, request: web.Request) -> web.Response:

@@ -12,7 +12,9 @@ handler only ever touches the state of the execution its key names.
 
 Order of checks for a model call, each answered in the API's error shape and
 none leaving a record: key (401), body size (413), body received in time
-(408), JSON (400: invalid, NaN, too deep, lone surrogates), every request
+(408), ``Content-Encoding`` (400 unless identity, gzip or deflate and valid;
+413 once the decoded body passes the limit: it is inflated by the proxy, in
+bounded steps, never whole first), JSON (400: invalid, NaN, too deep, lone surrogates), every request
 field (400 naming it), chat template and context length (400). Then the first
 generation event is awaited *before* the response starts, so an engine outage
 before any token is a plain overload error (Anthropic 529, OpenAI 503) and an
@@ -25,6 +27,12 @@ Invariants:
 - every error, aiohttp's own 404/405 included, has the API's error shape;
 - a client that disconnects (streaming or not) stops its generation and the
   engine request is aborted; nothing is recorded for it;
+- a client that half-closes its connection after sending a streaming request
+  (``shutdown(SHUT_WR)``) is served: the connection stays open for the answer
+  and closes after it (``keep_half_open``); one that has really gone is found by
+  the stream's writes failing. A non-streaming call cannot tell a half-close
+  from a disconnect before its answer is written, so there the end of the
+  client's input counts as a disconnect (as above: aborted, not recorded);
 - a streaming client that stops reading for ``limits.client_write_timeout_s``
   is cut off the same way (its connection aborted, at most a quarter of the
   timeout or 1 s later: ``proxy.write_watch``); a record committed before the
@@ -39,10 +47,12 @@ import json
 import logging
 import socket
 import weakref
+import zlib
 from types import ModuleType
 from typing import Any, AsyncIterator
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from gyre.real.proxy import collector, fields
 from gyre.real.proxy.api import anthropic, openai_chat, openai_responses
@@ -51,7 +61,7 @@ from gyre.real.proxy.model_call import ChatService
 from gyre.real.proxy.config import ProxyConfig
 from gyre.real.proxy.engine_client import EngineClient
 from gyre.real.proxy.recording import KeyRegistry, Recorder
-from gyre.real.proxy.request import ApiError, Finished, LastChunk, error_for
+from gyre.real.proxy.request import ApiError, Finished, LastChunk, bad_request, error_for
 from gyre.real.proxy.routing import Router
 from gyre.real.proxy.tokenize import ChatTokenizer
 from gyre.real.proxy.write_watch import WriteWatchdog
@@ -65,6 +75,10 @@ HTTP_KINDS = {404: "not_found", 405: "method_not_allowed", 408: "timeout", 413: 
 # kernel send buffer of an event stream: bounds what a client that stops reading can hold (the kernel
 # would autotune it to megabytes), so the write timeout bites after ~200 KB, not after ~3 MB
 STREAM_SEND_BUFFER = 64 * 1024
+# the server's own settings: bodies are decoded by ``ProxyServer._raw_body`` (bounded, in the API's error
+# shape), not by aiohttp's parser (which inflates a gzip body whole, and answers br/zstd in plain text)
+RUNNER_ARGS = {"auto_decompress": False}
+ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 DISCONNECT_POLL_S = 0.1  # how often a non-streaming call checks that its client is still connected
 
 
@@ -89,6 +103,55 @@ async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
     yield first
     async for item in rest:
         yield item
+
+
+class _HalfOpenHandler(RequestHandler):
+    """aiohttp's connection handler, except that the end of a client's input while a request is queued or
+    being answered keeps the connection open for the answer (then closes it): ``peer_eof`` records it."""
+
+    __slots__ = ("peer_eof",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.peer_eof = False
+
+    def eof_received(self) -> bool:
+        self.peer_eof = True
+        self._close = True  # no keep-alive: the connection closes once the answer is written
+        # decided a loop turn later: a request just taken from the queue has started its task by then
+        self._loop.call_soon(self._close_if_idle)
+        return True  # the transport stays open for writing
+
+    def _close_if_idle(self) -> None:
+        if not (self._messages or self._request_in_progress) and self.transport is not None:
+            self.transport.close()  # nothing to answer: the connection ends, as aiohttp ends it
+
+
+class _HalfOpenServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _HalfOpenHandler(self, loop=self._loop, **self._kwargs)
+
+
+def keep_half_open(runner: web.AppRunner) -> None:
+    """After ``runner.setup()``: serve clients that half-close their connection (module invariants)."""
+    assert type(runner.server) is web.Server, type(runner.server)
+    runner.server.__class__ = _HalfOpenServer
+
+
+def _inflate(raw: bytes, encoding: str, limit: int) -> bytes:
+    """``raw`` decoded from ``encoding``; 413 as soon as more than ``limit`` bytes come out (a bomb is
+    never inflated whole), 400 when it is not that encoding's data."""
+    inflater = zlib.decompressobj(ENCODINGS[encoding])
+    try:
+        body = inflater.decompress(raw, limit + 1)
+    except zlib.error as exc:
+        raise bad_request(f"body: not valid {encoding} data (Content-Encoding: {encoding}): {exc}") from None
+    if len(body) > limit:
+        del body  # not kept alive by the traceback's frame
+        raise ApiError(413, "too_large", f"request body exceeds the {limit}-byte limit once decoded")
+    if not inflater.eof:
+        raise bad_request(f"body: truncated {encoding} data (Content-Encoding: {encoding})")
+    return body
 
 
 def _api_for(path: str) -> ModuleType:
@@ -166,11 +229,14 @@ class ProxyServer:
         return execution
 
     async def _raw_body(self, request: web.Request) -> bytes:
-        """The body's bytes; 413 when too large, 408 when the client is too slow to send it."""
+        """The body's bytes, decoded; 413 when too large, 408 when the client is too slow to send it."""
         limit = self.config.limits.max_body_bytes
         too_large = ApiError(413, "too_large", f"request body exceeds the {limit}-byte limit")
         if (request.content_length or 0) > limit:
             raise too_large
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ENCODINGS and encoding not in ("identity", ""):
+            raise bad_request(f"Content-Encoding: {encoding[:40]!r} is not supported (identity, gzip, deflate)")
         try:
             if request.content.is_eof():  # all of it came with the head (a small body): nothing to wait for
                 raw = await request.read()
@@ -184,6 +250,8 @@ class ProxyServer:
                                            f"{self.config.limits.client_read_timeout_s} s") from None
         if len(raw) > limit:
             raise too_large
+        if encoding in ENCODINGS:
+            raw = await asyncio.get_running_loop().run_in_executor(self.service.pool, _inflate, raw, encoding, limit)
         return raw
 
     async def _parse(self, request: web.Request, execution: str, api: ModuleType,
@@ -272,7 +340,8 @@ class ProxyServer:
             while not consumer.done():
                 await asyncio.wait({consumer}, timeout=DISCONNECT_POLL_S)
                 transport = request.transport
-                if not consumer.done() and (transport is None or transport.is_closing()):
+                if not consumer.done() and (transport is None or transport.is_closing()
+                                            or getattr(request.protocol, "peer_eof", False)):
                     raise ClientGone()
             finished = consumer.result()
         finally:

@@ -8,7 +8,10 @@ port. The chosen address is printed as one JSON line
 CPU per call than asyncio's own, ``bench/bench_proxy.py``) unless asked otherwise; ``GET /``
 names the loop that runs. ``--gc`` sets up the garbage collector (``proxy.collector``: tuned for
 a long-lived server unless ``default`` is asked for); ``GET /`` reports its collections.
-The process stops cleanly on SIGINT/SIGTERM: aiohttp closes the listeners, and
+A start-up fault (invalid config, damaged ``keys.json``, records folder that
+cannot be created or written, a disk too small for the commit journal, a
+records folder already in use) is one line on stderr naming the file, exit
+status 2. The process stops cleanly on SIGINT/SIGTERM: aiohttp closes the listeners, and
 the record logs are closed; every record whose response completed is on disk.
 """
 
@@ -60,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
         _runner(args.loop)(_serve(config, args.gc))
     except KeyboardInterrupt:
         pass
-    except JournalBusy as exc:  # another proxy writes to this records folder: named, no traceback
+    except (JournalBusy, ProxyConfigError, OSError) as exc:
+        # another proxy on this records folder, a damaged key file, a folder that cannot be written, a disk
+        # too small for the journal: one line naming the file, no traceback
         print(f"gyre proxy: error: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -88,12 +93,13 @@ async def _serve(config, gc_mode: str = "tuned") -> None:
     from aiohttp import web
 
     from gyre.real.proxy import collector
-    from gyre.real.proxy.app import ProxyServer
+    from gyre.real.proxy.app import RUNNER_ARGS, ProxyServer, keep_half_open
 
     server = ProxyServer(config)
     collector.tune(gc_mode)  # after everything startup builds, before the first request
-    runner = web.AppRunner(server.application(), access_log=None, handle_signals=False)
+    runner = web.AppRunner(server.application(), access_log=None, handle_signals=False, **RUNNER_ARGS)
     await runner.setup()
+    keep_half_open(runner)
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # the real port when 0 was asked for

@@ -9,9 +9,12 @@ chunk carries ``output_ids`` and ``meta_info.output_token_logprobs`` as
 running total) and ``meta_info.finish_reason`` (``null`` until the last chunk,
 then ``{"type": "stop" | "length" | "abort", ...}``). By default the lists are
 cumulative; with ``--incremental-streaming-output`` they hold only the new
-tokens. ``engine_chunks`` handles both: the number of new tokens is
+tokens. ``ChunkDecoder`` handles both: the number of new tokens is
 ``completion_tokens`` minus the tokens already seen, taken from the tail of the
-lists. An engine error mid-stream arrives as a chunk ``{"error": {...}}``.
+lists; in a long chunk only that tail is parsed (the arrays are found by byte
+search), so a cumulative stream costs Python work linear in its length, not
+quadratic (engines Gyre starts stream incrementally anyway). An engine error
+mid-stream arrives as a chunk ``{"error": {...}}``.
 ``POST /abort_request {"rid": ...}`` cancels a request.
 
 Invariants:
@@ -25,7 +28,9 @@ Invariants:
   request itself is bad and the API answers 400;
 - closing the response (``Flight.detach``/``move``) ends the iteration promptly;
 - the events of one network read are merged into one chunk (``merge_chunks``):
-  the same ids and logprobs in the same order, fewer steps downstream.
+  the same ids and logprobs in the same order, fewer steps downstream;
+- ``ChunkDecoder.decode_event`` on an event's bytes yields what a whole parse
+  of it yields (tokens, finish, version, or the same error).
 """
 
 from __future__ import annotations
@@ -94,12 +99,91 @@ def generate_body(rid: str, ids_text: str, sampling: dict[str, Any]) -> bytes:
             f'"return_logprob":true,"stream":true}}').encode()
 
 
+IDS_KEY = b'"output_ids":'
+LOGPROBS_KEY = b'"output_token_logprobs":'
+SUFFIX_PARSE_BYTES = 2048  # events at least this long have only their new tokens parsed (``ChunkDecoder``)
+
+
+def _array_open(body: bytes, key: bytes, start: int) -> int:
+    """Index of the ``[`` that opens the array after ``key`` (found from ``start``), or -1."""
+    at = body.find(key, start)
+    if at < 0:
+        return -1
+    at += len(key)
+    while at < len(body) and body[at] in b" \t\r\n":
+        at += 1
+    return at if at < len(body) and body[at] == ord("[") else -1
+
+
+def _tail_start(body: bytes, opening: int, end: int, separator: bytes, count: int) -> int:
+    """Where the last ``count`` items of the array ``body[opening:end]`` begin: ``count`` separators
+    back, or the array's opening when there are fewer (the parse then finds too few items)."""
+    at = end
+    for _ in range(count):
+        at = body.rfind(separator, opening + 1, at)
+        if at < 0:
+            return opening
+    return at
+
+
 class ChunkDecoder:
-    """Turn parsed SSE payloads into ``TokenChunk``s (cumulative or incremental lists)."""
+    """Turn SSE payloads into ``TokenChunk``s (cumulative or incremental lists).
+
+    ``decode_event`` parses an event's new tokens only: in a cumulative chunk
+    the arrays are located with byte searches, cut out of the payload (the rest
+    is parsed whole: it is small) and only their last ``completion_tokens -
+    seen`` items are parsed, so a stream's Python work is linear in its length.
+    An event whose log-probability triples carry text (``return_text_in_logprobs``,
+    never asked for) or that does not have the expected shape is parsed whole."""
 
     def __init__(self, engine_id: str) -> None:
         self.engine_id = engine_id
         self.seen = 0
+
+    def decode_event(self, body: bytes) -> TokenChunk:
+        if len(body) >= SUFFIX_PARSE_BYTES:
+            chunk = self._decode_suffix(body)
+            if chunk is not None:
+                return chunk
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            raise EngineCallError(self.engine_id, f"undecodable chunk {body[:100]!r}") from None
+        if not isinstance(payload, dict):
+            raise EngineCallError(self.engine_id, f"chunk is not an object: {body[:100]!r}")
+        return self.decode(payload)
+
+    def _decode_suffix(self, body: bytes) -> TokenChunk | None:
+        ids_open = _array_open(body, IDS_KEY, 0)
+        ids_close = body.find(b"]", ids_open) if ids_open >= 0 else -1
+        lps_open = _array_open(body, LOGPROBS_KEY, ids_close) if ids_close >= 0 else -1
+        if lps_open < 0 or body[lps_open + 1:lps_open + 2] not in (b"]", b"["):
+            return None  # not SGLang's key order, or log-probabilities that are not triples
+        empty = body[lps_open + 1:lps_open + 2] == b"]"
+        lps_close = lps_open + 1 if empty else body.find(b"]]", lps_open) + 1
+        if lps_close <= 0 or body.find(b'"', lps_open, lps_close) >= 0 or body.find(b'"', ids_open, ids_close) >= 0:
+            return None  # text inside an array: a bracket may be quoted
+        try:
+            payload = json.loads(body[:ids_open + 1] + body[ids_close:lps_open + 1] + body[lps_close:])
+        except ValueError:
+            return None
+        if not isinstance(payload, dict):
+            return None
+        meta = payload.get("meta_info")
+        if "error" in payload or not isinstance(meta, dict):
+            return self.decode(payload)
+        try:
+            new = max(int(meta.get("completion_tokens")) - self.seen, 0)
+        except (TypeError, ValueError):
+            return None
+        ids_at = _tail_start(body, ids_open, ids_close, b",", new) if new else ids_close - 1
+        lps_at = _tail_start(body, lps_open, lps_close, b"[", new) if new else lps_close
+        try:
+            new_ids = json.loads(b"[" + body[ids_at + 1:ids_close] + b"]")
+            new_lps = json.loads(b"[" + body[lps_at:lps_close] + b"]")
+        except ValueError:
+            return None
+        return self._tokens(new, new_ids, new_lps, meta)
 
     def decode(self, payload: dict[str, Any]) -> TokenChunk:
         if "error" in payload:
@@ -113,6 +197,9 @@ class ChunkDecoder:
         new = max(int(total) - self.seen, 0)
         new_ids = ids[len(ids) - new:] if new else []
         new_lps = logprobs[len(logprobs) - new:] if new else []
+        return self._tokens(new, new_ids, new_lps, meta)
+
+    def _tokens(self, new: int, new_ids: list, new_lps: list, meta: dict[str, Any]) -> TokenChunk:
         if len(new_ids) != new or len(new_lps) != new:
             raise EngineCallError(self.engine_id, f"chunk announces {new} new tokens but carries "
                                               f"{len(new_ids)} ids and {len(new_lps)} logprobs")
@@ -128,15 +215,27 @@ class ChunkDecoder:
         return TokenChunk(tuple(int(i) for i in new_ids), values, finish, None if version is None else str(version))
 
 
-def _split_events(buffer: bytearray) -> list[bytes]:
-    """Remove and return complete SSE events (separated by a blank line) from ``buffer``."""
-    events = []
+def _split_events(buffer: bytearray, searched: int = 0) -> tuple[list[bytes], int]:
+    """Remove the complete SSE events (separated by a blank line) from ``buffer``; return their data
+    (``_event_data``; events without data left out) and how far the rest was searched (a long event
+    arriving in many reads is not searched from its start each time)."""
+    bodies = []
+    start = 0
     while True:
-        end = buffer.find(b"\n\n")
+        end = buffer.find(b"\n\n", max(start, searched - 1))
         if end < 0:
-            return events
-        events.append(bytes(buffer[:end]))
-        del buffer[: end + 2]
+            rest = len(buffer) - start
+            if start:
+                del buffer[:start]
+            return bodies, rest
+        with memoryview(buffer) as view:
+            if buffer.startswith(b"data: ", start) and buffer.find(b"\n", start, end) < 0:
+                bodies.append(bytes(view[start + 6:end]))  # one data line (what engines send): one copy
+            else:
+                body = _event_data(bytes(view[start:end]))
+                if body is not None:
+                    bodies.append(body)
+        start = end + 2
 
 
 def _event_data(event: bytes) -> bytes | None:
@@ -207,27 +306,25 @@ class EngineClient:
         """One ``TokenChunk`` per network read: the events that arrived together are merged, so
         a burst of tokens costs one decode, one parse and one client write, not one per token."""
         buffer = bytearray()
+        searched = 0
+        crlf: bool | None = None  # whether this engine ends its lines with CR LF (known from its first line)
         # closed here, not left to the garbage collector: an abandoned async generator costs a task
         # (the loop's finalizer hook schedules its aclose) and a wake-up of the loop, on every call
         async with contextlib.aclosing(resp.iter_any()) as pieces:
             async for data in pieces:
-                buffer += data.replace(b"\r\n", b"\n")
+                if crlf is None and b"\n" in data:
+                    crlf = b"\r\n" in data
+                buffer += data if crlf is False else data.replace(b"\r\n", b"\n")
                 ready: list[TokenChunk] = []
                 error: EngineCallError | None = None
                 done = False
+                bodies, searched = _split_events(buffer, searched)
                 try:
-                    for event in _split_events(buffer):
-                        body = _event_data(event)
-                        if body is None:
-                            continue
+                    for body in bodies:
                         if body == b"[DONE]":
                             done = True
                             break
-                        try:
-                            payload = json.loads(body)
-                        except ValueError:
-                            raise EngineCallError(decoder.engine_id, f"undecodable chunk {body[:100]!r}") from None
-                        ready.append(decoder.decode(payload))
+                        ready.append(decoder.decode_event(body))
                 except EngineCallError as exc:
                     error = exc  # the tokens that arrived before the error still count
                 if ready:

@@ -116,13 +116,19 @@ def _get(body: dict[str, Any], name: str, required: bool, where: str, expected: 
     return value
 
 
+MODEL_MAX_CHARS = 256  # ``model`` is echoed into every stream chunk and record: bounded
+
+
 def string(body: dict[str, Any], name: str, *, where: str = "", required: bool = False,
-           default: str | None = None) -> str | None:
+           default: str | None = None, max_chars: int | None = None) -> str | None:
+    """A string field; ``max_chars`` bounds one the proxy echoes (into every chunk and record)."""
     value = _get(body, name, required, where, "string")
     if value is _MISSING:
         return default
     if not isinstance(value, str):
         raise bad_request(f"{_path(where, name)}: must be a string, got {type(value).__name__}")
+    if max_chars is not None and len(value) > max_chars:
+        raise bad_request(f"{_path(where, name)}: at most {max_chars} characters, got {len(value)}")
     return value
 
 
@@ -191,14 +197,16 @@ def objects(items: list[Any], where: str) -> list[dict[str, Any]]:
     return items
 
 
-def stop_list(body: dict[str, Any], name: str, *, limit: int = 16) -> list[str]:
-    """A string or list of non-empty strings (OpenAI ``stop``, Anthropic ``stop_sequences``)."""
+def stop_list(body: dict[str, Any], name: str, *, limit: int = 16, one_string: bool = True) -> list[str]:
+    """A list of non-empty strings, or (``one_string``: OpenAI ``stop``) one such string; Anthropic's
+    ``stop_sequences`` must be a list, as its API requires."""
     value = body.get(name)
     if value is None:
         return []
-    values = [value] if isinstance(value, str) else value
+    values = [value] if isinstance(value, str) and one_string else value
     if not isinstance(values, list) or not all(isinstance(s, str) and s for s in values):
-        raise bad_request(f"{name}: must be a non-empty string or a list of non-empty strings")
+        kinds = "a non-empty string or a list of non-empty strings" if one_string else "a list of non-empty strings"
+        raise bad_request(f"{name}: must be {kinds}")
     if len(values) > limit:
         raise bad_request(f"{name}: at most {limit} stop sequences")
     return list(values)

@@ -146,8 +146,9 @@ class ChatService:
 
     async def render_async(self, execution_id: str, request: ChatRequest, size: int) -> str:
         """``render``; a conversation of ``size`` >= ``OFFLOAD_MESSAGES_CHARS`` bytes is rendered on a
-        worker thread, so a huge request does not stall every other stream on the event loop."""
-        state = self.recorder.state(execution_id)
+        worker thread, so a huge request does not stall every other stream on the event loop (as is the
+        first replay of a long execution's log)."""
+        state = await self.recorder.state_async(execution_id, self.pool)
         if size < OFFLOAD_MESSAGES_CHARS:
             return self._render(state, request)
         return await asyncio.get_running_loop().run_in_executor(self.pool, self._render, state, request)

@@ -62,9 +62,10 @@ from gyre.real.store.tito_log import ExecutionStore
 from gyre.trajectory.tool_calls import ToolCallCache
 from gyre.trajectory.tree import TrajectoryTree
 from gyre.trajectory.tree_stats import tree_stats
-from gyre.real.proxy.config import check_id, valid_id
+from gyre.real.proxy.config import ProxyConfigError, check_id, valid_id
 from gyre.real.proxy.ids_json import IdsJson
 from gyre.real.proxy.rendering import RenderCache
+from gyre.real.proxy.request import ApiError
 from gyre.real.proxy.tokenize import ChatTokenizer, PrefixCache
 from gyre.real.proxy.toolcalls import parse_output, trim_stop
 
@@ -133,6 +134,15 @@ class ExecutionState:
         return self.echo.get(("text", text.strip()))
 
 
+class RecordsUnreadable(ApiError):
+    """The records of one execution cannot be read (a directory in place of its log, no permission, a
+    disk error): that execution's calls are answered 503; every other execution is served."""
+
+    def __init__(self, execution_id: str, exc: OSError) -> None:
+        super().__init__(503, "storage", f"the records of execution {execution_id!r} cannot be read: {exc}")
+        self.execution_id = execution_id
+
+
 class Recorder:
     """Durable TITO records of every execution, plus their in-memory states."""
 
@@ -145,20 +155,63 @@ class Recorder:
         self.fsync = fsync
         self.group = GroupCommit(self.store) if fsync else None
         self._states: dict[str, ExecutionState] = {}
+        self._loading: dict[str, asyncio.Future] = {}  # first replays running off the loop (``state_async``)
         self._learning = threading.Lock()
 
     def state(self, execution_id: str) -> ExecutionState:
-        """The state of ``execution_id``, replayed from its log on first use."""
+        """The state of ``execution_id``, replayed from its log on first use (``state_async``: off the loop)."""
         state = self._states.get(execution_id)
         if state is not None and state.unlearned:
             self._learn_queued(state)
         if state is None:
-            state = ExecutionState(execution_id)
-            if self.store.path_for(execution_id).exists():
-                for call in self.store.read(execution_id):
-                    state.learn(call, self.chat)
-            self._states[execution_id] = state
+            state = self._states.setdefault(execution_id, self._replay(execution_id))
         return state
+
+    async def state_async(self, execution_id: str, pool: Any) -> ExecutionState:
+        """``state``, with a first replay run on ``pool`` (a long log must not stall every other call);
+        callers that ask while it runs share it."""
+        if execution_id in self._states or not self.store.path_for(execution_id).exists():
+            return self.state(execution_id)
+        loading = self._loading.get(execution_id)
+        if loading is None:
+            loading = asyncio.ensure_future(self._load(execution_id, pool))
+            self._loading[execution_id] = loading
+        await asyncio.shield(loading)
+        return self.state(execution_id)
+
+    async def _load(self, execution_id: str, pool: Any) -> None:
+        try:
+            replayed = await asyncio.get_running_loop().run_in_executor(pool, self._replay, execution_id)
+            self._states.setdefault(execution_id, replayed)  # a state built meanwhile on the loop wins
+        finally:
+            self._loading.pop(execution_id, None)
+
+    def _replay(self, execution_id: str) -> ExecutionState:
+        """A new state of ``execution_id`` learned from its log (touches no shared state: any thread)."""
+        state = ExecutionState(execution_id)
+        if self.store.path_for(execution_id).exists():
+            try:
+                calls = self.store.read(execution_id)
+            except OSError as exc:  # not cached: the next call reads again (the fault may be mended)
+                raise RecordsUnreadable(execution_id, exc) from None
+            for call in calls:
+                state.learn(call, self.chat)
+        return state
+
+    def request_counts(self, execution_ids: list[str]) -> dict[str, int | str]:
+        """Requests of each execution (an error message for one whose log cannot be read), without replaying
+        the logs not loaded yet: their intact records are counted (any thread)."""
+        counts: dict[str, int | str] = {}
+        for execution_id in execution_ids:
+            state = self._states.get(execution_id)
+            if state is not None:
+                counts[execution_id] = state.requests
+                continue
+            try:
+                counts[execution_id] = self.store.count(execution_id)
+            except OSError as exc:
+                counts[execution_id] = RecordsUnreadable(execution_id, exc).message
+        return counts
 
     async def commit(self, call: ModelCall, prompt_text: str, *, alone: bool = False) -> None:
         """Append ``call`` durably; its tree and caches follow (``_learn_soon``). ``alone``: no other
@@ -271,27 +324,42 @@ class KeyRegistry:
     def _load(self) -> tuple[dict[str, str], set[str]]:
         if not self.path.exists():
             return {}, set()
-        data = json.loads(self.path.read_text())
-        legacy = data.get("version") != 2
+        try:
+            data = json.loads(self.path.read_bytes())
+        except (ValueError, RecursionError) as exc:  # truncated, empty, not JSON: named, never guessed at
+            raise ProxyConfigError(f"{self.path}: damaged key file, not JSON ({exc}); restore it from a "
+                                   f"backup or remove it (its run-time keys are then lost)") from None
+        legacy = not isinstance(data, dict) or data.get("version") != 2
         entries = data if legacy else data.get("keys", {})
+        revoked_list = [] if legacy else data.get("revoked", [])
+        if not isinstance(entries, dict) or not isinstance(revoked_list, list) \
+                or not all(isinstance(k, str) for k in entries) or not all(isinstance(d, str) for d in revoked_list):
+            raise ProxyConfigError(f"{self.path}: damaged key file, expected "
+                                   f'{{"version": 2, "keys": {{digest: execution_id}}, "revoked": [digest]}}')
         keys = {}
         for key, execution_id in entries.items():
             if not valid_id(execution_id):
                 log.warning("keys.json: dropping a key of the invalid execution id %r", str(execution_id)[:140])
                 continue
             keys[key_digest(key) if legacy else key] = execution_id
-        revoked = set() if legacy else set(data.get("revoked", ()))
+        revoked = set(revoked_list)
         if legacy or len(keys) != len(entries):
             self._save(keys, revoked)  # never leave plain keys (or bad ids) on disk
         return keys, revoked
 
     def _save(self, keys: dict[str, str], revoked: set[str]) -> None:
+        """Replace the key file (an ``OSError`` leaves the old one, and no temporary file)."""
         tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            os.fchmod(handle.fileno(), 0o600)
-            json.dump({"version": 2, "keys": keys, "revoked": sorted(revoked)}, handle, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)
+        data = json.dumps({"version": 2, "keys": keys, "revoked": sorted(revoked)}, indent=1, sort_keys=True)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                os.fchmod(handle.fileno(), 0o600)
+                handle.write(data)
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def _rebuild(self) -> None:
         merged = {**self._dynamic, **self._static}
@@ -321,11 +389,10 @@ class KeyRegistry:
         digests = [d for d, e in self._keys.items() if e == execution_id]
         if key is not None:
             digests = [d for d in digests if d == key_digest(key)]
-        for digest in digests:
-            self._dynamic.pop(digest, None)
-            if digest in self._static:
-                self._revoked.add(digest)
-        self._save(self._dynamic, self._revoked)
+        dynamic = {d: e for d, e in self._dynamic.items() if d not in digests}
+        revoked = self._revoked | {d for d in digests if d in self._static}
+        self._save(dynamic, revoked)  # nothing changes in memory unless the file was written
+        self._dynamic, self._revoked = dynamic, revoked
         self._rebuild()
         return len(digests)
 

@@ -19,6 +19,11 @@ Invariants:
 - visible text is stripped: leading whitespace of the first text is dropped,
   and trailing whitespace is held back until more visible text follows it
   (dropped when a tool call or the end follows);
+- a lone UTF-16 surrogate a tool call's JSON spells (``"\\ud800"``) is
+  replaced by U+FFFD in the parsed name, argument keys and values (a pair
+  stays the character it encodes): what the proxy returns is valid Unicode,
+  so the SDKs parse it and a harness that echoes it is accepted back; the
+  record keeps the model's tokens as sampled;
 - a ``<tool_call>`` block whose body is not a JSON object with a string
   ``name`` (``NaN``/``Infinity`` are not JSON) is not a tool call: its raw text is emitted as visible text, so
   nothing the model wrote is lost;
@@ -32,6 +37,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,10 +79,27 @@ def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _replace_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings (keys included) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_replace_surrogates(k): _replace_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_surrogates(v) for v in value]
+    return value
+
+
 def parse_tool_call(body: str) -> ToolCall | None:
     """The tool call in a ``<tool_call>`` body, or None when it is not one."""
     try:
         data = json.loads(body, parse_constant=_not_json)
+        if _SURROGATE_ESCAPE.search(body):  # only an escape can spell a lone surrogate
+            data = _replace_surrogates(data)
     except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
@@ -84,7 +107,7 @@ def parse_tool_call(body: str) -> ToolCall | None:
     arguments = data.get("arguments", data.get("parameters", {}))
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments, parse_constant=_not_json)
+            arguments = _replace_surrogates(json.loads(arguments, parse_constant=_not_json))
         except (ValueError, RecursionError):
             return None
     if not isinstance(arguments, dict):

@@ -152,7 +152,11 @@ class Journal:
         if end <= self._allocated:
             return
         target = max(end, min(max(MIN_SPACE, 2 * self._allocated), max(self.capacity, end)))
-        fill_zeros(self._fd, self._allocated, target)
+        try:
+            fill_zeros(self._fd, self._allocated, target)
+        except OSError as exc:  # e.g. a disk smaller than the space asked for: named, with the file
+            raise OSError(exc.errno, f"cannot reserve {target} bytes for the commit journal "
+                                     f"({exc.strerror or exc})", str(self.path)) from None
         self._allocated = target
 
 

@@ -33,6 +33,9 @@ Invariants:
   zeros from a frame boundary to the end is preallocated space, not torn;
 - reopening a log for appending truncates a torn tail (with the same warning)
   or a zero tail first, so new frames never land behind garbage;
+- a write that fails part way (a full disk) takes its partial frame back before
+  the error is raised (cut off, or zeroed inside reserved space): readers see
+  no torn tail and the log stays appendable;
 - a durable log's frames are synced with ``fdatasync`` (data plus the metadata
   needed to read it back, such as a changed size); the zero tail a frame is
   written into was itself synced (size included) when it was reserved, and a
@@ -47,6 +50,7 @@ writer only appends); the reader treats it like a torn tail and stops there.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from collections import deque
@@ -218,9 +222,13 @@ class RecordLog:
         frame = encode_frame(call, *self._delta_base(call))
         self.reserve(len(frame))
         offset = self._end
-        written = os.pwrite(self._fd, frame, offset)
-        if written != len(frame):  # pragma: no cover - regular files write fully
-            raise OSError(f"short write to {self.path}: {written} of {len(frame)} bytes")
+        try:
+            written = os.pwrite(self._fd, frame, offset)
+            if written != len(frame):  # a full disk: part of the frame went out
+                raise OSError(errno.ENOSPC, f"short write: {written} of {len(frame)} bytes", str(self.path))
+        except OSError:
+            self._take_back(offset, len(frame))
+            raise
         self._end += written
         self._allocated = max(self._allocated, self._end)
         self.last_frame = written
@@ -229,6 +237,16 @@ class RecordLog:
         if self._recent.maxlen:
             self._recent.append((call, call.sequence))
         return offset, frame
+
+    def _take_back(self, offset: int, size: int) -> None:
+        """Remove whatever part of a failed frame reached the file at ``offset`` (best effort)."""
+        try:
+            if self._allocated > offset:  # reserved zeros: put them back (no new space needed)
+                os.pwrite(self._fd, bytes(min(size, self._allocated - offset)), offset)
+            else:
+                os.ftruncate(self._fd, offset)
+        except OSError:
+            pass  # the next open finds the torn tail and cuts it (the reader warns until then)
 
     def _delta_base(self, call: ModelCall) -> tuple[ModelCall | None, int]:
         best, best_shared = None, 0
@@ -296,6 +314,14 @@ class ExecutionStore:
         if not path.exists():
             raise KeyError(f"no records stored for execution {execution_id!r} under {self.root}")
         return read_records(path)
+
+    def count(self, execution_id: str) -> int:
+        """How many intact records the log of ``execution_id`` holds (0 without a log); frames are
+        checked, not decoded, so a long log is counted far faster than it is read."""
+        path = self.path_for(execution_id)
+        if not path.exists():
+            return 0
+        return sum(1 for _, payload, _ in _scan(path.read_bytes()) if payload is not None)
 
     def executions(self) -> list[str]:
         return sorted(p.name[: -len(LOG_SUFFIX)] for p in self.root.glob(f"*{LOG_SUFFIX}"))

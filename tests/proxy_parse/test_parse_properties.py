@@ -155,6 +155,11 @@ RESPONSES_BASE = {"model": "m", "input": "hi"}
     ("responses", {"tools": 5}, "tools"),
     ("responses", {"max_output_tokens": 0}, "max_output_tokens"),
     ("responses", {"input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]}, "input.0.call_id"),
+    # ``model`` is echoed into every chunk and record: a 100 KB one made a 5 MB stream
+    ("anthropic", {"model": "m" * 257}, "model"),
+    ("anthropic", {"stop_sequences": "."}, "stop_sequences"),  # a list in Anthropic's API (a string is OpenAI's)
+    ("chat", {"model": "m" * 100_000}, "model"),
+    ("responses", {"model": "m" * 257}, "model"),
 ])
 def test_wrong_values_are_400s_naming_the_field(api, change, param):
     base = {"anthropic": ANTHROPIC_BASE, "chat": CHAT_BASE, "responses": RESPONSES_BASE}[api]
@@ -241,7 +246,8 @@ def test_hostile_outputs_always_write_valid_json(api):
 
 def test_tool_calls_with_nan_are_not_tool_calls():
     assert parse_tool_call('{"name": "Bash", "arguments": {"n": NaN}}') is None
-    assert parse_tool_call('{"name": "Bash", "arguments": {"n": "\\ud800"}}').arguments == {"n": "\ud800"}
+    # a lone surrogate the JSON spells is replaced (what the proxy returns must be valid Unicode)
+    assert parse_tool_call('{"name": "Bash", "arguments": {"n": "\\ud800"}}').arguments == {"n": "\ufffd"}
 
 
 @given(text=st.text(alphabet="ab.\n", max_size=40), stop=st.sampled_from([".", "ab", "\n\n"]),

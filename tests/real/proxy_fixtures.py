@@ -31,8 +31,11 @@ def shared_tiny_dir(tmp_path_factory: Any, name: str = "tiny-model") -> Path:
 class ServerThread:
     """Run ``make_app()`` (an aiohttp Application factory) on 127.0.0.1 in a thread."""
 
-    def __init__(self, make_app: Any, port: int | None = None) -> None:
+    def __init__(self, make_app: Any, port: int | None = None, runner_args: dict | None = None,
+                 on_setup: Any = None) -> None:
         self.make_app = make_app
+        self.runner_args = runner_args or {}
+        self.on_setup = on_setup  # called with the runner after its setup (``app.keep_half_open``)
         self.port = port or free_port()
         self.loop = asyncio.new_event_loop()
         self.app: Any = None
@@ -54,8 +57,10 @@ class ServerThread:
         self.app = self.make_app()
         if asyncio.iscoroutine(self.app):
             self.app = await self.app
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = web.AppRunner(self.app, access_log=None, **self.runner_args)
         await self._runner.setup()
+        if self.on_setup is not None:
+            self.on_setup(self._runner)
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
 
     def call(self, coro: Any, timeout: float = 60) -> Any:
@@ -94,7 +99,10 @@ class ScriptedEngine:
     ``script(prompt_text) -> output_text`` decides the answer from the prompt up to
     the last ``<|im_start|>assistant\\n``; input ids past that marker are tokens
     already generated (a resubmission after a reroute or failure), and the engine
-    continues after them. Lists are cumulative, like SGLang's default. Faults:
+    continues after them. Lists are cumulative, like SGLang's default, or hold only
+    the new tokens with ``incremental=True`` (``--incremental-streaming-output``);
+    chunks are compact JSON in SGLang's key order (``text``, ``output_ids``,
+    ``meta_info``), a cumulative chunk built in time linear in its size. Faults:
     ``fail_next`` (HTTP statuses for the next submissions), ``die_after`` (close
     the connection after that many tokens of a submission), ``hold_after`` (stop
     after that many tokens until ``release()``).
@@ -108,7 +116,8 @@ class ScriptedEngine:
     """
 
     def __init__(self, model_dir: str | os.PathLike, script: Any, *, engine_id: str = "scripted",
-                 token_delay: float = 0.0, chunk_tokens: int = 1, context_length: int = 1 << 20) -> None:
+                 token_delay: float = 0.0, chunk_tokens: int = 1, context_length: int = 1 << 20,
+                 incremental: bool = False) -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -117,6 +126,7 @@ class ScriptedEngine:
         self.token_delay = token_delay
         self.chunk_tokens = chunk_tokens
         self.context_length = context_length
+        self.incremental = incremental
         self.im_start = self.tokenizer.convert_tokens_to_ids("<|im_start|>")
         self.eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.marker = self.tokenizer.encode("assistant\n", add_special_tokens=False)
@@ -174,10 +184,7 @@ class ScriptedEngine:
         return web.Response(status=200)
 
     def _chunk(self, rid: str, ids: list[int], start: int, n_prompt: int, finish: Any) -> bytes:
-        meta = {"id": rid, "finish_reason": finish, "prompt_tokens": n_prompt, "weight_version": "default",
-                "completion_tokens": len(ids),
-                "output_token_logprobs": [[token_logprob(t, start + k), t, None] for k, t in enumerate(ids)]}
-        return b"data: " + json.dumps({"text": "", "output_ids": ids, "meta_info": meta}).encode() + b"\n\n"
+        return ChunkWriter(rid, start, n_prompt).chunk(ids, len(ids), finish)
 
     def invalid(self, body: dict) -> str | None:
         """SGLang's checks of a request (``SamplingParams.verify`` and the context length)."""
@@ -240,6 +247,7 @@ class ScriptedEngine:
     async def _stream(self, request: Any, response: Any, rid: str, out: list[int], start: int, n_prompt: int,
                       finish: Any) -> None:
         sent = 0
+        writer = ChunkWriter(rid, start, n_prompt)
         while sent < len(out):
             if self.die_after is not None and sent >= self.die_after:
                 request.transport.close()  # the engine "dies" mid-stream
@@ -250,15 +258,55 @@ class ScriptedEngine:
             if rid in self.aborted:
                 return
             step = min(self.chunk_tokens, len(out) - sent)
+            new = out[sent:sent + step]
             sent += step
             self.tokens_sent += step
             done = finish if sent == len(out) else None
-            await response.write(self._chunk(rid, out[:sent], start, n_prompt, done))
+            await response.write(writer.delta(new, sent, done) if self.incremental else writer.chunk(new, sent, done))
             if self.token_delay:
                 await asyncio.sleep(self.token_delay)
         if not out:
-            await response.write(self._chunk(rid, [], start, n_prompt, finish))
+            await response.write(writer.chunk([], 0, finish))
         await response.write(b"data: [DONE]\n\n")
+
+
+class ChunkWriter:
+    """SSE chunks of one submission as SGLang writes them (orjson: compact, its key order).
+
+    ``chunk`` appends the new tokens to the cumulative lists kept as JSON text, so a
+    cumulative chunk costs time linear in its size (the engine's own cost stays
+    out of a proxy benchmark); ``delta`` writes only the new tokens."""
+
+    def __init__(self, rid: str, start: int, n_prompt: int) -> None:
+        self.rid, self.start, self.n_prompt = rid, start, n_prompt
+        self.ids_text = bytearray()
+        self.logprobs_text = bytearray()
+        self.count = 0
+
+    def _texts(self, new: list[int]) -> tuple[bytes, bytes]:
+        ids = ",".join(str(t) for t in new).encode()
+        logprobs = ",".join(f"[{token_logprob(t, self.start + self.count + k)!r},{t},null]"
+                            for k, t in enumerate(new)).encode()
+        self.count += len(new)
+        return ids, logprobs
+
+    def chunk(self, new: list[int], total: int, finish: Any) -> bytes:
+        ids, logprobs = self._texts(new)
+        for text, piece in ((self.ids_text, ids), (self.logprobs_text, logprobs)):
+            if text and piece:
+                text += b","
+            text += piece
+        return self._event(bytes(self.ids_text), bytes(self.logprobs_text), total, finish)
+
+    def delta(self, new: list[int], total: int, finish: Any) -> bytes:
+        return self._event(*self._texts(new), total, finish)
+
+    def _event(self, ids: bytes, logprobs: bytes, total: int, finish: Any) -> bytes:
+        head = json.dumps({"id": self.rid, "finish_reason": finish, "prompt_tokens": self.n_prompt,
+                           "weight_version": "default", "completion_tokens": total},
+                          separators=(",", ":")).encode()
+        return (b'data: {"text":"","output_ids":[' + ids + b'],"meta_info":' + head[:-1]
+                + b',"output_token_logprobs":[' + logprobs + b"]}}\n\n")
 
 
 # -- scripts ----------------------------------------------------------------------
@@ -318,7 +366,7 @@ def proxy_config(model_dir: Any, records_dir: Any, engines: dict[str, str], **ov
 
 def start_proxy(config: Any, chat: Any = None) -> tuple[ServerThread, Any]:
     """Start a ``ProxyServer`` in a thread; returns (thread, server)."""
-    from gyre.real.proxy.app import ProxyServer
+    from gyre.real.proxy.app import RUNNER_ARGS, ProxyServer, keep_half_open
 
     holder: dict[str, Any] = {}
 
@@ -326,7 +374,7 @@ def start_proxy(config: Any, chat: Any = None) -> tuple[ServerThread, Any]:
         holder["server"] = ProxyServer(config, chat=chat)
         return holder["server"].application()
 
-    thread = ServerThread(make_app).start()
+    thread = ServerThread(make_app, runner_args=RUNNER_ARGS, on_setup=keep_half_open).start()
     return thread, holder["server"]
 
 
@@ -449,17 +497,24 @@ def start_proxy_process(config: dict, path: Path, extra_env: dict | None = None)
 
 # -- a standalone scripted engine process (benchmarks, harness tests) --------------------
 
+def long_script(words: int = 20000) -> Any:
+    """An answer of ``words`` plain words (a long agent turn; cut by the caller's ``max_tokens``)."""
+    text = " ".join(("read", "the", "file", "then", "run", "tests")[i % 6] for i in range(words))
+    return lambda prompt: text
+
+
 SCRIPTS = {"echo": lambda **kw: echo_script, "tool_loop": tool_loop_script,
-           "short": lambda **kw: (lambda prompt: "ok, done")}
+           "short": lambda **kw: (lambda prompt: "ok, done"), "long": long_script}
 
 
 def serve_scripted_engine(model_dir: str, script: str, port: int = 0, token_delay: float = 0.0,
-                          options: dict | None = None) -> None:
+                          options: dict | None = None, incremental: bool = False) -> None:
     """Run a ScriptedEngine in the foreground; prints ``{"url": ...}`` once listening."""
     from aiohttp import web
 
     async def serve() -> None:
-        engine = ScriptedEngine(model_dir, SCRIPTS[script](**(options or {})), token_delay=token_delay)
+        engine = ScriptedEngine(model_dir, SCRIPTS[script](**(options or {})), token_delay=token_delay,
+                                incremental=incremental)
         runner = web.AppRunner(engine.application(), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", port)
@@ -479,6 +534,7 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--token-delay", type=float, default=0.0)
     parser.add_argument("--options", default="{}", help="JSON keyword arguments of the script factory")
+    parser.add_argument("--incremental", action="store_true", help="stream only the new tokens per chunk")
     options = parser.parse_args()
     serve_scripted_engine(options.model, options.script, options.port, options.token_delay,
-                          json.loads(options.options))
+                          json.loads(options.options), options.incremental)

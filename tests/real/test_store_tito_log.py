@@ -482,3 +482,41 @@ def test_kill_9_of_a_durable_writer_loses_nothing_it_acknowledged(tmp_path, atte
     log.append(conversation(len(records) + 1)[-1])
     log.close()
     assert read_records(path) == conversation(len(records) + 1)
+
+
+@pytest.mark.parametrize("preallocate", [False, True])
+@pytest.mark.parametrize("how", ["short", "raises"])
+def test_a_write_that_fails_part_way_leaves_no_torn_tail(tmp_path, monkeypatch, preallocate, how):
+    """A full disk mid-frame (issue 32): the partial frame is taken back, so readers see the intact
+    records without a torn-tail warning and the log takes the next record."""
+    import gyre.real.store.tito_log as tito_log
+
+    path = tmp_path / "e1.tito"
+    log = RecordLog(path, "e1", preallocate=preallocate).open()
+    for i in range(3):
+        log.append(record(i))
+    real_pwrite = os.pwrite
+    failed: list[int] = []
+
+    def full_disk(fd, data, offset):
+        if failed or not any(data):  # zeros (reserved space, taken back) and writes after the failure
+            return real_pwrite(fd, data, offset)
+        failed.append(offset)
+        real_pwrite(fd, data[:len(data) // 2], offset)  # half the frame reaches the file
+        if how == "short":
+            return len(data) // 2
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tito_log.os, "pwrite", full_disk)
+    with pytest.raises(OSError):
+        log.append(record(3))
+    monkeypatch.setattr(tito_log.os, "pwrite", real_pwrite)
+    assert failed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TornTailWarning)
+        assert [r.request_id for r in read_records(path)] == [record(i).request_id for i in range(3)]
+    log.append(record(4))
+    log.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TornTailWarning)
+        assert len(read_records(path)) == 4

@@ -174,7 +174,7 @@ def _thinking(body: dict[str, Any]) -> bool | None:
 def parse(body: dict[str, Any], hints: dict[str, str], *, count_only: bool = False) -> ChatRequest:
     """A ``ChatRequest`` from a Messages (or count_tokens) body; raises 400 ``ApiError``."""
     try:
-        model = fields.string(body, "model", required=True)
+        model = fields.string(body, "model", required=True, max_chars=fields.MODEL_MAX_CHARS)
         max_tokens = 1 if count_only else fields.integer(body, "max_tokens", required=True, minimum=1)
         for name in ("metadata", "tool_choice", "output_config", "context_management"):
             fields.mapping(body, name)
@@ -184,7 +184,8 @@ def parse(body: dict[str, Any], hints: dict[str, str], *, count_only: bool = Fal
                            temperature=fields.number(body, "temperature", low=0.0, high=1.0),
                            top_p=fields.number(body, "top_p", low=0.0, high=1.0, low_open=True),
                            top_k=fields.integer(body, "top_k", minimum=1),
-                           stop=fields.stop_list(body, "stop_sequences"), thinking=_thinking(body), hints=hints)
+                           stop=fields.stop_list(body, "stop_sequences", one_string=False),
+                           thinking=_thinking(body), hints=hints)
     except RecursionError:
         raise fields.too_deep() from None
 

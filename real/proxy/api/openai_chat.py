@@ -129,7 +129,7 @@ def _max_tokens(body: dict[str, Any], default: int) -> int:
 def parse(body: dict[str, Any], hints: dict[str, str], default_max_tokens: int) -> ChatRequest:
     """A ``ChatRequest`` from a Chat Completions body; raises 400 ``ApiError`` naming the field."""
     try:
-        model = fields.string(body, "model", required=True)
+        model = fields.string(body, "model", required=True, max_chars=fields.MODEL_MAX_CHARS)
         messages = fields.objects(fields.array(body, "messages", required=True, non_empty=True), "messages")
         if fields.integer(body, "n", default=1) != 1:
             raise bad_request("n: only n=1 is supported")

@@ -146,7 +146,7 @@ def canonical_tools(tools: Any, where: str = "tools") -> tuple[list[dict[str, An
 def parse(body: dict[str, Any], hints: dict[str, str], default_max_tokens: int) -> ChatRequest:
     """A ``ChatRequest`` from a Responses body; raises 400 ``ApiError`` naming the field."""
     try:
-        model = fields.string(body, "model", required=True)
+        model = fields.string(body, "model", required=True, max_chars=fields.MODEL_MAX_CHARS)
         if body.get("previous_response_id") is not None:
             raise bad_request("previous_response_id: not supported; send the full history with store: false")
         for name in ("reasoning", "text", "metadata"):

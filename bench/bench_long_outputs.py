@@ -1,0 +1,133 @@
+"""Proxy CPU per output token of one long streamed answer, and a bystander's delay meanwhile.
+
+Three processes: a scripted engine speaking SGLang's ``/generate`` contract
+(``tests/real/proxy_fixtures.py``, script ``long``: plain words, cut at the
+caller's ``max_tokens``), the proxy (``python -m gyre.real.proxy.cli``, records
+fsynced) and this client. For each engine mode, ``incremental`` (each chunk
+holds only the new tokens: ``--incremental-streaming-output``, what engines
+Gyre starts use) and ``cumulative`` (SGLang's default: each chunk repeats
+every output id and log-probability so far), one streamed Anthropic call per
+length in ``GYRE_BENCH_STREAM_TOKENS`` (default 1000,4000,16000 tokens), one
+token per chunk every millisecond (``--token-delay``: paced like a fast
+engine, so each token is a chunk the proxy handles on its own), and the
+proxy process's CPU time for it (``/proc/<pid>/stat``) divided by the tokens
+answered. Linear-time handling shows as a flat figure
+across lengths; a parse of every whole chunk grows with the length.
+
+In cumulative mode the engine sends a number of bytes quadratic in the
+length (the 16k-token answer's last chunk alone is ~0.5 MB): receiving and
+scanning them is C-speed work the proxy cannot skip, so that mode's figure
+keeps a small term growing with the length even when only each chunk's new
+suffix is parsed.
+
+Bystander: during one more answer of the longest length in each mode (not
+counted in the CPU figures), another execution makes short calls (8 tokens)
+back to back; their p50 and max latency are printed beside the same calls on
+an idle proxy (``bystander_idle_*``).
+
+The machine is shared while this runs: CPU time per token is the figure to
+compare; the load average is printed with the results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.bench_proxy import ROOT, _cpu_seconds, _spawn, _start_proxy, _stop
+
+MODES = ("incremental", "cumulative")
+
+
+def _lengths() -> list[int]:
+    chosen = os.environ.get("GYRE_BENCH_STREAM_TOKENS", "1000,4000,16000")
+    return [int(n) for n in chosen.split(",") if n]
+
+
+async def _call(session, url: str, key: str, tokens: int) -> tuple[float, int]:
+    """One streamed Anthropic call; (seconds to the last byte, output tokens reported)."""
+    body = {"model": "m", "max_tokens": tokens, "stream": True, "messages": [{"role": "user", "content": "go"}]}
+    start = time.perf_counter()
+    async with session.post(url + "/v1/messages", json=body, headers={"x-api-key": key}) as response:
+        data = await response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {data[:200]!r}")
+    usage = data.rfind(b'"output_tokens":')
+    answered = int(data[usage + 16:data.index(b"}", usage)].strip()) if usage >= 0 else 0
+    return time.perf_counter() - start, answered
+
+
+async def _bystander(session, url: str, stop: asyncio.Event, calls: int | None = None) -> list[float]:
+    times: list[float] = []
+    while not stop.is_set() and (calls is None or len(times) < calls):
+        times.append((await _call(session, url, "bench-key-1", 8))[0])
+    return times
+
+
+async def _mode(url: str, pid: int, lengths: list[int]) -> dict:
+    import aiohttp
+
+    figures: dict = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
+        await _call(session, url, "bench-key-0", 50)  # warm-up: connections, tokenizer, records
+        idle = await _bystander(session, url, asyncio.Event(), calls=50)
+        figures["bystander_idle_p50_ms"] = float(np.percentile(idle, 50)) * 1e3
+        figures["bystander_idle_max_ms"] = max(idle) * 1e3
+        for tokens in lengths:
+            cpu = _cpu_seconds(pid)
+            wall, answered = await _call(session, url, "bench-key-0", tokens)
+            used = _cpu_seconds(pid) - cpu
+            figures[f"cpu_us_per_token_{tokens}"] = used * 1e6 / max(answered, 1)
+            figures[f"wall_s_{tokens}"] = wall
+            figures[f"answered_{tokens}"] = answered
+        stop = asyncio.Event()
+        watcher = asyncio.ensure_future(_bystander(session, url, stop))
+        await _call(session, url, "bench-key-0", max(lengths))
+        stop.set()
+        during = await watcher
+        figures["bystander_during_p50_ms"] = float(np.percentile(during, 50)) * 1e3
+        figures["bystander_during_max_ms"] = max(during) * 1e3
+        figures["bystander_calls"] = len(during)
+    return figures
+
+
+def main() -> dict:
+    sys.path.insert(0, str(ROOT / "tests" / "real"))
+    from proxy_fixtures import build_tiny_tokenizer
+
+    lengths = _lengths()
+    results: dict = {"loadavg_before": open("/proc/loadavg").read().split()[0]}
+    with tempfile.TemporaryDirectory() as scratch:
+        model = build_tiny_tokenizer(Path(scratch) / "tiny")
+        for mode in MODES:
+            flags = ["--incremental"] if mode == "incremental" else []
+            engine, engine_url = _spawn([str(ROOT / "tests" / "real" / "proxy_fixtures.py"), "--model", str(model),
+                                         "--script", "long", "--options", '{"words": 40000}',
+                                         "--token-delay", "0.001", *flags])
+            config = {"model_path": str(model), "fsync": True, "admin_token": "bench-admin-token",
+                      "engines": [{"id": "e0", "url": engine_url}],
+                      "executions": {"bench-key-0": "long-0", "bench-key-1": "bystander-1"}}
+            try:
+                proxy, proxy_url = _start_proxy(Path(scratch), config, f"records-{mode}")
+                try:
+                    figures = asyncio.run(_mode(proxy_url, proxy.pid, lengths))
+                finally:
+                    _stop(proxy)
+            finally:
+                _stop(engine)
+            for name, value in figures.items():
+                print(f"   {mode:11s} {name:28s} {value:10.2f}", flush=True)
+                results[f"{mode}_{name}"] = value
+    results["loadavg_after"] = open("/proc/loadavg").read().split()[0]
+    print(f"   load average (1 min) before {results['loadavg_before']}, after {results['loadavg_after']}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""The engine stream's decoding: parsing only each chunk's new suffix changes nothing.
+
+Properties, for SGLang ``/generate`` streams drawn in both modes (cumulative and
+incremental lists), both JSON spellings (compact like orjson, spaced like
+``json.dumps``), text that contains the arrays' keys and brackets, triples that
+carry text, and chunks that announce more tokens than they carry:
+- ``ChunkDecoder.decode_event`` on the raw bytes yields exactly what a whole
+  parse (``ChunkDecoder.decode(json.loads(...))``) yields, or raises the same
+  ``EngineCallError``;
+- ``_split_events`` returns the same events' data however the bytes are cut into reads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gyre.real.proxy import engine_client
+from gyre.real.proxy.engine_client import ChunkDecoder, EngineCallError, TokenChunk
+
+try:
+    from hypothesis_budget import examples
+except ImportError:  # run from another rootdir
+    def examples(full: int) -> int:
+        return full
+
+PROPERTY = settings(max_examples=examples(200), deadline=None, derandomize=True)
+TEXTS = st.sampled_from(["", "plain", '"output_ids":[1,2]', "]] [[ ,", 'a "quoted" \\ text', "\u00e9\u4e2d"])
+
+
+@st.composite
+def streams(draw) -> list[bytes]:
+    """The SSE payloads of one submission (lists long enough to take the suffix parse)."""
+    tokens = draw(st.integers(1, 400))
+    ids = draw(st.lists(st.integers(0, 150_000), min_size=tokens, max_size=tokens))
+    logprobs = [-(i % 997) / 97.0 for i in range(tokens)]
+    incremental = draw(st.booleans())
+    spaced = draw(st.booleans())
+    triple_text = draw(st.booleans())
+    cuts = sorted(set(draw(st.lists(st.integers(1, tokens), max_size=8)) + [tokens]))
+    short = draw(st.sampled_from([None, *range(len(cuts))]))  # a chunk that announces one token too many
+    payloads, sent = [], 0
+    for n, cut in enumerate(cuts):
+        first = sent if incremental else 0
+        triples = [[lp, t, draw(TEXTS) if triple_text else None] for lp, t in zip(logprobs[first:cut], ids[first:cut])]
+        meta = {"id": "r", "finish_reason": {"type": "stop"} if cut == tokens else None,
+                "completion_tokens": cut + (n == short), "output_token_logprobs": triples, "weight_version": "v1"}
+        payload = {"text": draw(TEXTS) * draw(st.integers(0, 50)), "output_ids": ids[first:cut], "meta_info": meta}
+        separators = (", ", ": ") if spaced else (",", ":")
+        payloads.append(json.dumps(payload, separators=separators, ensure_ascii=draw(st.booleans())).encode())
+        sent = cut
+    return payloads
+
+
+def _outcomes(decode, payloads: list[bytes]) -> list[TokenChunk | str]:
+    outcomes: list[TokenChunk | str] = []
+    for payload in payloads:
+        try:
+            outcomes.append(decode(payload))
+        except EngineCallError as exc:
+            outcomes.append(str(exc))
+            break
+    return outcomes
+
+
+@PROPERTY
+@given(streams())
+def test_suffix_parse_matches_a_whole_parse(payloads):
+    whole = ChunkDecoder("e0")
+    suffix = ChunkDecoder("e0")
+    expected = _outcomes(lambda body: whole.decode(json.loads(body)), payloads)
+    assert _outcomes(suffix.decode_event, payloads) == expected
+
+
+def test_suffix_parse_is_taken_for_long_cumulative_chunks(monkeypatch):
+    """The property above would pass with the suffix parse never taken: check it is."""
+    payloads = [json.dumps({"text": "", "output_ids": list(range(k)), "meta_info": {
+        "completion_tokens": k, "finish_reason": None,
+        "output_token_logprobs": [[-0.5, i, None] for i in range(k)]}}, separators=(",", ":")).encode()
+        for k in range(1, 400)]
+    decoder = ChunkDecoder("e0")
+    whole = []
+    monkeypatch.setattr(decoder, "decode",
+                        lambda payload: whole.append(payload) or ChunkDecoder.decode(decoder, payload))
+    chunks = [decoder.decode_event(p) for p in payloads]
+    assert [c.ids for c in chunks] == [(k,) for k in range(399)]
+    assert sum(len(p) >= engine_client.SUFFIX_PARSE_BYTES for p in payloads) > 250
+    assert len(whole) == sum(len(p) < engine_client.SUFFIX_PARSE_BYTES for p in payloads)
+
+
+@PROPERTY
+@given(st.lists(st.one_of(st.binary(max_size=40), st.binary(max_size=40).map(lambda b: b"data: " + b))
+                .map(lambda b: re.sub(b"\n+", b"\n", b).rstrip(b"\n")), max_size=12),
+       st.lists(st.integers(1, 60), max_size=20))
+def test_events_are_the_same_however_the_bytes_arrive(events, reads):
+    stream = b"".join(e + b"\n\n" for e in events)
+    buffer, searched, got, at = bytearray(), 0, [], 0
+    for size in [*reads, len(stream)]:
+        buffer += stream[at:at + size]
+        at += size
+        found, searched = engine_client._split_events(buffer, searched)
+        got += found
+    assert got == [d for d in map(engine_client._event_data, events) if d is not None]
+    assert not buffer
