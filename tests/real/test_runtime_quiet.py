@@ -33,11 +33,11 @@ def test_third_party_warnings_are_hidden_and_gyres_shown(monkeypatch):
 def test_the_environment_gains_only_what_is_unset(monkeypatch):
     for name in QUIET_ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("GLOG_minloglevel", "0")  # someone wants Mooncake's lines
+    monkeypatch.setenv("MC_LOG_LEVEL", "INFO")  # someone wants Mooncake's lines
     with warnings.catch_warnings():
         quiet_third_parties()
-    assert os.environ["GLOG_minloglevel"] == "0"
-    assert all(os.environ[k] == v for k, v in QUIET_ENVIRONMENT.items() if k != "GLOG_minloglevel")
+    assert os.environ["MC_LOG_LEVEL"] == "INFO"
+    assert all(os.environ[k] == v for k, v in QUIET_ENVIRONMENT.items() if k != "MC_LOG_LEVEL")
     assert logging.getLogger("sglang").level == logging.ERROR
 
 
