@@ -57,6 +57,7 @@ class PlanRequest:
     seed: int = 0
     batch: int = 4
     startup: int = 10  # random candidates before TPE models the front
+    warm: bool = True  # ask the warm-start schedules first (``warm_start``)
 
     def fingerprint(self) -> str:
         """What a stored study must match to be resumed (everything but the budget)."""
@@ -130,7 +131,7 @@ def open_study(request: PlanRequest, db_path: Path) -> Any:
         study._storage.set_trial_user_attr(trial._trial_id, "refused", "interrupted")
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
     finished = len(_finished(study))
-    if not study.get_trials(deepcopy=False):
+    if request.warm and not study.get_trials(deepcopy=False):
         for point in warm_start(request):
             study.enqueue_trial(point)
     with warnings.catch_warnings():  # ``group`` (conditional cells@S) is marked experimental
