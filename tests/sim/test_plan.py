@@ -83,16 +83,16 @@ def test_baselines_at_the_target_follow_the_identity_or_are_refused():
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
     out = tmp_path_factory.mktemp("plan")
-    return out, run_plan(request(), out, 14, serial_map)
+    return out, run_plan(request(), out, 10, serial_map)
 
 
 def test_refused_corners_are_recorded_and_the_budget_still_fills(plan):
     out, result = plan
-    assert len(result.trials) == 14
+    assert len(result.trials) == 10
     refused = [t for t in result.trials if t.refused]
     assert refused and all("phi * B" in t.refused for t in refused)  # phi = 0.3: 9.6 groups
     rows = list(csv.DictReader(open(out / "trials.csv")))
-    assert len(rows) == 14 and sum(bool(r["refused"]) for r in rows) == len(refused)
+    assert len(rows) == 10 and sum(bool(r["refused"]) for r in rows) == len(refused)
 
 
 def test_front_is_exactly_the_non_dominated_schedules_and_the_pick_is_the_fastest_feasible(plan):
@@ -124,6 +124,7 @@ def test_recommendation_and_job_file_describe_the_same_schedule(plan):
     assert (out / "pareto.csv").exists()
 
 
+@pytest.mark.slow  # five SQLite studies and a process pool: ~3 s of CPU
 def test_a_study_resumes_extends_and_is_deterministic(tmp_path):
     req = request()
     mapper = CountingMapper()
@@ -167,6 +168,7 @@ def test_cli_refuses_bad_arguments_with_a_reason(tmp_path, capsys):
     assert not Path(tmp_path / "z" / "plan.db").exists()
 
 
+@pytest.mark.slow  # a whole plan through the command line, and its figure
 def test_cli_plans_and_draws_exactly_the_front_it_reports(tmp_path, capsys):
     from gyre.analysis.plan import pareto_points
     from gyre.sim.plan.plan import run_plan as rerun
