@@ -24,7 +24,8 @@ by the same code:
 Times are seconds since the run's first event (``ts`` in microseconds), so
 runs given together (a real run beside its simulation) share one axis; run
 ``i`` (from 0) is process ``i + 1`` and its tracks are threads ``1000 * (i + 1)
-+ j``, so no two runs share a track. ``read_trace`` reads a file back into
++ j``, so no two runs share a track; ``otherData.gyre_runs`` names each run,
+its world and its event count. ``read_trace`` reads a file back into
 tables after checking it against the format (``check_trace``).
 
 Invariants: a pure function of the run folders' files; the slices of one
@@ -163,7 +164,7 @@ def build_trace(run_dirs: list[str | Path]) -> dict[str, Any]:
         events += run_trace_events(log, index)
     events.sort(key=lambda e: (e["ph"] != "M", e.get("ts", 0.0)))  # stable: metadata first, then by time
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "metadata": {"gyre_runs": [{"name": g.name, "world": g.world, "events": len(g.events)} for g in logs]}}
+            "otherData": {"gyre_runs": [{"name": g.name, "world": g.world, "events": len(g.events)} for g in logs]}}
 
 
 def write_trace(run_dirs: list[str | Path], out: str | Path) -> Path:

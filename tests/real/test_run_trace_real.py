@@ -37,4 +37,4 @@ def test_a_real_runs_log_and_a_simulated_run_open_together(tmp_path):
     counters = trace["counters"]
     water = counters[(counters["process"] == "real: real") & (counters["series"] == "w")]
     assert water["value"].iloc[-1] == ctl.core.waterlevel
-    assert json.loads(path.read_text())["metadata"]["gyre_runs"][0]["world"] == "real"
+    assert json.loads(path.read_text())["otherData"]["gyre_runs"][0]["world"] == "real"
