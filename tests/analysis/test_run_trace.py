@@ -198,3 +198,11 @@ def test_perfetto_trace_processor_reads_the_spans(runs, tmp_path):
     assert list(mine["name"]) == [f"step {v}" for v in steps["step"]]
     assert np.allclose((mine["ts"] + mine["dur"]) / 1e9, steps["end_s"], atol=1e-5)
     assert set(rows["process"]) == {"simulated: gyre-1", "simulated: async-1"}
+
+
+def test_the_slices_of_one_track_never_overlap(runs, tmp_path):
+    trace = read_trace(write_trace([runs["gyre-1"], runs["async-1"]], tmp_path / "t.json"))
+    for _, spans in trace["slices"].groupby(["process", "thread"]):
+        spans = spans.sort_values(["start_s", "end_s"])
+        assert (spans["end_s"].to_numpy()[:-1] <= spans["start_s"].to_numpy()[1:] + 1e-9).all()
+        assert (spans["end_s"] >= spans["start_s"]).all()
