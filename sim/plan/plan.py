@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from gyre.formats.tables import write_csv
-from gyre.sim.plan.evaluate import Mapper, Workload, evaluate
+from gyre.sim.plan.evaluate import Mapper, evaluate
 from gyre.sim.plan.evaluate import baseline as baseline_schedule
 from gyre.sim.plan.report import job_file, pareto_front, recommend, spread_line, trial_row
 from gyre.sim.plan.space import Refused, describe

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gyre.sim.plan.space import Cluster, describe
+from gyre.sim.plan.space import Cluster
 from gyre.sim.plan.study import OBJECTIVES, TrialRecord
 
 SCHEDULE_KEYS = ("K", "C_e", "C_s", "nodes_per_cell", "phi", "mu", "rho_min", "tau", "streaming", "granularity")
@@ -106,7 +106,3 @@ def _toml(value: Any) -> str:
     if isinstance(value, float):
         return repr(float(value))
     return str(value)
-
-
-def headline(t: TrialRecord, cluster: Cluster) -> str:
-    return describe(t.schedule, cluster)
