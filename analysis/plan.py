@@ -2,7 +2,7 @@
 
     gyre plan [--trace nl2repo-122b|PATH] [--nodes 32] [--cell-sizes 2,4,8] [--target 1.5]
               [--target-max 3] [--budget 200] [--steps 12] [--trace-seeds 3] [--seed 0]
-              [--jobs 2] [--fix key=value ...] [--costs FILE] [--cost key=value ...] --out DIR
+              [--jobs 2 | --ray ADDRESS] [--fix key=value ...] [--costs FILE] [--cost key=value ...] --out DIR
 
 The search and its files are ``gyre.sim.plan`` (``plan.run_plan``); this
 module parses the command line, builds the request and draws ``pareto.png``
@@ -47,8 +47,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="hold a searched field at one value, e.g. --fix streaming=true")
     p.add_argument("--costs", dest="cost_file", type=Path, metavar="FILE", help="a TOML [costs] table")
     p.add_argument("--cost", dest="costs", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--ray", metavar="ADDRESS", help="evaluate on the Ray cluster at ADDRESS (HOST:PORT or auto) "
+                   "instead of --jobs local processes; same results for the same seeds")
     p.add_argument("--out", type=Path, required=True, help="folder for plan.db and the plan's files")
     p.set_defaults(func=run_command)
+
+
+def evaluation_mapper(ray_address: str | None, jobs: int) -> Any:
+    """A context yielding the mapper evaluations run through: ``jobs`` local processes, or Ray tasks on the
+    cluster at ``ray_address``. The Ray one lives with the real backend's Ray placement
+    (``gyre.real.cluster.task_map``) and is reached by name here, the one seam between the simulator's
+    commands and ``gyre.real``: Ray stays out of ``sim/`` and ``analysis/`` (tests/core/test_import_contracts.py)."""
+    if ray_address:
+        import importlib
+
+        return importlib.import_module("gyre.real.cluster.task_map").ray_mapper(ray_address)
+    from gyre.sim.plan.plan import local_mapper
+
+    return local_mapper(jobs)
 
 
 def build_request(args: argparse.Namespace) -> Any:
@@ -116,13 +132,14 @@ def draw(result: Any, target: float) -> Any:
 def run_command(args: argparse.Namespace) -> int:
     from gyre.analysis.plotting import house_style, save_figure
     from gyre.sim.costs import CostError
-    from gyre.sim.plan.plan import local_mapper, run_plan
+    from gyre.sim.plan.plan import run_plan
 
     try:
         request = build_request(args)
-        with local_mapper(args.jobs) as mapper:
+        with evaluation_mapper(args.ray, args.jobs) as mapper:
             result = run_plan(request, args.out, args.budget, mapper,
                               progress=lambda n: print(f"\r{n}/{args.budget} evaluations", end="", file=sys.stderr))
+            nodes = getattr(mapper, "nodes", None)
     except (ValueError, CostError, FileNotFoundError) as exc:
         print(f"\ngyre plan: error: {exc}", file=sys.stderr)
         return 2
@@ -130,5 +147,7 @@ def run_command(args: argparse.Namespace) -> int:
     with house_style():
         figures = save_figure(draw(result, request.target_mean), args.out, STEM)
     print(result.report)
+    if nodes:
+        print(f"evaluated on {len(nodes)} Ray node(s): {sum(nodes.values())} tasks")
     print(f"wrote {', '.join(str(p) for p in [*result.files, *figures])}")
     return 0
