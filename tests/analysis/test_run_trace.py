@@ -23,6 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hypothesis_budget import examples
+
 from gyre.analysis.run_trace import build_trace, check_trace, load_run_log, read_trace, write_trace
 from gyre.cli import main
 from gyre.formats.eventlog import load_events
@@ -156,7 +158,7 @@ def test_cli_writes_the_trace_and_refuses_a_folder_that_is_not_a_run(runs, tmp_p
 
 
 BREAKAGES = {
-    "negative duration": lambda e: e.update(dur=-1.0) if e["ph"] == "X" else e.update(ts=-5.0),
+    "negative duration": lambda e: e.update(ph="X", ts=1.0, tid=1, dur=-1.0),
     "no timestamp": lambda e: e.pop("ts", None) if e["ph"] != "M" else e.update(name="bogus"),
     "unknown phase": lambda e: e.update(ph="Z"),
     "counter of text": lambda e: e.update(ph="C", args={"x": "high"}, ts=1.0),
@@ -164,7 +166,7 @@ BREAKAGES = {
 }
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(index=st.integers(min_value=0), breakage=st.sampled_from(sorted(BREAKAGES)))
 def test_check_trace_names_the_broken_event(runs, index, breakage):
     doc = build_trace([runs["gyre-1"]])

@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hypothesis_budget import examples
+
 from gyre.cli import main
 from gyre.config import SchedulerConfig
 from gyre.sim.plan.evaluate import Workload, baseline, serial_map
@@ -43,7 +45,7 @@ class CountingMapper:
         return serial_map(fn, items)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(nodes=st.integers(1, 40), sizes=st.sets(st.integers(1, 12), min_size=1, max_size=3),
        size_pick=st.integers(0, 2), cells=st.integers(1, 40), phi=st.sampled_from([0.0, 0.3, 0.5, 1.25]),
        B=st.sampled_from([10, 32, 48]))
