@@ -16,7 +16,10 @@ import pytest
 from gyre.analysis.run_trace import read_trace, write_trace
 from gyre.sim.runner import run_simulation
 
-from tests.real.test_runtime_controller import CFG, run
+try:
+    from test_runtime_controller import CFG, run
+except ImportError:
+    from .test_runtime_controller import CFG, run
 
 
 @pytest.mark.timeout(60)
