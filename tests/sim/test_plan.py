@@ -188,3 +188,24 @@ def test_cli_plans_and_draws_exactly_the_front_it_reports(tmp_path, capsys):
     assert data["front"] == sorted((t.values[1], t.values[0]) for t in result.front)
     assert len(data["all"]) == len({repr(sorted(t.schedule.items())) for t in result.trials if t.values})
     assert set(data["baselines"]) == {"async", "colocate"}
+
+
+def test_a_trace_file_brings_its_cluster_and_is_simulated_once(tmp_path):
+    """A real run's trace (here one ``gyre trace gen`` wrote, with the sidecar a real run writes) is the same
+    executions every run: one seed; its sidecar's shape is the cluster planned for."""
+    from gyre.analysis.plan import build_request, register
+    from gyre.formats.trace_meta import TraceMeta, write_trace_meta
+    from gyre.presets import ClusterShape
+
+    trace = tmp_path / "trace.csv"
+    assert main(["trace", "gen", "--preset", "deepswe", "--queries", "40", "--seed", "2", "--out", str(trace)]) == 0
+    write_trace_meta(trace, TraceMeta(preset="gyre-1", shape=ClusterShape(nodes=4, nodes_per_cell=2,
+                                                                          per_node_capacity=8, N=16, B=2)))
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["plan", "--trace", str(trace), "--trace-seeds", "3", "--out", str(tmp_path / "p")])
+    req = build_request(args)
+    assert req.workload.seeds == (0,)
+    assert (req.cluster.nodes, req.cluster.cell_sizes, req.cluster.per_node, req.cluster.B) == (4, (1, 2, 4), 8, 2)
