@@ -32,7 +32,7 @@ $(VENV)/.check-installed: pyproject.toml | $(BIN)/python
 
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python $(VENV)/.system-libs
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -e '.[dev,real,cluster,wandb]'
+	$(BIN)/python -m pip install -q -e '.[dev,real,cluster,wandb,timeline]'
 	touch $@ $(VENV)/.base-installed $(VENV)/.check-installed
 
 run: $(VENV)/.base-installed

@@ -23,7 +23,7 @@ naming the event.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from gyre import actions as act
 from gyre import events as ev
@@ -69,8 +69,15 @@ def _overlaps(span: Span, step: Span) -> bool:
     return span.start_s < step.end_s and span.end_s > step.start_s
 
 
-def timeline(cfg: SchedulerConfig, events: Iterable[ev.Event]) -> Timeline:
-    """Replay ``events`` through a fresh core and read roles, steps and publications off it."""
+Observer = Callable[[ev.Event, list[act.Action], Scheduler], None]
+
+
+def timeline(cfg: SchedulerConfig, events: Iterable[ev.Event], observe: Observer | None = None) -> Timeline:
+    """Replay ``events`` through a fresh core and read roles, steps and publications off it.
+
+    ``observe(event, actions, core)``, when given, sees each event, the actions the core returned and the
+    core right after it (read-only: counters, engine loads), so other views need no second replay.
+    """
     core, out = Scheduler(cfg), Timeline()
     current: list[tuple[str, float]] | None = None
     open_steps: dict[int, float] = {}
@@ -79,6 +86,8 @@ def timeline(cfg: SchedulerConfig, events: Iterable[ev.Event]) -> Timeline:
     for event in events:
         now = float(event.now)
         actions = core.handle(event)
+        if observe is not None:
+            observe(event, actions, core)
         if current is None:  # roles before the first event are the core's initial ones
             current = [(role, now) for role in core.roles]
         for cell, role in enumerate(core.roles):

@@ -1,7 +1,7 @@
 """``gyre sweep``: simulate every combination of schedule fields and map total time and staleness.
 
     gyre sweep --sweep phi=0,0.5,1 --sweep mu=1..4 [--sweep K=4,8,16] [--preset E0]
-               [--trace nl2repo-122b] [--steps 12] [--seeds 3] [--jobs 2] --out DIR
+               [--trace nl2repo-122b] [--steps 12] [--seeds 3] [--jobs 2 | --ray ADDRESS] --out DIR
 
 Writes ``DIR/sweep.csv`` (one row per point and seed, ``gyre.sim.sweep``) and
 ``DIR/sweep.png`` / ``.svg``: a heatmap of the mean total time (h) and one of
@@ -36,6 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--seeds", type=int, default=1, help="runs per point, seeds 0..S-1")
     p.add_argument("--jobs", type=int, default=2, help="worker processes")
+    p.add_argument("--ray", metavar="ADDRESS", help="simulate on the Ray cluster at ADDRESS (HOST:PORT or auto) "
+                   "instead of --jobs local processes; same rows")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=run_command)
 
@@ -96,10 +98,17 @@ def run_command(args: argparse.Namespace) -> int:
     from gyre.sim.report import format_table
     from gyre.sim.sweep import RESULT_KEYS, parse_sweep, run_sweep
 
+    from gyre.analysis.plan import evaluation_mapper
+
     try:
         axes = parse_sweep(args.sweep)
-        rows = run_sweep(axes, preset=args.preset, trace=args.trace, steps=args.steps, seeds=args.seeds,
-                         jobs=args.jobs)
+        if args.ray:
+            with evaluation_mapper(args.ray, args.jobs) as mapper:
+                rows = run_sweep(axes, preset=args.preset, trace=args.trace, steps=args.steps, seeds=args.seeds,
+                                 mapper=mapper)
+        else:
+            rows = run_sweep(axes, preset=args.preset, trace=args.trace, steps=args.steps, seeds=args.seeds,
+                             jobs=args.jobs)
     except (ConfigError, ValueError) as exc:
         print(f"gyre sweep: error: {exc}", file=sys.stderr)
         return 2

@@ -19,6 +19,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gyre.analysis.sweep",
     "gyre.analysis.sensitivity",
     "gyre.analysis.sim_vs_real",
+    "gyre.analysis.run_trace",
+    "gyre.analysis.plan",
     "gyre.paper_figs.cli",
     "gyre.real.proxy.cli",
     "gyre.real.runtime.cli",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 from gyre.config import ConfigError, parse_overrides
 
@@ -73,11 +73,15 @@ def _one(job: tuple[str, str, int, int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_sweep(axes: dict[str, list[Any]], *, preset: str = "E0", trace: str = "nl2repo-122b", steps: int = 12,
-              seeds: int = 1, jobs: int = 2) -> list[dict[str, Any]]:
-    """One row per (point, seed); see the module docstring."""
+              seeds: int = 1, jobs: int = 2,
+              mapper: Callable[[Callable, list], list] | None = None) -> list[dict[str, Any]]:
+    """One row per (point, seed); see the module docstring. ``mapper(fn, items)``, when given, runs the
+    simulations instead of ``jobs`` local processes (``gyre sweep --ray``: Ray tasks), in item order."""
     if seeds < 1 or jobs < 1 or steps < 1:
         raise ValueError(f"seeds, jobs and steps must be >= 1, got {seeds}, {jobs}, {steps}")
     work = [(preset, trace, steps, seed, point) for point in points(axes) for seed in range(seeds)]
+    if mapper is not None:
+        return mapper(_one, work)
     if jobs == 1:
         return [_one(job) for job in work]
     import gyre.sim.runner  # noqa: F401  imported once here, before the workers fork, not once in each
