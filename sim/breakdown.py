@@ -39,6 +39,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from gyre.driver_rules import CATEGORIES, breakdown_category
+
 ROLE_CLASS = {"rollout": "rollout", "training": "training", "to_training": "switching", "to_rollout": "switching"}
 
 

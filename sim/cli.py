@@ -43,8 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     from gyre.config import ConfigError
-    from gyre.sim.costs import CostError, CostModel, parse_cost_overrides
     from gyre.formats.trace import TraceError
+    from gyre.sim.costs import CostError, CostModel, parse_cost_overrides
 
     try:
         overrides, cost_pairs = _overrides(args.overrides)

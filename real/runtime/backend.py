@@ -67,7 +67,7 @@ class RealBackend(ActionHandler):
                                   publishing=lambda: self.publisher.publishing,
                                   running=lambda: len(self.executions.running), joined=self.batches.ask)
 
-    def bind(self, controller) -> "RealBackend":
+    def bind(self, controller) -> RealBackend:
         self.ctx.controller = controller
         return self
 

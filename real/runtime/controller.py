@@ -107,7 +107,7 @@ class Controller:
         wait = None if not limits else max(0.0, min(limits) - self.clock())
         try:
             kind, fields, then = await asyncio.wait_for(self._queue.get(), wait)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return ev.Tick(max(self.clock(), deadline or 0.0)), None
         return kind(now=max(self.clock(), self.core.now or 0.0), **fields), then
 

@@ -92,7 +92,7 @@ class RestartThread:
         self._jobs: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
 
-    def start(self) -> "RestartThread":
+    def start(self) -> RestartThread:
         self.thread.start()
         return self
 
@@ -153,7 +153,7 @@ class EngineWatch:
         self._reviving: dict[str, asyncio.Task] = {}  # per engine: its revive under way (on the loop)
         self.thread = RestartThread()
 
-    def serve(self, backend: Any) -> "EngineWatch":
+    def serve(self, backend: Any) -> EngineWatch:
         """Revive engines for ``backend`` (``runtime.backend.RealBackend``): its newest publication, the
         publication in flight, and its proxy gate. Called once both exist, before the watch supervises."""
         self.latest = lambda: backend.latest
@@ -161,7 +161,7 @@ class EngineWatch:
         self.gate = backend.gate_engine
         return self
 
-    def start(self) -> "EngineWatch":
+    def start(self) -> EngineWatch:
         self.thread.start()
         self.write_roster()
         return self

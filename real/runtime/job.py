@@ -75,8 +75,7 @@ from gyre.real.harness.plugins import resolve_harness
 from gyre.real.harness.runner import Budgets
 from gyre.real.harness.sandbox import ISOLATE_MODES
 from gyre.real.harness.taskset import load_taskset
-from gyre.real.runtime.job_parts import (ADMIN_TOKEN, ENGINE_HOLD_S, SMALL_ENGINE, CellFailed,  # noqa: F401
-                                         JobParts)
+from gyre.real.runtime.job_parts import ADMIN_TOKEN, ENGINE_HOLD_S, SMALL_ENGINE, CellFailed, JobParts  # noqa: F401
 from gyre.real.runtime.layout import layout_from_table
 from gyre.real.runtime.metrics import WANDB_MODES
 from gyre.real.toy.tasks import EmitCharTask
@@ -154,7 +153,7 @@ class JobConfig:
             raise ValueError("[cluster] places CPU jobs only so far: a CUDA job's [job.layout] numbers the GPUs "
                              "of one node; run it without [cluster]")
 
-    def check_environment(self) -> "JobConfig":
+    def check_environment(self) -> JobConfig:
         """What the fields name, looked at before anything starts (files read, classes imported, the tiny
         tokenizer trained when a split needs its vocabulary): ValueError names the field; ``self`` when all
         is well. ``load_job_config`` and a resume run it."""
@@ -325,7 +324,8 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
         "step_reports": [dict(m.steps[v], version=v) for v in sorted(m.steps)],  # gyre calibrate reads these
         "groups_fed": {v: sorted(g for g, t in m.v_t.items() if t == v) for v in sorted(set(m.v_t.values()))},
         "publishes": m.publishes, "transitions": m.transitions, "reroutes": len(m.reroutes),
-        "move_stalls_ms": m.move_stalls_ms, "excluded_executions": m.excluded, "harnesses_isolated": backend.parts.runner.isolated,
+        "move_stalls_ms": m.move_stalls_ms, "excluded_executions": m.excluded,
+        "harnesses_isolated": backend.parts.runner.isolated,
         "harness_paths_hidden": backend.parts.runner.hiding, "cell_tp": job.cell_tp(),
         "cells": list(cells), "placement": placement.describe() if placement is not None else None,
         "executions_in_flight_at_transitions": m.in_flight_at_transition,

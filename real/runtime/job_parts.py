@@ -64,7 +64,7 @@ class JobParts:
         self.backend = self.controller = self.live = self.wiring = None
 
     # ---- build -------------------------------------------------------------------------
-    def build(self, watch: Callable[[dict], None] | None = None) -> "JobParts":
+    def build(self, watch: Callable[[dict], None] | None = None) -> JobParts:
         if self.layout is not None and self.layout.runnable_problem():  # refuse what cannot be placed, touching nothing
             raise ValueError(f"job layout: {self.layout.runnable_problem()}")
         from gyre.real.runtime.resume import open_run_folder

@@ -276,7 +276,7 @@ class LiveMetrics:
         self.controller = self.backend = None
         self.records: list[dict[str, Any]] = []
 
-    def bind(self, controller, backend) -> "LiveMetrics":
+    def bind(self, controller, backend) -> LiveMetrics:
         self.controller, self.backend = controller, backend
         return self
 

@@ -4,10 +4,11 @@
 ``folder/proxy.json`` (owner-only: it holds the admin token) and runs
 ``python -m gyre.real.proxy.cli`` on it, in its own session (its process
 group id, the pid, in ``folder/proxy.pid``), tied to this process by a
-parent-death signal (``runtime.lifetime``), its output in ``folder/proxy.log``. ``start`` returns once the proxy prints its listening
-line. The port is fixed in the configuration (chosen once by the job), so
-``url`` never changes: harnesses, their sandbox bridges and the backend keep
-talking to the same address across restarts.
+parent-death signal (``runtime.lifetime``), its output in ``folder/proxy.log``.
+``start`` returns once the proxy prints its listening line. The port is fixed
+in the configuration (chosen once by the job), so ``url`` never changes:
+harnesses, their sandbox bridges and the backend keep talking to the same
+address across restarts.
 
 ``supervise(on_restart)`` (a task for the job's event loop) has a thread of its
 own check the process every ``poll_s``; when it has exited without ``stop``,
@@ -73,7 +74,7 @@ class ProxyProcess:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
-    def start(self) -> "ProxyProcess":
+    def start(self) -> ProxyProcess:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / "proxy.json"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -87,7 +88,8 @@ class ProxyProcess:
             log = open(self.folder / "proxy.log", "ab")
             env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
             self._proc = subprocess.Popen([sys.executable, "-m", "gyre.real.proxy.cli", "--config", str(path)],
-                                          stdout=subprocess.PIPE, stderr=log, env=env, text=True, start_new_session=True,
+                                          stdout=subprocess.PIPE, stderr=log, env=env, text=True,
+                                          start_new_session=True,
                                           preexec_fn=die_with_parent)
             log.close()
         line = _read_line(self._proc, self.start_timeout_s)

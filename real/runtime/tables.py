@@ -2,8 +2,9 @@
 
 Invariants: a value that is not a table, or a table with a key the dataclass
 lacks, raises ValueError naming the table and the key(s), with the known keys;
-so does a missing ``required`` key, with what it should hold; the dataclass is built from the table unchanged (its own ``check`` judges the
-values). Stdlib only: checking a table never imports Ray, torch or SGLang.
+so does a missing ``required`` key, with what it should hold; the dataclass is
+built from the table unchanged (its own ``check`` judges the values). Stdlib
+only: checking a table never imports Ray, torch or SGLang.
 """
 
 from __future__ import annotations
