@@ -58,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
             table = overrides.get("cluster", {})
             overrides["cluster"] = {**(table if isinstance(table, dict) else {}), "address": args.cluster}
         job = load_job_config(args.config, **overrides)
-        from gyre.real.train.cpu_compat import refuse_missing_device
+        from gyre.real.runtime.layout import preflight
 
-        refuse_missing_device(job)  # a CUDA job without CUDA: one line, before any rank starts
+        preflight(job)  # a CUDA job without CUDA, or whose memory plan does not fit: one line, nothing started
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         print(f"gyre run: error: {exc}", file=sys.stderr)
         return 2

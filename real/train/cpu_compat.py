@@ -85,16 +85,6 @@ def device_problem(device: str, gpus: int = 1) -> str | None:
     return None
 
 
-def refuse_missing_device(job) -> None:
-    """ValueError with ``device_problem``'s line when ``job`` (a ``runtime.job.JobConfig``) would run its
-    CUDA cells on this machine and it cannot (a Ray-placed job's cells run on the cluster's nodes)."""
-    if job.device == "cpu" or job.cluster:
-        return
-    problem = device_problem(job.device, job.gpu_layout().gpus_per_cell * job.nodes)
-    if problem:
-        raise ValueError(f"job device: {problem}")
-
-
 def apply_cpu_patches() -> None:
     """Point ``torch.cuda.current_device`` at the CPU when CUDA is unavailable (idempotent)."""
     global _PATCHED

@@ -75,7 +75,7 @@ def test_gyre_run_refuses_a_cuda_job_before_any_rank_starts(tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({
         "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 256,
         "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False}))
     work = tmp_path / "run"
     done = subprocess.run(
