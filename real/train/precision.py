@@ -162,6 +162,12 @@ class MegatronUpdater:
         self.grad: torch.Tensor | None = None
         self._host: dict | None = None
 
+    @property
+    def masters(self) -> torch.Tensor:
+        """Megatron's float32 main parameters, flattened in the model buffer's order (a copy)."""
+        return torch.cat([p.detach().reshape(-1) for group in self.optimizer.fp32_from_float16_groups
+                          for p in group])
+
     def step(self, acc: torch.Tensor) -> torch.Tensor:
         if self.grad is None or self.grad.device != self.flat.data.device:
             self.grad = torch.empty(self.flat.numel, dtype=torch.float32, device=self.flat.data.device)
