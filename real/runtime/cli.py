@@ -39,6 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", metavar="ADDRESS", default=None,
                         help="place the run on the Ray cluster at ADDRESS (HOST:PORT of the head, or auto); "
                              "overrides [cluster] address")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the placement and memory plan and exit (nothing starts; runtime.layout)")
     parser.set_defaults(func=run)
 
 
@@ -58,9 +60,13 @@ def run(args: argparse.Namespace) -> int:
             table = overrides.get("cluster", {})
             overrides["cluster"] = {**(table if isinstance(table, dict) else {}), "address": args.cluster}
         job = load_job_config(args.config, **overrides)
-        from gyre.real.runtime.layout import preflight
+        from gyre.real.runtime.layout import plan_lines, preflight
 
-        preflight(job)  # a CUDA job without CUDA, or whose memory plan does not fit: one line, nothing started
+        if args.dry_run:
+            print("\n".join(plan_lines(job)))
+        preflight(job, device_check=not args.dry_run)  # no CUDA, or a plan that cannot fit: one line, nothing started
+        if args.dry_run:
+            return 0
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         print(f"gyre run: error: {exc}", file=sys.stderr)
         return 2

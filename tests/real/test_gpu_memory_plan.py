@@ -5,7 +5,8 @@ Qwen2 and Qwen3 variants) and Qwen2.5-7B's published 7.62 B from its real
 config; each per-rank term shrinks with TP as stated, a float32 model has no
 masters, an engine without the memory saver keeps its share while its cell
 trains; the shipped 8-GPU job's plan fits its GPUs while 4 cells x TP 2 is
-refused by ``gyre run`` in one line naming every term, before anything starts;
+refused by ``gyre run`` in one line naming every term, before anything starts
+(``gyre run --dry-run`` prints the placement and the plan and starts nothing);
 an engine share too small for its weights is named; GPU engines start with
 ``--enable-memory-saver``.
 """
@@ -103,4 +104,20 @@ def test_gyre_run_refuses_a_layout_that_cannot_fit_in_one_line(checkpoint, tmp_p
     lines = [line for line in done.stderr.splitlines() if line.startswith("gyre run")]
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("gyre run: error: job layout: training needs 143.2 GiB per GPU, the GPU has 80.0")
+    assert not work.exists()
+
+
+def test_gyre_run_dry_run_prints_the_placement_and_the_plan_and_starts_nothing(checkpoint, tmp_path):
+    work = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "gyre.cli", "run", "--config", str(GPU_JOB), "--dry-run",
+         "--set", f'model={{checkpoint="{checkpoint}", dtype="bfloat16"}}', "--set", f'workdir="{work}"'],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr  # on a machine without CUDA: the plan, not the device, is checked
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["cell 0: GPUs [0, 1, 2, 3] (TP 4 x PP 1), engine e0 TP 4",
+                         "cell 1: GPUs [4, 5, 6, 7] (TP 4 x PP 1), engine e1 TP 4"]
+    assert lines[3].startswith("cell 1: ranks on cuda:4, cuda:5, cuda:6, cuda:7 (nccl); engine e1: sglang --tp-size 4 "
+                               "--base-gpu-id 4") and lines[3].endswith("--enable-memory-saver")
+    assert lines[4].startswith("memory per GPU (80 GiB): training 74.5 GiB = weights 3.5 + grads 3.5")
     assert not work.exists()
