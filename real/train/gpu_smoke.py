@@ -122,10 +122,11 @@ def engine_memory_row(checkpoint: str, work: Path) -> Row:
 
     from gyre.real.engines.manager import EngineManager, EngineSpec
     from gyre.real.runtime.layout import GpuLayout
+    from gyre.real.train.publish_memory import free_port
 
     manager = EngineManager(work / "engine-logs")
     layout = GpuLayout(gpus_per_node=1, engine_mem_fraction=0.3)
-    manager.launch(EngineSpec(engine_id="smoke", model_path=checkpoint, port=_free_port(), cpu=False,
+    manager.launch(EngineSpec(engine_id="smoke", model_path=checkpoint, port=free_port(), cpu=False,
                               extra_args=layout.engine_args(0)))
     try:
         manager.wait_healthy("smoke", timeout=600)
@@ -161,14 +162,6 @@ def bursts_row(checkpoint: str, work: Path, gpus: int) -> Row:
     ok = s["published"] >= s["steps"] and s["replay_identical"]
     return Row("two bursts", f"published {s['published']}/{s['steps']} in {publish} s, reward per step "
                f"{[round(r, 3) for r in s['reward_curve']]}, trend {s.get('reward_trend')}", ok)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_checks(*, gpu: bool, checkpoint: str | None = None, work: Path | None = None) -> list[Row]:
