@@ -51,6 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "overrides [cluster] address")
     parser.add_argument("--verbose", action="store_true",
                         help="show third-party warnings and logs too (default: Gyre's own lines only)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the placement and memory plan and exit (nothing starts; runtime.layout)")
     parser.set_defaults(func=run)
 
 
@@ -67,6 +69,13 @@ def run(args: argparse.Namespace) -> int:
         if args.cluster is not None:
             tables.setdefault("cluster", {})["address"] = args.cluster
         job = load_job_config(args.config, tables=tables, **fields)
+        from gyre.real.runtime.layout import plan_lines, preflight
+
+        if args.dry_run:
+            print("\n".join(plan_lines(job)))
+        preflight(job, device_check=not args.dry_run)  # no CUDA, or a plan that cannot fit: one line, nothing started
+        if args.dry_run:
+            return 0
     except ValueError as exc:
         given = " ".join(f"--set {item}" for item in args.set)
         print(f"gyre run: error: {exc}{f' (with {given})' if given and '--set' not in str(exc) else ''}",

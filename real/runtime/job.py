@@ -196,8 +196,10 @@ class JobConfig:
 
         from gyre.real.train.model import ModelConfig
 
-        vocab = len(AutoTokenizer.from_pretrained(str(build_tiny_tokenizer(Path(self.model_dir)))))
-        return ModelConfig(vocab_size=vocab, max_sequence_length=4096, init_seed=1234 + self.seed)
+        folder = build_tiny_tokenizer(Path(self.model_dir))
+        vocab = len(AutoTokenizer.from_pretrained(str(folder)))
+        return ModelConfig(vocab_size=vocab, max_sequence_length=4096, init_seed=1234 + self.seed,
+                           tokenizer=str(folder))  # every export carries it (train.publish)
 
     def harness_adapter(self):
         """The harness adapter the job names (the scripted one makes ``calls`` calls unless its options say)."""

@@ -18,7 +18,15 @@ not Megatron's pipeline schedule, which needs CUDA even to allocate; see
 ``train.context.CellConfig``) so a run refuses before anything starts, while the
 layout itself still loads. Tensor-parallel cells run: rank r of cell c is one
 process on GPU ``c * tensor_parallel + r`` (``cell_gpus(c)[r]``), the cell's
-``train.ranks`` leader answering for it. Pure: no CUDA call here.
+``train.ranks`` leader answering for it.
+
+Memory: engines start with SGLang's memory saver (``--enable-memory-saver``;
+without it ``/release_memory_occupation`` keeps the memory) unless
+``memory_saver = false``; ``memory_plan`` adds up each GPU's training and
+rollout footprint for a model on ``gpu_memory_gib`` GPUs (``train.memory_plan``),
+and ``preflight`` refuses, in one line with the numbers, a job whose plan does
+not fit or whose device this machine lacks, before anything starts (docs/gpu.md,
+"Memory plan"). Pure except ``preflight``'s device check: no CUDA call here.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ class GpuLayout:
     engine_tensor_parallel: int = 1
     publication: str = "disk"
     engine_mem_fraction: float = 0.3  # SGLang --mem-fraction-static: the rest stays for the training cell
+    gpu_memory_gib: float = 80.0  # memory of one GPU, for the memory plan
+    memory_saver: bool = True  # engines start with --enable-memory-saver (release frees their memory)
 
     @property
     def gpus_per_cell(self) -> int:
@@ -51,6 +61,8 @@ class GpuLayout:
                 raise ValueError(f"layout.{name} must be a positive integer, not {value!r}")
         if self.publication not in PUBLICATIONS:
             raise ValueError(f"layout.publication must be one of {PUBLICATIONS}, not {self.publication!r}")
+        if not isinstance(self.gpu_memory_gib, (int, float)) or self.gpu_memory_gib <= 0:
+            raise ValueError(f"layout.gpu_memory_gib must be a positive number, not {self.gpu_memory_gib!r}")
         if not 0 < self.engine_mem_fraction < 1:
             raise ValueError(f"layout.engine_mem_fraction must be in (0, 1), not {self.engine_mem_fraction!r}")
         if self.gpus_per_cell > self.gpus_per_node:
@@ -70,7 +82,16 @@ class GpuLayout:
     def engine_args(self, cell: int) -> tuple[str, ...]:
         """SGLang arguments that put cell ``cell``'s engine on its GPUs."""
         return ("--tp-size", str(self.engine_tensor_parallel), "--base-gpu-id", str(self.cell_gpus(cell)[0]),
-                "--mem-fraction-static", str(self.engine_mem_fraction), "--skip-server-warmup")
+                "--mem-fraction-static", str(self.engine_mem_fraction), "--skip-server-warmup",
+                *(("--enable-memory-saver",) if self.memory_saver else ()))
+
+    def memory_plan(self, model, tokens: int):
+        """Per-GPU memory of a cell training ``model`` on micro-steps of ``tokens`` tokens (``train.memory_plan``)."""
+        from gyre.real.train.memory_plan import plan_memory
+
+        return plan_memory(model, tp=self.tensor_parallel, engine_tp=self.engine_tensor_parallel,
+                           engine_fraction=self.engine_mem_fraction, gpu_gib=float(self.gpu_memory_gib),
+                           tokens=tokens, memory_saver=self.memory_saver)
 
     def runnable_problem(self) -> str | None:
         """None when this build can start the layout; else why not (pipeline-parallel cells)."""
@@ -92,3 +113,36 @@ def layout_from_table(table: Mapping[str, Any], cells: int) -> GpuLayout:
     layout = from_table(GpuLayout, table, "layout")
     layout.check(cells)
     return layout
+
+
+def plan_lines(job) -> list[str]:
+    """What ``gyre run --dry-run`` prints: each cell's GPUs, each rank's device and collective backend, each
+    engine's arguments, and the memory plan (a CPU job: its cells and ranks)."""
+    cells = job.scheduler().K
+    if job.device != "cuda":
+        return [f"device cpu: {cells} cells x {job.cell_tp()} rank(s), gloo; SGLang CPU engines"]
+    layout = job.gpu_layout()
+    lines = layout.describe(cells)
+    for cell in range(cells):
+        gpus = layout.cell_gpus(cell)
+        lines.append(f"cell {cell}: ranks on " + ", ".join(f"cuda:{g}" for g in gpus) + " (nccl); engine e"
+                     f"{cell}: sglang {' '.join(layout.engine_args(cell))}")
+    return lines + layout.memory_plan(job.model_config(), job.token_budget).lines()
+
+
+def preflight(job, *, device_check: bool = True) -> None:
+    """ValueError, one line, when ``job`` (``runtime.job.JobConfig``) cannot start: a CUDA layout whose memory
+    plan does not fit, or a CUDA job whose cells would run on this machine and it lacks the GPUs
+    (``train.cpu_compat.device_problem``; a Ray-placed job's ranks check on their nodes)."""
+    if job.device != "cuda":
+        return
+    layout = job.gpu_layout()
+    problem = layout.memory_plan(job.model_config(), job.token_budget).problem()
+    if problem:
+        raise ValueError(f"job layout: {problem}; see docs/gpu.md, \"Memory plan\"")
+    if device_check and not job.cluster:
+        from gyre.real.train.cpu_compat import device_problem
+
+        problem = device_problem(job.device, layout.gpus_per_cell * job.nodes)
+        if problem:
+            raise ValueError(f"job device: {problem}")

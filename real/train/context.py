@@ -9,7 +9,8 @@ state (TP = ``tp``: the cell's ranks; PP = 1), build the model from the shared s
 model config names a Hugging Face ``checkpoint``, load its weights through
 ``train.bridge``: every cell loads the same folder, so every cell holds the
 same weights), flatten its weights, build the prefix groups, start the
-weight transport, and create the training state offloaded (every cell starts in the rollout role).
+weight transport, and create the training state on the selected device (recorded: every later
+``restore`` returns there), then offload it (every cell starts in the rollout role).
 
 A cell spans ``tp`` processes (``train.ranks``): rank r of cell c is global
 rank c * tp + r in a world of cells * tp ranks.
@@ -150,7 +151,7 @@ def build_context(cfg: CellConfig, cell: int, rank: int = 0) -> CellContext:
     flat = FlatParameters(model)
     groups = CommGroups(cfg.cells, pair_groups=cfg.transport == "torch", tp=cfg.tp)
     transport = make_transport(cfg.transport, cfg.host_of(cell), setup.mooncake_protocol)
-    state = TrainingState(model, flat, cfg.optim, cfg.loss, owns_optimizer=cell == 0,
+    state = TrainingState(model, flat, cfg.optim, cfg.loss, owns_optimizer=cell == 0, device=setup.device,
                           tp_group=parallel_state.get_tensor_model_parallel_group() if cfg.tp > 1 else None)
     state.offload()
     log = _logger(Path(cfg.workdir), cell, rank)

@@ -65,6 +65,26 @@ def prepare_device(device: str = "cpu", *, local_rank: int = 0, threads: int | N
     return DeviceSetup(torch.device("cuda", local_rank), "nccl", "rdma" if rdma_available() else "tcp")
 
 
+def device_problem(device: str, gpus: int = 1) -> str | None:
+    """Why this machine cannot give ``gpus`` local GPUs for ``device`` (None: it can).
+
+    The driver asks before any rank starts, so a CUDA job on a machine without CUDA is one line, not
+    a traceback from every rank (docs/gpu.md, "Before a GPU run")."""
+    if device == "cpu":
+        return None
+    if device != "cuda":
+        return f"device must be 'cpu' or 'cuda', got {device!r}"
+    if torch.version.cuda is None:
+        return (f"device = \"cuda\" but torch {torch.__version__} is a CPU-only build: install a CUDA build of "
+                f"torch on the GPU node, or run with device = \"cpu\"")
+    if not torch.cuda.is_available():
+        return (f"device = \"cuda\" but torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU "
+                f"(driver missing or CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r})")
+    if torch.cuda.device_count() < gpus:
+        return f"the job needs {gpus} GPUs on this node, torch sees {torch.cuda.device_count()}"
+    return None
+
+
 def apply_cpu_patches() -> None:
     """Point ``torch.cuda.current_device`` at the CPU when CUDA is unavailable (idempotent)."""
     global _PATCHED

@@ -55,6 +55,7 @@ class ModelConfig:
     tie_embeddings: bool = False
     dtype: str = "float32"  # parameter dtype: "float32" or "bfloat16"
     checkpoint: str | None = None  # Hugging Face folder whose weights replace the seeded initialisation
+    tokenizer: str | None = None  # folder whose tokenizer and chat template every export carries (default: checkpoint)
 
     def __post_init__(self) -> None:
         if self.family not in ("qwen2", "qwen3"):

@@ -5,7 +5,10 @@ from sglang ``srt/entrypoints/http_server.py`` and ``srt/managers/io_struct.py``
 
 - **from disk** (works with SGLang's CPU engine): ``save_hf_checkpoint`` writes
   the Megatron weights as a Hugging Face Qwen2/Qwen3 checkpoint (``config.json`` +
-  ``model.safetensors``, written to a temporary folder and renamed into place,
+  ``model.safetensors``, with the tokenizer files and chat template of the model's
+  ``tokenizer`` folder, default its ``checkpoint``; folders 0755 and files 0644
+  whatever the umask, so a user can load or serve it as it is: docs/gpu.md,
+  "Checkpoints"; written to a temporary folder and renamed into place,
   so an engine never sees a half-written checkpoint); then
   ``POST /update_weights_from_disk`` with ``{"model_path", "load_format",
   "abort_all_requests", "weight_version"}``. The engine answers
@@ -83,11 +86,36 @@ def save_hf_tensors(directory: str | os.PathLike, tensors: dict[str, torch.Tenso
     tmp = Path(tempfile.mkdtemp(prefix=f".v{version:06d}-", dir=root))
     try:
         save_hf_folder(tmp, tensors, cfg, metadata={"gyre_version": str(version)})
+        copy_tokenizer(cfg.tokenizer or cfg.checkpoint, tmp)
+        make_readable(tmp)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+# Tokenizer, chat template and generation defaults of a Hugging Face folder (never weights or config.json).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                   "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json")
+
+
+def copy_tokenizer(source: str | os.PathLike | None, folder: Path) -> list[str]:
+    """Copy ``source``'s tokenizer files (``TOKENIZER_FILES``) into ``folder``; the names copied."""
+    if source is None:
+        return []
+    copied = [name for name in TOKENIZER_FILES if (Path(source) / name).is_file()]
+    for name in copied:
+        shutil.copyfile(Path(source) / name, folder / name)
+    return copied
+
+
+def make_readable(folder: Path) -> None:
+    """Folders 0755, files 0644 (``mkdtemp`` makes 0700, a strict umask 0600)."""
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    folder.chmod(0o755)
 
 
 def post_json(url: str, payload: dict, timeout: float) -> dict:

@@ -16,16 +16,19 @@ on a float32 rounding boundary). Float32 accumulation would differ in the last
 float32 bits and the weights would drift apart after the first update.
 
 Only the core (cell 0) has an optimizer (one per rank: each TP rank updates its
-shard; Adam is elementwise). ``apply_update`` rounds the reduced sum to the
-parameter dtype, clips its global norm (over the whole model: with TP > 1 the
+shard; Adam is elementwise). ``apply_update`` rounds the reduced sum to float32,
+clips its global norm (over the whole model: with TP > 1 the
 shards' squared norms are summed over the TP group, replicated parameters
-counted once), and takes one torch optimizer step. The loss already divides by the batch's B*N raw executions
+counted once), and takes one optimizer step; a bfloat16 model steps float32
+master weights and takes them rounded (``train.precision``). The loss already divides by the batch's B*N raw executions
 (docs/trajectories.md#execution-level-loss, ``gyre.real.train.loss``), so the reduced sum is the batch gradient;
 the core checks that every micro-step of the batch carried the same B*N.
 
 ``offload``/``restore``: leaving training frees gradients and the accumulator
-and moves weights and optimizer state to host memory (a no-op move on CPU);
-entering brings them back. Processes and communication groups are untouched.
+and moves weights, masters and optimizer state to host memory (a no-op move on
+CPU); entering brings them back to ``device``, the training device recorded
+when the state is built, never to wherever the tensors happen to sit (after an
+offload that is the host). Processes and communication groups are untouched.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from gyre.real.train.model import FlatParameters, LossConfig, microstep_loss, microstep_tensors
+from gyre.real.train.precision import make_updater
 from gyre.trajectory.packing import MicroStep
 
 
@@ -69,8 +73,10 @@ class UpdateStats:
 
 class TrainingState:
     def __init__(self, model, flat: FlatParameters, optim: OptimConfig, loss: LossConfig, *, owns_optimizer: bool,
-                 tp_group=None):
+                 tp_group=None, device: torch.device | str | None = None):
         self.model = model
+        # The device this state trains on; offload/restore round-trip to it (default: where the weights are now).
+        self.device = torch.device(device) if device is not None else flat.data.device
         self.tp_group = tp_group if tp_group is not None and dist.get_world_size(tp_group) > 1 else None
         # Elements this rank counts in the global gradient norm: its shards, and replicated
         # parameters on TP rank 0 only (every TP rank holds the same replicated gradient).
@@ -80,21 +86,28 @@ class TrainingState:
         self.loss_cfg = loss
         self.acc_dtype = getattr(torch, optim.accumulate_dtype)
         self.acc: torch.Tensor | None = None
-        self.optimizer = self._new_optimizer() if owns_optimizer else None
-        self._host_optimizer_state: dict | None = None
         self.resident = False
+        self.restore_weights()
+        self.updater = make_updater(flat, optim, self.device, self._clip) if owns_optimizer else None
         self.restore()
 
-    def _new_optimizer(self) -> torch.optim.Optimizer:
-        o = self.optim_cfg
-        return torch.optim.Adam(self.flat.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+    @property
+    def optimizer(self):
+        """The torch optimizer the core steps (Adam over the parameters or their float32 masters); None on a
+        satellite."""
+        return self.updater.optimizer if self.updater is not None else None
+
+    def masters(self) -> torch.Tensor:
+        """The float32 weights the optimizer steps (the model buffer itself for a float32 model)."""
+        masters = getattr(self.updater, "masters", None)
+        return masters if masters is not None else self.flat.data
 
     # -- accumulation (weights frozen) ------------------------------------------------------------
     def accumulate(self, step: MicroStep) -> MicroStepResult:
         """Add one micro-step's gradient to ``acc``; the weights are not touched."""
         self._require_resident()
         started = time.perf_counter()
-        batch = microstep_tensors(step, self.flat.data.device)
+        batch = microstep_tensors(step, self.device)
         self.flat.grad.zero_()
         loss, stats, nll = microstep_loss(self.model, batch, self.loss_cfg)
         loss.backward()
@@ -114,22 +127,21 @@ class TrainingState:
 
     # -- the core's update ------------------------------------------------------------------------
     def apply_update(self) -> UpdateStats:
-        if self.optimizer is None:
+        if self.updater is None:
             raise RuntimeError("only the core cell owns an optimizer")
         self._require_resident()
-        self.flat.grad.copy_(self.acc)  # round the float64 sum to the parameter dtype
-        if self.tp_group is None:
-            norm = torch.nn.utils.clip_grad_norm_(self.flat.params, self.optim_cfg.max_grad_norm)
-        else:
-            norm = self._clip_sharded()
-        self.optimizer.step()
+        norm = self.updater.step(self.acc)  # the float64 sum rounded once to float32
         self.acc.zero_()
         return UpdateStats(float(norm), bool(norm > self.optim_cfg.max_grad_norm))
 
-    def _clip_sharded(self) -> torch.Tensor:
+    def _clip(self, params: list[torch.Tensor], grad: torch.Tensor) -> torch.Tensor:
+        if self.tp_group is None:
+            return torch.nn.utils.clip_grad_norm_(params, self.optim_cfg.max_grad_norm)
+        return self._clip_sharded(grad)
+
+    def _clip_sharded(self, grad: torch.Tensor) -> torch.Tensor:
         """``clip_grad_norm_`` over the whole model when this rank holds one TP shard of it: the squared
         norms of the shards (replicated parameters once) are summed over the TP group, in float64."""
-        grad = self.flat.grad
         local = sum((grad[a:b].double().square().sum() for a, b in self._norm_spans),
                     torch.zeros((), dtype=torch.float64, device=grad.device))
         dist.all_reduce(local, group=self.tp_group)
@@ -141,28 +153,19 @@ class TrainingState:
 
     def load_weights(self, weights: torch.Tensor, *, reset_optimizer: bool = True) -> None:
         self.flat.data.copy_(weights.to(self.flat.data.device, self.flat.dtype))
-        if reset_optimizer and self.optimizer is not None:
-            self.optimizer = self._new_optimizer()
-            self._host_optimizer_state = None
+        if reset_optimizer and self.updater is not None:
+            self.updater.reset()
         self.discard()
 
     # -- resume checkpoints (train.checkpoint) ----------------------------------------------------
     def optimizer_state_dict(self) -> dict | None:
-        """The Adam state on the host, resident or offloaded (None: a satellite owns no optimizer)."""
-        if self.optimizer is None:
-            return None
-        if not self.resident and self._host_optimizer_state is not None:
-            return self._host_optimizer_state
-        return _to_device(self.optimizer.state_dict(), torch.device("cpu"))
+        """Adam state and float32 masters on the host, resident or offloaded (None: a satellite)."""
+        return self.updater.state_dict() if self.updater is not None else None
 
     def load_optimizer_state(self, saved: dict | None) -> None:
-        """Take ``saved`` (``optimizer_state_dict``) as the Adam state; offloaded, it waits on the host."""
-        if self.optimizer is None or saved is None:
-            return
-        if self.resident:
-            self.optimizer.load_state_dict(_to_device(saved, self.flat.data.device))
-        else:
-            self._host_optimizer_state = saved
+        """Take ``saved`` (``optimizer_state_dict``) as the optimizer state; offloaded, it waits on the host."""
+        if self.updater is not None and saved is not None:
+            self.updater.load_state_dict(saved, self.resident)
 
     # -- role changes -----------------------------------------------------------------------------
     def offload(self) -> None:
@@ -171,36 +174,32 @@ class TrainingState:
             return
         self.flat.release_grads()
         self.acc = None
+        if self.updater is not None:
+            self.updater.offload()
         if self.flat.data.device.type != "cpu":
-            self.flat.rebind(self.flat.data.to("cpu", non_blocking=False).pin_memory())
-        if self.optimizer is not None:
-            self._host_optimizer_state = _to_device(self.optimizer.state_dict(), torch.device("cpu"))
-            self.optimizer.state.clear()
+            self.flat.rebind(host_copy(self.flat.data))
         self.resident = False
 
-    def restore(self, device: torch.device | None = None) -> None:
-        """Enter training: weights back on ``device``, zeroed grads and accumulator, optimizer state."""
+    def restore(self) -> None:
+        """Enter training: weights back on ``self.device``, zeroed grads and accumulator, optimizer state."""
         if self.resident:
             return
-        device = device or self.flat.params[0].device
-        if self.flat.data.device != device:
-            self.flat.rebind(self.flat.data.to(device))
+        self.restore_weights()
         self.flat.attach_grads()
-        self.acc = torch.zeros(self.flat.numel, dtype=self.acc_dtype, device=device)
-        if self.optimizer is not None and self._host_optimizer_state is not None:
-            self.optimizer.load_state_dict(_to_device(self._host_optimizer_state, device))
-            self._host_optimizer_state = None
+        self.acc = torch.zeros(self.flat.numel, dtype=self.acc_dtype, device=self.device)
+        if self.updater is not None:
+            self.updater.restore(self.device)
         self.resident = True
 
+    def restore_weights(self) -> None:
+        """The model buffer onto the training device (wherever it sits now)."""
+        if self.flat.data.device != self.device:
+            self.flat.rebind(place(self.flat.data, self.device))
+
     def resident_bytes(self) -> int:
-        """Bytes of training-only buffers held now (grads, accumulator, optimizer state)."""
-        total = 0
-        for t in (self.flat.grad, self.acc):
-            total += t.numel() * t.element_size() if t is not None else 0
-        if self.optimizer is not None:
-            for state in self.optimizer.state.values():
-                total += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
-        return total
+        """Bytes of training-only buffers held now (grads, accumulator, masters, optimizer state)."""
+        total = sum(t.numel() * t.element_size() for t in (self.flat.grad, self.acc) if t is not None)
+        return total + (self.updater.resident_bytes() if self.resident and self.updater is not None else 0)
 
     def _require_resident(self) -> None:
         if not self.resident:
@@ -214,11 +213,12 @@ def _norm_spans(flat: FlatParameters, tp_group) -> list[tuple[int, int]]:
             if param_is_not_tensor_parallel_duplicate(p, tp_group)]
 
 
-def _to_device(obj, device: torch.device):
-    if torch.is_tensor(obj):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_device(v, device) for v in obj]
-    return obj
+def place(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on the training device ``device`` (the one move ``restore`` makes)."""
+    return tensor.to(device)
+
+
+def host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in host memory (pinned when CUDA is there, for fast copies back)."""
+    host = tensor.to("cpu")
+    return host.pin_memory() if torch.cuda.is_available() else host

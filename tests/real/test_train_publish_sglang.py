@@ -7,9 +7,10 @@ to a second version. After the update the engine's log-probabilities must
 equal a transformers forward pass of the new checkpoint and differ from the
 old ones: the CPU engine really serves the published weights.
 
-The bridge tests start the engine on a tiny Hugging Face checkpoint (Qwen2,
-and Qwen3 with qk-norm), load the same folder into Megatron through
-``train.bridge``, take one optimizer step, publish, and check that the engine's
+The bridge tests load a tiny Hugging Face checkpoint (Qwen2, and Qwen3 with
+qk-norm) into Megatron through ``train.bridge``, start the engine on Gyre's own
+export of it (tokenizer and chat template included: the engine answers a chat
+request), take one optimizer step, publish, and check that the engine's
 log-probabilities after the update are transformers' log-probabilities of the
 exported weights (within ENGINE_TOL), so the change the engine shows is the
 change transformers predicts; Megatron's own log-probabilities of the updated
@@ -118,9 +119,11 @@ def test_one_optimizer_step_reaches_the_engine_as_transformers_predicts(megatron
     state = TrainingState(model, FlatParameters(model), OptimConfig(lr=5e-2), LossConfig(), owns_optimizer=True)
     assert megatron_logprobs(model, megatron) == pytest.approx(reference_logprobs(source), abs=MEGATRON_TOL)
 
+    # the engine serves Gyre's own export of the loaded weights, with its tokenizer and chat template
+    v0 = save_hf_checkpoint(tmp_path / "ckpt", state.flat.named_tensors(), cfg, 0)
     manager = EngineManager(tmp_path / "logs")
-    engine = manager.launch(EngineSpec(engine_id=f"rollout-{family}", model_path=str(source), port=free_port(),
-                                       extra_args=FLAGS))
+    engine = manager.launch(EngineSpec(engine_id=f"rollout-{family}", model_path=str(v0), port=free_port(),
+                                       extra_args=FLAGS[1:]))  # with the tokenizer
     try:
         for step in toy_batch(5, 0, 2, vocab=cfg.vocab_size):
             state.accumulate(step)
@@ -130,6 +133,9 @@ def test_one_optimizer_step_reaches_the_engine_as_transformers_predicts(megatron
         assert megatron_logprobs(model, megatron) == pytest.approx(predicted_after, abs=MEGATRON_TOL)
 
         manager.wait_healthy(engine.spec.engine_id, timeout=180)
+        chat = manager._post(engine.spec.engine_id, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "print the value"}], "max_tokens": 3, "temperature": 0.0})
+        assert chat["choices"][0]["message"]["role"] == "assistant" and chat["usage"]["prompt_tokens"] > 5
         before = engine_logprobs(manager, engine.spec.engine_id)
         assert before == pytest.approx(predicted_before, abs=ENGINE_TOL)
         assert publish_from_disk([engine.url], v1, version=1)[0]["success"] is True
