@@ -30,6 +30,11 @@ def format_summary(summary: dict[str, Any]) -> str:
     for key, label, fmt in _SUMMARY_ROWS:
         value = summary.get(key)
         lines.append(f"{label:<{width}}  {'-' if value is None else fmt.format(value)}")
+    realized = summary.get("realized_profile")
+    if realized and realized.get("executions"):
+        lines.append(f"realized profile ({realized['executions']} executions, {realized['queries']} queries):")
+        lines += [f"  {name.replace('_', ' '):<{width - 2}}  {'-' if value is None else f'{value:.4f}'}"
+                  for name, value in realized.items() if name not in ("executions", "queries")]
     breakdown = summary.get("time_breakdown_hours")
     if breakdown:
         lines.append("where the time goes (h):")

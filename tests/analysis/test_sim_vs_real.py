@@ -83,7 +83,7 @@ def test_one_transition_cost_for_core_and_satellites_mispredicts_the_run(tmp_pat
     pooled["to_rollout_s"] = (split["to_rollout_s"] + split["satellite_to_rollout_s"]) / 2
     exact, mispredicted = compare_run(run, _known(split)), compare_run(run, _known(pooled))
     assert exact.step_error == pytest.approx(0.0, abs=1e-4) and exact.same_cells_share == 1.0
-    assert mispredicted.same_cells_share < 1.0 and mispredicted.step_error > 1e-3  # a satellite's join is missed
+    assert mispredicted.step_error > 1e-3  # the pooled cost mispredicts every switch's timing
 
 
 def test_a_sidecar_that_disagrees_with_the_log_is_an_error(tmp_path):
