@@ -38,6 +38,7 @@ from gyre.sim.breakdown import role_node_seconds, rollout_busy_share, time_break
 from gyre.sim.costs import CostModel
 from gyre.sim.sizes import for_workload
 from gyre.sim.driver import Simulation
+from gyre.sim.exposure import burst_exposure, exposure_summary
 from gyre.sim.realized import realized_profile
 from gyre.sim.record import SimRecord, write_tables
 from gyre.formats.trace import Trace, load_trace
@@ -110,6 +111,8 @@ def run_simulation(preset: str | None = None, trace: str | Path | Trace = DEFAUL
         summary.update(where_the_time_goes(cfg, record, sim.plane.busy_node_s))
         summary["realized_profile"] = realized_profile(record, cfg.group_size, cfg.N,
                                                        float(sim.trace.durations_s.max()))
+        bursts = burst_exposure(record, sim.costs, cfg.nodes_per_cell)
+        summary["training_exposure"] = {**exposure_summary(bursts), "per_burst": bursts}
     else:  # a sweep reads only the slack: skip the wall-clock breakdown (~7% of a run's CPU time)
         summary["slack"] = slack(cfg, record, sim.plane.busy_node_s)
     summary.update(training_costs(sim.costs, sim.plane.work_node_s, steps))
