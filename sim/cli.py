@@ -2,7 +2,7 @@
 
     gyre sim [--preset E0] [--trace nl2repo-122b|PATH] [--steps 12] [--seed 0]
              [--set key=value ...] [--costs FILE] [--cost key=value ...] [--out DIR]
-    gyre sim --grid ablation|methods [--steps 12] [--out DIR]
+    gyre sim --grid ablation|methods [--steps 12] [--seeds S] [--out DIR]
 
 Bad input (unknown preset or field, malformed trace, impossible config) prints
 ``gyre sim: error: <message naming the problem>`` and exits with status 2.
@@ -29,6 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cost", dest="costs", action="append", default=[], metavar="KEY=VALUE",
                    help="override a cost constant, e.g. --cost publish_s=60")
     p.add_argument("--grid", choices=("ablation", "methods"), help="run a grid of presets instead of one")
+    p.add_argument("--seeds", type=int, default=1, help="grid: trace seeds SEED..SEED+S-1; figures as mean and "
+                   "spread, with the orderings that hold on every seed")
     p.add_argument("--out", type=Path, help="directory for summary.json and the CSV tables")
     p.set_defaults(func=run_command)
 
@@ -71,7 +73,8 @@ def _grid(args, overrides, costs) -> int:
     from gyre.sim.grids import run_ablation_grid, run_methods_grid
 
     runner = run_ablation_grid if args.grid == "ablation" else run_methods_grid
+    extra = {"seeds": args.seeds} if args.seeds != 1 else {}
     table = runner(trace=args.trace, steps=args.steps, seed=args.seed, overrides=overrides, costs=costs,
-                   out=args.out)
+                   out=args.out, **extra)
     print(table)
     return 0
