@@ -35,6 +35,17 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"realized profile ({realized['executions']} executions, {realized['queries']} queries):")
         lines += [f"  {name.replace('_', ' '):<{width - 2}}  {'-' if value is None else f'{value:.4f}'}"
                   for name, value in realized.items() if name not in ("executions", "queries")]
+    exposure = summary.get("training_exposure")
+    if exposure and exposure.get("bursts"):
+        lines.append(f"training per burst ({exposure['bursts']} bursts): exposed {exposure['exposed_s_mean']:.0f} s "
+                     f"mean, rollout hides it with a margin of {exposure['margin_s_mean']:.0f} s mean "
+                     f"(min share {exposure['margin_share_min']})")
+    waits = summary.get("switch_waits")
+    if waits and waits["all"]["switches"]:
+        w = waits["all"]
+        lines.append(f"switches to training: {w['switches']}; outstanding at them: {w['outstanding_stuck']} stuck at "
+                     f"a ceiling, {w['outstanding_progressing']} progressing; waited {w['stuck_tail_s_mean']:.0f} s "
+                     "mean after the last progressing execution ended")
     breakdown = summary.get("time_breakdown_hours")
     if breakdown:
         lines.append("where the time goes (h):")

@@ -40,6 +40,7 @@ from gyre.sim.sizes import for_workload
 from gyre.sim.driver import Simulation
 from gyre.sim.exposure import burst_exposure, exposure_summary
 from gyre.sim.realized import realized_profile
+from gyre.sim.switch_waits import switch_summary, switch_waits
 from gyre.sim.record import SimRecord, write_tables
 from gyre.formats.trace import Trace, load_trace
 from gyre.formats.trace_meta import read_trace_meta
@@ -113,6 +114,8 @@ def run_simulation(preset: str | None = None, trace: str | Path | Trace = DEFAUL
                                                        float(sim.trace.durations_s.max()))
         bursts = burst_exposure(record, sim.costs, cfg.nodes_per_cell)
         summary["training_exposure"] = {**exposure_summary(bursts), "per_burst": bursts}
+        waits = switch_waits(record)
+        summary["switch_waits"] = {**switch_summary(waits), "per_switch": waits}
     else:  # a sweep reads only the slack: skip the wall-clock breakdown (~7% of a run's CPU time)
         summary["slack"] = slack(cfg, record, sim.plane.busy_node_s)
     summary.update(training_costs(sim.costs, sim.plane.work_node_s, steps))
