@@ -43,7 +43,12 @@ Times are seconds. Defaults and where they come from:
 - Publication to the rollout engines after a burst: ``publish_s`` (a fixed
   latency: engines pause, reload, flush their KV cache; 30 s, ours) plus
   parameter bytes / (publishing nodes x ``publish_node_gbps``), 25 GB/s per
-  node (ours: a fraction of a node's RDMA bandwidth, resharding included).
+  node (ours: a fraction of a node's RDMA bandwidth, resharding included),
+  plus ``publish_engine_s`` per rollout engine that loads the weights (the
+  cells in rollout and the separate pool's engine at the Publish): 0 by
+  default (ours: engines load in parallel inside ``publish_s``); ``gyre
+  calibrate`` measures it where a run's publications reach different
+  numbers of engines (docs/simulator.md section 7).
 - ``sandbox_start_s``: every execution starts in a fresh sandbox and holds
   its slot that much longer, so the redispatch after a publication pays it
   (30 s, ours: a cached image and a checkout).
@@ -120,6 +125,7 @@ class CostModel:
     optimizer_s: float = 10.0
     broadcast_s: float = 15.0
     publish_s: float = 30.0
+    publish_engine_s: float = 0.0
     weight_pull_s: float = 10.0
     evaluation_s: float = 0.0
     engine_load_alpha: float = ENGINE_LOAD_ALPHA

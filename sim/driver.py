@@ -50,6 +50,7 @@ import simpy
 from gyre import actions as act
 from gyre import events as ev
 from gyre.actions import SEPARATE
+from gyre.roles import ROLLOUT
 from gyre.config import SchedulerConfig
 from gyre.formats.trace import HARNESS_COLUMN, Trace
 from gyre.ids import execution_id
@@ -301,9 +302,13 @@ class Simulation(ActionHandler):
         self.plane.hold(a.cells, self.costs.broadcast_s)
 
     def on_publish(self, a: act.Publish) -> None:
-        self._publish_until = self.env.now + self.costs.publish_s
+        seconds = self.costs.publish_s
+        if self.costs.publish_engine_s:  # grows with the engines that load the weights
+            engines = sum(role == ROLLOUT for role in self.core.roles) + (self.cfg.C_s > 0)
+            seconds += engines * self.costs.publish_engine_s
+        self._publish_until = self.env.now + seconds
         self.record.published(a.version, self.env.now)
-        self._after(self.costs.publish_s, lambda: self._publish_done(a.version))
+        self._after(seconds, lambda: self._publish_done(a.version))
 
     def _publish_done(self, version: int) -> None:
         self.record.publish_done(self.env.now)
