@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", help="schedule preset (A0..E2, async, colocate, gyre, ...); default: the "
                    "trace's recorded preset (a real run's trace.json), else E0")
     p.add_argument("--trace", default="nl2repo-122b", help="trace preset name or CSV/Parquet path")
-    p.add_argument("--steps", type=int, default=12, help="optimizer steps to simulate")
+    p.add_argument("--steps", type=int, help="optimizer steps to simulate (default: a real run's own steps, "
+                   "from RUN/log/events.csv beside its trace; else 12)")
     p.add_argument("--seed", type=int, default=0, help="seed for generated traces")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a schedule field, e.g. --set phi=0.5")
@@ -41,6 +42,10 @@ def run_command(args: argparse.Namespace) -> int:
     from gyre.formats.trace import TraceError
 
     try:
+        if args.steps is None:
+            from gyre.sim.run_folder import recorded_steps
+
+            args.steps = recorded_steps(args.trace) or 12
         overrides = parse_overrides(args.overrides)
         from gyre.sim.cost_file import load_cost_file
 

@@ -24,10 +24,17 @@ _SUMMARY_ROWS = (
 )
 
 
+_IN_SECONDS = {"total_hours": ("total_s", "total time (s)", "{:.2f}"),
+               "mean_step_hours": ("mean_step_s", "time per step (s)", "{:.2f}")}
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     width = max(len(label) for _, label, _ in _SUMMARY_ROWS)
     lines = []
+    seconds = summary.get("units") == "s"  # a real run's trace: its own units
     for key, label, fmt in _SUMMARY_ROWS:
+        if seconds and key in _IN_SECONDS:
+            key, label, fmt = _IN_SECONDS[key]
         value = summary.get(key)
         lines.append(f"{label:<{width}}  {'-' if value is None else fmt.format(value)}")
     realized = summary.get("realized_profile")

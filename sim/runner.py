@@ -108,6 +108,8 @@ def run_simulation(preset: str | None = None, trace: str | Path | Trace = DEFAUL
     record = sim.run()
     wall = time.perf_counter() - t0
     summary = summarize(cfg, record, preset, trace_name, steps, seed, wall)
+    summary["units"] = "s" if meta is not None else "h"  # a real run's trace: report in its own seconds
+    summary["total_s"], summary["mean_step_s"] = round(record.end_s, 6), round(record.end_s / steps, 6)
     if breakdown:
         summary.update(where_the_time_goes(cfg, record, sim.plane.busy_node_s))
         summary["realized_profile"] = realized_profile(record, cfg.group_size, cfg.N,

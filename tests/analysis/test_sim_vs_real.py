@@ -91,3 +91,18 @@ def test_a_sidecar_that_disagrees_with_the_log_is_an_error(tmp_path):
     write_trace_meta(run / "trace.csv", TraceMeta("gyre-1", SHAPE, {"tau": 0.0, "phi": 1.0}, "test"))
     with pytest.raises(ValueError, match="not the run's"):
         compare_run(run, _known(COSTS))
+
+
+def test_gyre_sim_on_a_run_trace_simulates_the_runs_own_steps_in_seconds(tmp_path, capsys):
+    from gyre.cli import main as gyre_main
+
+    run, truth = _run_folder(tmp_path, steps=7)
+    costs = tmp_path / "costs.toml"
+    costs.write_text("[costs]\n" + "".join(f"{k} = {float(v)!r}\n" for k, v in _known(COSTS).items()))
+    out = tmp_path / "what-if"
+    assert gyre_main(["sim", "--trace", str(run / "trace.csv"), "--costs", str(costs), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 7 and summary["units"] == "s"  # the run's 7 steps, not the default 12
+    assert summary["total_s"] == pytest.approx(truth.record.end_s, abs=1e-3)  # same costs: the same run
+    assert "total time (s)" in text and "total time (h)" not in text
