@@ -17,7 +17,10 @@ clock. So:
   rows at the ceiling plus their start-up jitter), it also gets that deadline, and an execution still working then is
   cut there as a harness timeout;
 - only the row's model-call share of its harness time slows with load
-  (``gyre.sim.engines.effective_speed``).
+  (``gyre.sim.engines.effective_speed``), rounded to two decimals:
+  an engine keeps one virtual clock per distinct share, so a real run's
+  trace (a share per row) costs at most 101 clocks per engine, not one per
+  execution.
 
 Invariants: a stuck row's limit is its ``harness_s``; a non-stuck row has a
 limit (the ceiling) exactly when its slowest possible wall time reaches the
@@ -31,7 +34,7 @@ from typing import Iterable
 import numpy as np
 
 from gyre.formats.trace import Outcome, Trace
-from gyre.sim.engines import EngineCurve, effective_speed
+from gyre.sim.engines import EngineCurve
 
 TIMED_OUT = frozenset({Outcome.HARNESS_TIMEOUT.value, Outcome.OVERALL_TIMEOUT.value})
 
@@ -47,7 +50,8 @@ def trace_ceiling_s(trace: Trace) -> float | None:
 def execution_plan(trace: Trace, curve: EngineCurve,
                    capacities: Iterable[int]) -> tuple[Grid, Grid, Grid, float | None]:
     """(work, model-call share, wall-clock limit or None) grids by (query, index), and the ceiling."""
-    harness, shares = trace.harness_s, trace.model_call_share
+    harness = trace.harness_s
+    shares = np.round(trace.model_call_share, 2)
     stuck = np.isin(trace.outcomes, list(TIMED_OUT))
     ceiling = trace_ceiling_s(trace)
     ranges = [curve.speed_range(c) for c in capacities if c > 0] or [(1.0, 1.0)]
@@ -56,7 +60,7 @@ def execution_plan(trace: Trace, curve: EngineCurve,
     limits = np.full(harness.shape, np.nan)
     limits[stuck] = harness[stuck]
     if ceiling is not None:
-        slowest_wall = harness / np.vectorize(effective_speed)(shares, slowest) if harness.size else harness
+        slowest_wall = harness * ((1.0 - shares) + shares / slowest)  # 1 / effective_speed(share, slowest)
         reach = ~stuck & (slowest_wall >= ceiling)
         limits[reach] = ceiling
     limit_grid = [[None if np.isnan(v) else float(v) for v in row] for row in limits]

@@ -27,9 +27,10 @@ Formulas (the constants are ``CostModel`` fields, see ``costs.py``):
   ``sandbox_start_s`` longer than its trace duration (each execution runs
   in a fresh sandbox, SPEC 1), so the redispatch after a publication pays
   it before the next groups' executions do any work. It is added to the
-  execution's harness time as time outside model calls (its model-call
-  share shrinks to keep the same model-call seconds), so it does not slow
-  with load.
+  execution's harness time at the execution's model-call share (an
+  approximation: start-up is no model call, but 30 s is under 0.5 % of a
+  1.9 h execution, and a per-row share would give every execution its own
+  virtual clock, ``gyre.sim.engines``).
 
 Model presets (``MODELS``; SPEC 5 names the models, not their shapes):
 ``122b``: Qwen 3.6 122B, a mixture of experts with 10B active parameters
@@ -53,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gyre.config import SchedulerConfig
-from gyre.formats.trace import HARNESS_COLUMN, MODEL_SHARE_COLUMN, Outcome, Trace
+from gyre.formats.trace import HARNESS_COLUMN, Outcome, Trace
 
 if TYPE_CHECKING:
     from gyre.sim.costs import CostModel
@@ -184,9 +185,6 @@ def with_sandbox_start(trace: Trace, seconds: float) -> Trace:
 def _shifted(trace: Trace, seconds: float) -> Trace:
     frame = trace.frame.copy()
     frame["duration_s"] = frame["duration_s"] + seconds
-    harness = frame[HARNESS_COLUMN] if HARNESS_COLUMN in frame else frame["duration_s"]
-    share = trace.model_call_share.ravel()  # start-up is no model call: the share of the longer time shrinks
-    frame[MODEL_SHARE_COLUMN] = np.where(harness > 0, share * harness / (harness + seconds), share)
     if HARNESS_COLUMN in frame:  # the sandbox starts before the harness
         frame[HARNESS_COLUMN] = frame[HARNESS_COLUMN] + seconds
     return Trace(frame, N=trace.N, source=trace.source)

@@ -4,8 +4,8 @@ SPEC 5's figures were measured under the paper's real load, so the default
 run (E0 on the 122B cluster, 12 steps, the nl2repo-122b preset) must realize
 them: mean execution 1.93 h, mean query 2.96 h, 9.51 % of queries past 4 h,
 6.25 % harness and 0.87 % overall timeouts, each within 3 %, as the mean over
-trace seeds 4-7 (the preset's as-realized correction was measured on seeds
-0-3, so these are out of sample). One seed counts ~304 queries, so its share
+trace seeds 8-11 (the preset was set on seeds 0-7, so these are out of
+sample). One seed counts ~304 queries, so its share
 past 4 h moves in steps of 0.33 pp (3.5 % of 9.51 %): a single seed is not
 held to 3 % on that figure.
 """
@@ -26,7 +26,7 @@ PAPER = {"mean_execution_h": 1.93, "mean_query_h": 2.96, "queries_over_4h": 0.09
 
 @pytest.fixture(scope="module")
 def profiles():
-    return [run_simulation(seed=seed).summary["realized_profile"] for seed in (4, 5, 6, 7)]
+    return [run_simulation(seed=seed).summary["realized_profile"] for seed in (8, 9, 10, 11)]
 
 
 def test_the_default_run_realizes_the_paper_profile_within_3_percent(profiles):
