@@ -106,3 +106,22 @@ def test_gyre_sim_on_a_run_trace_simulates_the_runs_own_steps_in_seconds(tmp_pat
     assert summary["steps"] == 7 and summary["units"] == "s"  # the run's 7 steps, not the default 12
     assert summary["total_s"] == pytest.approx(truth.record.end_s, abs=1e-3)  # same costs: the same run
     assert "total time (s)" in text and "total time (h)" not in text
+
+
+def test_a_run_is_predicted_with_costs_calibrated_on_another(tmp_path, capsys):
+    """Held out: run B (another trace seed) predicted from A's cost file; nothing of B is fitted."""
+    from gyre.cli import main as gyre_main
+
+    (tmp_path / "b").mkdir()
+    run_b, _ = _run_folder(tmp_path / "b", steps=6)
+    costs = tmp_path / "a_costs.toml"  # stands for run A's calibrated costs.toml
+    costs.write_text("[costs]\n" + "".join(f"{k} = {float(v)!r}\n" for k, v in _known(COSTS).items()))
+    assert gyre_main(["calibrate", str(run_b), "--costs", str(costs)]) == 0
+    out = capsys.readouterr().out
+    assert "total: real" in out and ("(+0.0%)" in out or "(-0.0%)" in out)  # the true costs predict B exactly
+    assert (run_b / "prediction_from_costs.csv").exists() and not (run_b / "costs.toml").exists()
+    slower = tmp_path / "slower.toml"
+    slower.write_text(costs.read_text().replace("publish_s = 0.2", "publish_s = 20.0"))
+    assert gyre_main(["calibrate", str(run_b), "--costs", str(slower)]) == 0
+    worse = capsys.readouterr().out
+    assert "(+0.0%)" not in worse and "(-0.0%)" not in worse
