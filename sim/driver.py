@@ -88,8 +88,8 @@ class Simulation(ActionHandler):
         self.engines = EngineBank(self.env, costs.engine_curve(), self._capacity, self._execution_done)
         self._durations = self.trace.durations_s.tolist()  # plain lists: read once per execution, hot
         self._harness = self.trace.harness_s.tolist() if HARNESS_COLUMN in self.trace.frame else None
-        self._work, self._shares, self._limits, self.ceiling_s = execution_plan(self.trace, self.engines.curve,
-                                                                                 (cfg.C_e, cfg.C_s))
+        plan = execution_plan(self.trace, self.engines.curve, (cfg.C_e, cfg.C_s))
+        self._work, self._shares, self._limits, self.ceiling_s = plan
         self._deadlines: dict[int, float] = {}  # execution -> wall-clock time its harness must stop
         self._cut: set[int] = set()  # stopped at the ceiling before their work was done: harness timeouts
         self._evaluating: set[int] = set()  # harness stopped, evaluation tail still running

@@ -357,9 +357,8 @@ class Trace:
         frame, n = validate_frame(self.frame, self.N, self.source, check_trajectories=given is None)
         object.__setattr__(self, "frame", frame)
         object.__setattr__(self, "N", n)
-        grids = {c: _frozen(frame[c].to_numpy(), n) for c in ("duration_s", HARNESS_COLUMN, MODEL_SHARE_COLUMN,
-                                                               *COUNT_COLUMNS)
-                 if c in frame}
+        columns = ("duration_s", HARNESS_COLUMN, MODEL_SHARE_COLUMN, *COUNT_COLUMNS)
+        grids = {c: _frozen(frame[c].to_numpy(), n) for c in columns if c in frame}
         grids["outcome"] = _frozen(np.asarray(OUTCOMES)[frame["outcome"].cat.codes.to_numpy()], n)
         object.__setattr__(self, "_grids", grids)
         object.__setattr__(self, "_query_ids", frame["query_id"].to_numpy()[::n].copy())

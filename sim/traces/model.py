@@ -59,7 +59,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import ndtri
 
 from gyre.formats.trace import OUTCOMES, Outcome
 from gyre.sim.traces.trajectories import TrajectoryModel
