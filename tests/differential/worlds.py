@@ -45,7 +45,9 @@ def costs_for_differential(**fields: Any) -> CostModel:
     base = {"engine_load_alpha": 0.0} if "engine_load_alpha" in names else {}
     # The cases were laid out at the training utilisation the simulator used before it was derived
     # (0.108). At the derived 0.25, gyre-1.5 with excluded executions and dropped groups ends step 2
-    # 11.3 s sooner in the sim than in the real backend (a divergence to find, reported with issue 28).
+    # 11.3 s sooner in the sim: it splits a group with an excluded execution into micro_steps_per_group
+    # micro-steps that two cells train at once, where the real backend queues one (its participants'
+    # work) on one cell. A rule of sim/training.py to align (reported with issue 28).
     base["train_utilisation"] = 0.108
     return CostModel(**{**base, **fields})
 
