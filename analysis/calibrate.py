@@ -19,11 +19,14 @@ module turns them into a cost file the simulator reads (``gyre sim --costs``):
 |                       | satellite holds weights only, so one mean over both mispredicts either      |
 |                       | (measured here: core 1.4-3.3 s, satellites 0.1-1.5 s into training). A core |
 |                       | unit that never moved one way takes the satellites' mean for that way       |
-| publish_s             | mean time from a burst's final StepDone to its PublishDone in the event log |
+| publish_s             | time from a burst's final StepDone to its PublishDone in the event log      |
 |                       | (what the core waited: export, engines loading it, the backend's own        |
 |                       | latency; the backend's narrower ``wall_s`` misses the last), the           |
-|                       | simulator's Publish -> PublishDone; one run cannot split latency from      |
-|                       | bandwidth, so it is all fixed cost (bandwidth set huge)                     |
+|                       | simulator's Publish -> PublishDone: the intercept of a least-squares fit   |
+|                       | against the rollout engines serving at the Publish (the mean when they     |
+|                       | never differ); one run publishes one size, so bytes cannot be split from   |
+|                       | the fixed part: bandwidth set huge                                          |
+| publish_engine_s      | that fit's slope: seconds per engine loading the weights (0 when one count) |
 | node_peak_tflops      | 6 x parameters x trained tokens / cell compute seconds, at utilisation 1:   |
 |                       | the cells' own forward+backward seconds (``compute_s`` per micro-step) over |
 |                       | the trace's tokens of the groups trained                                    |
@@ -150,6 +153,31 @@ def _redone_from(start: float, end: float, cuts: list[float]) -> float:
     return max([start, *(t for t in cuts if start < t < end)])
 
 
+def publication_engines(cfg, tl, at: float) -> int:
+    """Rollout engines serving at ``at``: the cells whose role span holds ``at`` is rollout, plus the
+    separate pool's engine."""
+    from gyre.roles import ROLLOUT
+
+    cells = sum(any(span.label == ROLLOUT and span.start_s <= at < span.end_s for span in spans)
+                for spans in tl.roles.values())
+    return cells + (cfg.C_s > 0)
+
+
+def publication_fit(engines: list[int], seconds: list[float]) -> tuple[float, float]:
+    """(fixed seconds, seconds per engine) of publications by least squares; with one engine count (or
+    none) the slope cannot be told from the fixed part: all fixed, slope 0. Slope and fixed part >= 0."""
+    if not seconds:
+        return 0.0, 0.0
+    if len(set(engines)) < 2:
+        return statistics.fmean(seconds), 0.0
+    slope, intercept = statistics.linear_regression(engines, seconds)
+    if slope <= 0:
+        return statistics.fmean(seconds), 0.0
+    if intercept < 0:
+        return 0.0, sum(seconds) / sum(engines)
+    return intercept, slope
+
+
 def _transition_times(cfg, tl, cuts: list[float] = ()) -> dict[tuple[bool, str], list[float]]:
     """(satellite?, destination role) -> the completed transitions' costs, as the simulator models them
     (``cuts``: resume times; a transition spanning one is measured from the latest, where it was redone)."""
@@ -191,14 +219,18 @@ def measure(run_dir: str | Path) -> dict[str, Any]:
     trained = [tokens_by_group[g] for g in fed if g in tokens_by_group]
     if compute_s <= 0 or not trained:
         raise CalibrationError(f"{run_dir / 'summary.json'}: no training compute or no trained group with tokens")
+    spans = list(tl.publications.values())
     publications = [span.end_s - _redone_from(span.start_s, span.end_s, cuts)  # final StepDone -> PublishDone
-                    for span in tl.publications.values()]
+                    for span in spans]
+    fixed, per_engine = publication_fit([publication_engines(cfg, tl, span.start_s) for span in spans],
+                                        publications)
     pulls = [j["pull_s"] for r in reports for j in (r.get("joins") or {}).values() if j and "pull_s" in j]
     return {
         "to_training_s": (_mean(to_training, "core rollout -> training transition", EVENTS), len(to_training)),
         "to_rollout_s": (_mean(to_rollout, "core training -> rollout transition", EVENTS), len(to_rollout)),
         **satellite,
-        "publish_s": (_mean(publications, "publication", EVENTS), len(publications)),
+        "publish_s": (fixed if publications else _mean(publications, "publication", EVENTS), len(publications)),
+        "publish_engine_s": (per_engine, len(publications)),
         "optimizer_s": (_mean([r.get("update_s") for r in reports], "optimizer update"), len(reports)),
         "weight_pull_s": (statistics.fmean(pulls) if pulls else 0.0, len(pulls)),
         "compute_s": (compute_s, microsteps),
@@ -216,7 +248,7 @@ def calibrate(run_dir: str | Path) -> dict[str, float | int]:
     fields = {
         "to_training_s": m["to_training_s"][0], "to_rollout_s": max(0.0, m["to_rollout_s"][0]),
         **{k: max(0.0, m[k][0]) for k in ("satellite_to_training_s", "satellite_to_rollout_s") if k in m},
-        "publish_s": m["publish_s"][0], "publish_node_gbps": HUGE_GBPS,
+        "publish_s": m["publish_s"][0], "publish_engine_s": m["publish_engine_s"][0], "publish_node_gbps": HUGE_GBPS,
         "params_b": params / 1e9, "active_params_b": params / 1e9, "bytes_per_param": 4.0,
         "node_peak_tflops": FLOPS_PER_PARAM_TOKEN * params * tokens / compute_s / 1e12,
         "train_utilisation": 1.0,

@@ -3,20 +3,24 @@
     gyre sensitivity [--presets A0,C2,E0,...] [--trace nl2repo-122b] [--steps 12]
                      [--only publish_s,train_utilisation] [--jobs 2] --out DIR
 
-Every cost constant of ``gyre.sim.costs.CostModel`` is set, one at a time,
-to a low and a high value (the stated range, ``RANGES``) with all others at
-their defaults, and every preset is simulated on the same trace and seed.
-For each variation the table gives each preset's total time relative to the
-focal preset (E0), the focal preset's rank (1 = fastest), and Kendall's tau
-between that ranking and the default one (1 = unchanged). The tornado figure
-shows, per constant, the focal preset's speedup over the fastest other
-preset at the low and the high value, around the default's.
+Every cost constant of ``gyre.sim.costs.CostModel``, and the scheduler
+constants ``rho_min`` and ``tau`` (the paper does not give them), is set, one
+at a time, to a low and a high value (its stated uncertainty, ``ranges()``)
+with all others at their defaults, and every preset is simulated on the same
+trace and seed. For each variation the table gives each preset's total time
+relative to the focal preset (E0), the focal preset's rank (1 = fastest),
+Kendall's tau between that ranking and the default one (1 = unchanged) and
+the ranking itself. The tornado figure shows, per constant, the focal
+preset's speedup over the fastest other preset at the low and the high
+value, around the default's. docs/simulator.md section 5 holds the table.
 
-Ranges (ours, stated): x0.5 and x2 of each non-zero default;
+Ranges (ours, stated): x0.5 and x2 of each non-zero default, except
+``train_utilisation`` 0.15-0.40 (the derivation's range, ``sim.costs``),
+``engine_reference_load`` 0.5-1.0 (a share of capacity), ``publish_engine_s`` 0-5 s
+(default 0: engines load in parallel), ``rho_min``
+0.25-0.75 (default 0.5), ``tau`` 0-120 s (default 30 s);
 ``micro_steps_per_group`` 2 and 8; ``j_max`` 1 and 10; ``evaluation_s`` 0 and 600 s (scoring
 folded into the trace vs ten minutes); ``reroute_recompute_s`` 0 and 60 s.
-``slowdown_per_load`` is left out: it scales a duration once at start and
-distorts every schedule (a known limit, see issue 14).
 
 Invariants: the default row is the unvaried CostModel; a variation changes
 exactly one constant; rankings are computed from the same runs the table
@@ -39,7 +43,10 @@ from scipy.stats import kendalltau
 FOCAL = "E0"
 STEM = "sensitivity"
 SKIPPED = ("slowdown_per_load", "satellite_to_training_s", "satellite_to_rollout_s")  # None: the core's
-FIXED_RANGES = {"micro_steps_per_group": (2, 8), "j_max": (1, 10), "evaluation_s": (0.0, 600.0), "reroute_recompute_s": (0.0, 60.0)}
+FIXED_RANGES = {"micro_steps_per_group": (2, 8), "j_max": (1, 10), "evaluation_s": (0.0, 600.0),
+                "reroute_recompute_s": (0.0, 60.0), "train_utilisation": (0.15, 0.40),
+                "engine_reference_load": (0.5, 1.0), "publish_engine_s": (0.0, 5.0)}
+SCHEDULER_RANGES = {"rho_min": (0.25, 0.75), "tau": (0.0, 120.0)}  # SchedulerConfig fields, not costs
 
 
 def ranges() -> dict[str, tuple[Any, Any]]:
@@ -51,7 +58,7 @@ def ranges() -> dict[str, tuple[Any, Any]]:
         if field.name in SKIPPED:
             continue
         out[field.name] = FIXED_RANGES.get(field.name, (field.default * 0.5, field.default * 2.0))
-    return out
+    return {**SCHEDULER_RANGES, **out}
 
 
 def variations(only: list[str] | None = None) -> list[tuple[str, str, Any]]:
@@ -72,6 +79,8 @@ def _run(job: tuple[str, str, int, str, Any]) -> float:
     from gyre.sim.runner import run_simulation
 
     preset, trace, steps, constant, value = job
+    if constant in SCHEDULER_RANGES:
+        return run_simulation(preset, trace, steps=steps, seed=0, overrides={constant: value}).summary["total_hours"]
     costs = CostModel() if constant == "default" else CostModel(**{constant: value})
     return run_simulation(preset, trace, steps=steps, seed=0, costs=costs).summary["total_hours"]
 
@@ -94,6 +103,7 @@ def run_sensitivity(presets: list[str], *, trace: str = "nl2repo-122b", steps: i
     table[f"{FOCAL}_rank"] = order[:, presets.index(FOCAL)]
     table["kendall_tau"] = [kendalltau(order[0], order[i]).statistic if len(presets) > 1 else 1.0
                             for i in range(len(rows))]
+    table["ranking"] = [" < ".join(presets[j] for j in np.argsort(grid[i], kind="stable")) for i in range(len(rows))]
     others = [j for j, p in enumerate(presets) if p != FOCAL]
     table[f"{FOCAL}_speedup_over_best_other"] = (grid[:, others].min(axis=1) / grid[:, presets.index(FOCAL)]
                                                  if others else np.nan)
@@ -123,7 +133,8 @@ def draw(table: pd.DataFrame):
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("sensitivity", help="how the ranking of presets moves with each cost constant")
-    p.add_argument("--presets", default="A0,A2,C0,C1,C2,E0,E1", help="comma-separated presets (must include E0)")
+    p.add_argument("--presets", default="A0,A2,C0,C1,C2,C3,E0,E1,E2",
+                   help="comma-separated presets (must include E0)")
     p.add_argument("--trace", default="nl2repo-122b")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--only", help="comma-separated cost constants (default: all but slowdown_per_load)")
@@ -147,7 +158,7 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     columns = ["constant", "side", "value", *(f"{p}_vs_{FOCAL}" for p in presets), f"{FOCAL}_rank", "kendall_tau",
-               f"{FOCAL}_speedup_over_best_other"]
+               f"{FOCAL}_speedup_over_best_other", "ranking"]
     write_csv(args.out / "sensitivity.csv", list(table.columns), table.to_dict("records"))
     print(format_table(columns, table[columns].to_dict("records")))
     save_figure(draw(table), args.out, STEM)

@@ -164,10 +164,26 @@ def write_comparison(run_dir: str | Path) -> dict[str, Any]:
     return dict(c.summary(), costs=str(cost_file), figures=[str(p) for p in figures], table=format_comparison(c))
 
 
+def _predict_with(run_dir: Path, cost_file: Path) -> int:
+    """Predict ``run_dir`` with another run's calibrated costs (held out: nothing of this run is fitted)."""
+    from gyre.formats.tables import write_csv
+    from gyre.sim.cost_file import load_cost_file
+
+    c = compare_run(run_dir, load_cost_file(cost_file))
+    rows = [asdict(r) for r in c.rows]
+    write_csv(Path(run_dir) / "prediction_from_costs.csv", tuple(rows[0]), rows)
+    print(format_comparison(c))
+    print(f"costs from {cost_file}; wrote {Path(run_dir) / 'prediction_from_costs.csv'}")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("calibrate", help="measure cost constants from a real run and check the simulator's "
                               "prediction of it")
     p.add_argument("run_dir", type=Path, help="a `gyre run` work folder")
+    p.add_argument("--costs", type=Path, metavar="FILE",
+                   help="predict the run with these costs (another run's costs.toml) instead of calibrating on it: "
+                   "a prediction, not a replay; writes prediction_from_costs.csv and nothing else")
     p.set_defaults(func=run_command)
 
 
@@ -176,6 +192,8 @@ def run_command(args: argparse.Namespace) -> int:
     from gyre.sim.costs import CostError
 
     try:
+        if args.costs is not None:
+            return _predict_with(args.run_dir, args.costs)
         result = write_comparison(args.run_dir)
     except (CalibrationError, CostError, ValueError, FileNotFoundError) as exc:
         print(f"gyre calibrate: error: {exc}", file=sys.stderr)

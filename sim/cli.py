@@ -2,7 +2,7 @@
 
     gyre sim [--preset E0] [--trace nl2repo-122b|PATH] [--steps 12] [--seed 0]
              [--set section.field=value ...] [--costs FILE] [--cost key=value ...] [--out DIR]
-    gyre sim --grid ablation|methods [--steps 12] [--out DIR]
+    gyre sim --grid ablation|methods [--steps 12] [--seeds S] [--out DIR]
 
 ``--set`` takes the dotted syntax ``gyre run`` takes too (``gyre.overrides``):
 ``schedule.<field>`` (a ``SchedulerConfig`` field) or ``costs.<field>`` (a
@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", help="schedule preset (A0..E2, async, colocate, gyre, ...); default: the "
                    "trace's recorded preset (a real run's trace.json), else E0")
     p.add_argument("--trace", default="nl2repo-122b", help="trace preset name or CSV/Parquet path")
-    p.add_argument("--steps", type=int, default=12, help="optimizer steps to simulate")
+    p.add_argument("--steps", type=int, help="optimizer steps to simulate (default: a real run's own steps, "
+                   "from RUN/log/events.csv beside its trace; else 12)")
     p.add_argument("--seed", type=int, default=0, help="seed for generated traces")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a schedule field or a cost constant, e.g. --set schedule.phi=0.5 "
@@ -37,6 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cost", dest="costs", action="append", default=[], metavar="KEY=VALUE",
                    help="override a cost constant, e.g. --cost publish_s=60")
     p.add_argument("--grid", choices=("ablation", "methods"), help="run a grid of presets instead of one")
+    p.add_argument("--seeds", type=int, default=1, help="grid: trace seeds SEED..SEED+S-1; figures as mean and "
+                   "spread, with the orderings that hold on every seed")
     p.add_argument("--out", type=Path, help="directory for summary.json and the CSV tables")
     p.set_defaults(func=run_command)
 
@@ -47,6 +50,10 @@ def run_command(args: argparse.Namespace) -> int:
     from gyre.sim.costs import CostError, CostModel, parse_cost_overrides
 
     try:
+        if args.steps is None:
+            from gyre.sim.run_folder import recorded_steps
+
+            args.steps = recorded_steps(args.trace) or 12
         overrides, cost_pairs = _overrides(args.overrides)
         from gyre.sim.cost_file import load_cost_file
 
@@ -120,7 +127,8 @@ def _grid(args, overrides, costs) -> int:
     from gyre.sim.grids import run_ablation_grid, run_methods_grid
 
     runner = run_ablation_grid if args.grid == "ablation" else run_methods_grid
+    extra = {"seeds": args.seeds} if args.seeds != 1 else {}
     table = runner(trace=args.trace, steps=args.steps, seed=args.seed, overrides=overrides, costs=costs,
-                   out=args.out)
+                   out=args.out, **extra)
     print(table)
     return 0

@@ -15,12 +15,21 @@ Times are seconds. Defaults and where they come from:
   ``node_peak_tflops`` (7912: 8 GPUs x 989 dense bf16 TFLOP/s, an H100/H200
   node; ours, the paper names no GPU) at ``train_utilisation``. A group's work is
   split into ``micro_steps_per_group`` equal micro-steps; a cell of n nodes
-  runs one in work / n seconds. ``train_utilisation`` (0.108)
-  is ours, chosen so that E0 on nl2repo-122b (12 steps, 400-query trace)
-  reproduces the slack of docs/workload.md#training-cost-and-slack: 20.85 % idle share of training-role node
-  time, the mean over seeds 0-7 (one seed varies by +-3 pp); it also
-  absorbs the attention FLOPs and packing overheads that 6 x active leaves
-  out, so it is an effective share of peak, not a measured MFU.
+  runs one in work / n seconds. ``train_utilisation`` (0.25, ours) is the
+  share of peak the forward-backward reaches on the 6 x active FLOPs: no
+  figure of the paper pins it, so it is derived, not fitted
+  (docs/simulator.md section 4): Megatron-Core reports 468 TFLOP/s per H100
+  (47 % of 989) for Mixtral 8x7B bf16 pre-training, the upper end for an
+  MoE; RL training on packed variable-length agent trajectories runs well
+  below pre-training (NeMo-RL issue 985 opens on that gap for MoE GRPO), and
+  attention over long trajectories adds FLOPs that 6 x active leaves out;
+  we take about half the pre-training figure, 0.25, with a stated range of
+  0.15-0.40 (``gyre sensitivity``). It is no longer fitted to E0's idle
+  share (20.85 % was a gloss on the paper's "slack", and an idle share moves
+  by ~10 points with rho_min and tau alone); the summary reports the idle
+  share beside the per-burst exposure and hiding margin
+  (``gyre.sim.exposure``) so the mechanisms can be checked together
+  (tests/sim/test_training_mechanisms.py).
 - Model description: ``params_b`` / ``active_params_b`` (billions) and
   ``bytes_per_param``; defaults are the 122B preset, and the runner swaps in
   the workload's preset (``sizes.MODELS``: 122B-A10B, 2.4T-A100B, bf16) for
@@ -34,7 +43,12 @@ Times are seconds. Defaults and where they come from:
 - Publication to the rollout engines after a burst: ``publish_s`` (a fixed
   latency: engines pause, reload, flush their KV cache; 30 s, ours) plus
   parameter bytes / (publishing nodes x ``publish_node_gbps``), 25 GB/s per
-  node (ours: a fraction of a node's RDMA bandwidth, resharding included).
+  node (ours: a fraction of a node's RDMA bandwidth, resharding included),
+  plus ``publish_engine_s`` per rollout engine that loads the weights (the
+  cells in rollout and the separate pool's engine at the Publish): 0 by
+  default (ours: engines load in parallel inside ``publish_s``); ``gyre
+  calibrate`` measures it where a run's publications reach different
+  numbers of engines (docs/simulator.md section 7).
 - ``sandbox_start_s``: every execution starts in a fresh sandbox and holds
   its slot that much longer, so the redispatch after a publication pays it
   (30 s, ours: a cached image and a checkout).
@@ -76,7 +90,7 @@ from typing import Any
 from gyre.sim.engines import DEFAULT_ALPHA as ENGINE_LOAD_ALPHA
 from gyre.sim.engines import EngineCurve
 
-TRAIN_UTILISATION = 0.108  # fitted: E0's slack, see the module docstring
+TRAIN_UTILISATION = 0.25  # ours: derived from stated MFU figures, see the module docstring
 REMOVED = {"micro_step_node_s": "micro_step_node_s was removed: training work follows trained tokens; set "
            "active_params_b, node_peak_tflops, train_utilisation or j_max instead (see gyre.sim.sizes)",
            "slowdown_per_load": "slowdown_per_load was removed: engines now share their throughput by "
@@ -111,6 +125,7 @@ class CostModel:
     optimizer_s: float = 10.0
     broadcast_s: float = 15.0
     publish_s: float = 30.0
+    publish_engine_s: float = 0.0
     weight_pull_s: float = 10.0
     evaluation_s: float = 0.0
     engine_load_alpha: float = ENGINE_LOAD_ALPHA

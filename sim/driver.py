@@ -10,12 +10,17 @@ costs, the training plane (``training.py``) models micro-steps, and every
 resulting event goes back to the core. Supply-timer expiries are delivered as
 ``Tick`` events at exactly ``core.next_deadline()``.
 
-Harness stop: an execution's engine work is its trace ``harness_s`` (the
-duration when the trace has no such column). When its harness stops before
-its duration (evaluation retries after a harness timeout), the driver sends
-``HarnessStopped`` then, the engine stops counting its load, and
-``ExecutionFinished`` follows ``duration_s - harness_s`` wall seconds later
-(evaluation uses no engine, so that tail does not scale with load). A
+Harness stop: an execution's work is its trace ``harness_s`` (the duration
+when the trace has no such column), of which only its ``model_call_share``
+slows with its engine's load. Time limits are wall-clock deadlines
+(``deadlines.py``): a timed-out row stops its harness at exactly its start
+plus ``harness_s``, however loaded or rerouted, and a slow execution that
+reaches the trace's ceiling is cut there as a harness timeout. When its
+harness stops before its duration (evaluation retries after a harness
+timeout), the driver sends ``HarnessStopped`` then, the engine stops counting
+its load, and ``ExecutionFinished`` follows ``duration_s - harness_s`` wall
+seconds later (evaluation uses no engine, so that tail does not scale with
+load, and an overall timeout ends at its start plus its budget). A
 cancellation in that tail ends the evaluation at once ("cancelled").
 
 Invariants: every event the core receives is recorded (in order) and
@@ -51,8 +56,10 @@ from gyre.driver_rules import is_satellite
 from gyre.formats.trace import HARNESS_COLUMN, Trace
 from gyre.ids import execution_id
 from gyre.loop import ActionHandler, DriverLoop
+from gyre.roles import ROLLOUT
 from gyre.scheduler import Scheduler
 from gyre.sim.costs import CostModel
+from gyre.sim.deadlines import TIMED_OUT, execution_plan
 from gyre.sim.engines import EngineBank
 from gyre.sim.record import SimRecord
 from gyre.sim.training import SimTrainingPlane
@@ -83,6 +90,10 @@ class Simulation(ActionHandler):
         self.engines = EngineBank(self.env, bound.engine_curve(), self._capacity, self._execution_done)
         self._durations = self.trace.durations_s.tolist()  # plain lists: read once per execution, hot
         self._harness = self.trace.harness_s.tolist() if HARNESS_COLUMN in self.trace.frame else None
+        plan = execution_plan(self.trace, self.engines.curve, (cfg.C_e, cfg.C_s))
+        self._work, self._shares, self._limits, self.ceiling_s = plan
+        self._deadlines: dict[int, float] = {}  # execution -> wall-clock time its harness must stop
+        self._cut: set[int] = set()  # stopped at the ceiling before their work was done: harness timeouts
         self._evaluating: set[int] = set()  # harness stopped, evaluation tail still running
         self._outcome_grid = self.trace.outcomes.tolist()
         self._outcomes: dict[int, GroupOutcomes] = {}
@@ -151,11 +162,34 @@ class Simulation(ActionHandler):
                 self._after(0.0, functools.partial(self._drop, g))
 
     def on_start_executions(self, a: act.StartExecutions) -> None:
-        start, started, duration, size, now = (self.engines.start, self.record.execution_started, self._duration,
-                                               self._group_size, self.env.now)
+        start, started, cell, size, now = (self.engines.start, self.record.execution_started, self._cell,
+                                           self._group_size, self.env.now)
+        work, shares, limits = self._work, self._shares, self._limits
         for x, engine in a.placements:
-            start(x, engine, duration(x))
+            q, i = cell(x)
+            start(x, engine, work[q][i], shares[q][i])
+            limit = limits[q][i]
+            if limit is not None:  # it can reach its ceiling: a wall-clock deadline ends its harness
+                self._arm_deadline(x, now + limit)
             started(x, x // size, engine, now)
+
+    def _arm_deadline(self, x: int, at: float) -> None:
+        self._deadlines[x] = at
+        self.env.timeout(at - self.env.now).callbacks.append(lambda _e: self._deadline_due(x, at))
+
+    def _deadline_due(self, x: int, at: float) -> None:
+        """``x``'s harness ceiling (its start plus the limit, however loaded or rerouted) has come."""
+        if self._deadlines.get(x) != at:
+            return  # finished or cancelled meanwhile
+        del self._deadlines[x]
+        remaining = self.engines.remove(x)
+        if remaining > 1e-6 * max(1.0, at) and not self._stuck(x):
+            self._cut.add(x)  # a slow execution cut at the ceiling: a harness timeout, not its trace outcome
+        self._execution_done(x)
+
+    def _stuck(self, x: int) -> bool:
+        q, i = self._cell(x)
+        return str(self._outcome_grid[q][i]) in TIMED_OUT
 
     def _cell(self, x: int) -> tuple[int, int]:
         """The trace row and column of execution ``x``."""
@@ -165,7 +199,7 @@ class Simulation(ActionHandler):
         return (g + 1) % len(self._durations), i % self.cfg.N  # oversampling surplus
 
     def _duration(self, x: int) -> float:
-        """Engine work of ``x``: seconds until its harness stops, at the reference load."""
+        """Seconds ``x``'s harness runs by its trace (the reference load, or its ceiling when stuck)."""
         q, i = self._cell(x)
         return float((self._durations if self._harness is None else self._harness)[q][i])
 
@@ -185,7 +219,8 @@ class Simulation(ActionHandler):
         return float(np.sum(self._tokens[g % self.trace.queries]))
 
     def _execution_done(self, x: int) -> None:
-        """The engine finished ``x``'s harness work: it ends now, or stops its harness and evaluates."""
+        """``x``'s harness stopped (work done, or its deadline): it ends now, or evaluates first."""
+        self._deadlines.pop(x, None)
         tail = self._evaluation_tail(x)
         if tail > 0:
             self._evaluating.add(x)
@@ -201,8 +236,8 @@ class Simulation(ActionHandler):
             self._finish(x)
 
     def _finish(self, x: int) -> None:
-        g, i = divmod(x, self._group_size)
-        outcome = str(self._outcome_grid[g % len(self._outcome_grid)][i % self.cfg.N])
+        q, i = self._cell(x)
+        outcome = "harness_timeout" if x in self._cut else str(self._outcome_grid[q][i])
         self._close(x, outcome)
 
     def _close(self, x: int, outcome: str) -> None:
@@ -226,6 +261,7 @@ class Simulation(ActionHandler):
 
     def on_cancel_executions(self, a: act.CancelExecutions) -> None:
         for x in a.executions:
+            self._deadlines.pop(x, None)
             if x in self.engines:
                 self.engines.remove(x)
                 self._after(0.0, functools.partial(self._close, x, "cancelled"))
@@ -268,9 +304,13 @@ class Simulation(ActionHandler):
         self.plane.hold(a.cells, self.costs.broadcast_s)
 
     def on_publish(self, a: act.Publish) -> None:
-        self._publish_until = self.env.now + self.costs.publish_s
+        seconds = self.costs.publish_s
+        if self.costs.publish_engine_s:  # grows with the engines that load the weights
+            engines = sum(role == ROLLOUT for role in self.core.roles) + (self.cfg.C_s > 0)
+            seconds += engines * self.costs.publish_engine_s
+        self._publish_until = self.env.now + seconds
         self.record.published(a.version, self.env.now)
-        self._after(self.costs.publish_s, lambda: self._publish_done(a.version))
+        self._after(seconds, lambda: self._publish_done(a.version))
 
     def _publish_done(self, version: int) -> None:
         self.record.publish_done(self.env.now)

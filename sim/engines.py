@@ -1,11 +1,15 @@
-"""Load-dependent rollout engines: processor sharing with one virtual clock per engine.
+"""Load-dependent rollout engines: processor sharing, one virtual clock per engine and model-call share.
 
-An execution brings *work*: its trace duration, i.e. the seconds it takes on
-an engine running at the reference load. All executions on one engine progress
-at the same rate ``speed(load)`` (work-seconds per second), where ``load`` is
-the number of executions on that engine now; the rate changes only when an
-execution starts on, finishes on, is cancelled from, or is rerouted to or
-from that engine. The per-request curve (``EngineCurve``) is
+An execution brings *work*: its harness time at the reference load, of which
+a *model-call share* m is spent in model calls and the rest in tool, sandbox
+and evaluation time. All model calls on one engine progress at the same
+rate ``speed(load)``, where ``load`` is the number of executions on that
+engine now; tool time does not depend on the load. Calls and tools
+interleave finely, so an execution gains ``effective_speed(m, speed) =
+1 / ((1 - m) + m / speed)`` harness-seconds per second (docs/simulator.md
+section 2). The rate changes only when an execution starts on, finishes
+on, is cancelled from, or is rerouted to or from that engine. The
+per-request curve (``EngineCurve``) is
 
     rate(L) = 1 / (1 + a * x(L)),   x(L) = (L - 1) / (C - 1)
 
@@ -15,18 +19,23 @@ so aggregate throughput ``L * rate(L)`` saturates, and ``speed`` is
 reference load every execution takes exactly its trace duration. ``a = 0``
 makes engines load-independent (every execution takes its trace duration).
 ``a`` is fitted to SGLang measurements by ``fit_load_alpha`` (see
-``bench/bench_engine_concurrency.py`` and ``MEASURED``).
+``bench/bench_engine_concurrency.py`` and ``MEASURED``): those are rates of
+model calls alone, so the law applies to the model-call share only. The
+relative load x is the same whether it counts the executions on an engine
+or those in a call at one moment (m L of m C, for a uniform share and large C).
 
-Scheme: each engine keeps a virtual clock V (work-seconds received by each of
-its executions since the engine was created), advanced lazily to the current
-time whenever its load changes; an execution finishes when V reaches its
-finish tag ``F = V(start) + work`` (reroutes re-tag it on the destination
-with its remaining work). Each engine has at most one live SimPy timeout,
-re-armed once per change of that engine (``flush``), never one per execution.
+Scheme: each engine keeps one virtual clock V per model-call share among its
+executions (harness-seconds received by each of them since the engine was
+created), advanced lazily to the current time whenever its load changes; an
+execution finishes when its clock reaches its finish tag ``F = V(start) +
+work`` (reroutes re-tag it on the destination with its remaining work). Each
+engine has at most one live SimPy timeout, re-armed once per change of that
+engine (``flush``), never one per execution.
 
-Invariants (tested in tests/sim/test_processor_sharing*.py): an execution's
-integral of ``speed`` over its time on engines equals its work (plus any
-added work) when it finishes; at constant load ``L_ref`` durations are the
+Invariants (tested in tests/sim/test_processor_sharing*.py and
+test_wall_clock_deadlines.py): an execution's integral of
+``effective_speed(m, speed)`` over its time on engines equals its work (plus
+any added work) when it finishes; at constant load ``L_ref`` durations are the
 work exactly; an execution finishes exactly once and never after removal.
 """
 
@@ -95,17 +104,41 @@ class EngineCurve:
             return 1.0
         return self.rate(load, capacity) / self.rate(max(1.0, self.reference_load * capacity), capacity)
 
+    def speed_range(self, capacity: int) -> tuple[float, float]:
+        """(slowest, fastest) model-call speed on an engine of ``capacity``: full, and a lone request."""
+        return self.speed(max(1, capacity), capacity), self.speed(1, capacity)
+
+
+class _Clock:
+    """One virtual clock of an engine: the executions on it that share one model-call share."""
+
+    __slots__ = ("share", "v", "eff", "heap", "live")
+
+    def __init__(self, share: float) -> None:
+        self.share = share
+        self.v = 0.0          # harness-seconds received by each execution of this class so far
+        self.eff = 1.0        # harness-seconds per second at the engine's current speed
+        self.heap: list[tuple[float, int]] = []  # (tag, execution), stale entries skipped lazily
+        self.live = 0         # executions of this class on the engine now
+
+
+def effective_speed(share: float, speed: float) -> float:
+    """Harness-seconds per second of an execution spending ``share`` of its reference time in model calls.
+
+    Its model calls run at ``speed`` and its tool, sandbox and evaluation time at 1, interleaved finely
+    (docs/simulator.md section 2): one reference second takes ``(1 - share) + share / speed`` seconds."""
+    return speed if share == 1.0 else 1.0 / ((1.0 - share) + share / speed)
+
 
 class _Engine:
-    __slots__ = ("capacity", "v", "t", "speed", "tags", "heap", "armed_at", "dirty")
+    __slots__ = ("capacity", "t", "speed", "clocks", "tags", "armed_at", "dirty")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.v = 0.0          # virtual clock: work received by each execution here so far
-        self.t = 0.0          # real time at which v was last brought up to date
-        self.speed = 1.0
-        self.tags: dict[int, float] = {}   # execution -> finish tag
-        self.heap: list[tuple[float, int]] = []  # (tag, execution), stale entries skipped lazily
+        self.t = 0.0          # real time at which every clock was last brought up to date
+        self.speed = 1.0      # model-call speed at the current load
+        self.clocks: dict[float, _Clock] = {}  # model-call share -> its clock
+        self.tags: dict[int, tuple[_Clock, float]] = {}   # execution -> (its clock, finish tag)
         self.armed_at = math.inf
         self.dirty = False
 
@@ -130,30 +163,46 @@ class EngineBank:
         return x in self._where
 
     def remaining(self, x: int) -> float:
-        """Work left to execution ``x`` (reference-load seconds)."""
+        """Work left to execution ``x`` (harness-seconds at the reference load)."""
         e = self._engines[self._where[x]]
-        return e.tags[x] - (e.v + (self.env.now - e.t) * e.speed)
+        clock, tag = e.tags[x]
+        return tag - (clock.v + (self.env.now - e.t) * clock.eff)
+
+    def share(self, x: int) -> float:
+        """The model-call share execution ``x`` runs with."""
+        return self._engines[self._where[x]].tags[x][0].share
 
     # ---- changes (each marks its engine; ``flush`` re-arms the timers) ---------------
-    def start(self, x: int, engine: int, work: float) -> None:
+    def start(self, x: int, engine: int, work: float, share: float = 1.0) -> None:
+        """Put ``x`` on ``engine`` with ``work`` harness-seconds, ``share`` of them model calls."""
         if x in self._where:
             raise ValueError(f"execution {x} is already running on engine {self._where[x]}")
         if not (math.isfinite(work) and work >= 0):
             raise ValueError(f"execution {x}: work must be a finite number >= 0, got {work!r}")
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"execution {x}: model-call share must lie in [0, 1], got {share!r}")
         e = self._touch(engine)
-        tag = e.v + work
-        e.tags[x] = tag
-        heapq.heappush(e.heap, (tag, x))
+        clock = e.clocks.get(share)
+        if clock is None:
+            clock = e.clocks[share] = _Clock(share)
+            clock.eff = effective_speed(share, e.speed)
+        tag = clock.v + work
+        e.tags[x] = (clock, tag)
+        clock.live += 1
+        heapq.heappush(clock.heap, (tag, x))
         self._where[x] = engine
 
     def remove(self, x: int) -> float:
-        """Take ``x`` off its engine (cancelled); returns its remaining work."""
+        """Take ``x`` off its engine (cancelled, or stopped at its deadline); returns its remaining work."""
         e = self._touch(self._where.pop(x))
-        return max(0.0, e.tags.pop(x) - e.v)
+        clock, tag = e.tags.pop(x)
+        clock.live -= 1
+        return max(0.0, tag - clock.v)
 
     def move(self, x: int, dest: int, extra_work: float = 0.0) -> None:
         """Reroute ``x`` to ``dest`` with its remaining work plus ``extra_work`` (e.g. prefix recompute)."""
-        self.start(x, dest, self.remove(x) + extra_work)
+        share = self.share(x)
+        self.start(x, dest, self.remove(x) + extra_work, share)
 
     def flush(self) -> None:
         """Re-evaluate the rate of every engine changed since the last flush and re-arm its timer."""
@@ -164,7 +213,10 @@ class EngineBank:
             speed = self._speeds.get(key)
             if speed is None:
                 speed = self._speeds[key] = self.curve.speed(*key)
-            e.speed = speed
+            if speed != e.speed:
+                e.speed = speed
+                for clock in e.clocks.values():
+                    clock.eff = effective_speed(clock.share, speed)
             self._arm(e)
 
     # ---- internals -------------------------------------------------------------------
@@ -183,39 +235,51 @@ class EngineBank:
     def _advance(self, e: _Engine) -> None:
         now = self.env.now
         if now != e.t:
-            e.v += (now - e.t) * e.speed
+            dt = now - e.t
+            for clock in e.clocks.values():
+                clock.v += dt * clock.eff
             e.t = now
 
     def _arm(self, e: _Engine) -> None:
-        heap, tags = e.heap, e.tags
-        while heap and tags.get(heap[0][1]) != heap[0][0]:
-            heapq.heappop(heap)  # removed or re-tagged
-        if not heap:
-            e.armed_at = math.inf
-            return
-        due = e.t + max(0.0, heap[0][0] - e.v) / e.speed
+        tags, due = e.tags, math.inf
+        for clock in e.clocks.values():
+            heap = clock.heap
+            while heap and tags.get(heap[0][1], _GONE)[1] != heap[0][0]:
+                heapq.heappop(heap)  # removed or re-tagged
+            if heap:
+                due = min(due, e.t + max(0.0, heap[0][0] - clock.v) / clock.eff)
+        if len(e.clocks) > 1:  # forget classes with no execution left (their heaps are empty by now)
+            for share in [s for s, c in e.clocks.items() if not c.live]:
+                del e.clocks[share]
         if due == e.armed_at:
             return
         e.armed_at = due
-        self.env.timeout(due - self.env.now).callbacks.append(lambda _ev, e=e, due=due: self._fire(e, due))
+        if due < math.inf:
+            self.env.timeout(due - self.env.now).callbacks.append(lambda _ev, e=e, due=due: self._fire(e, due))
 
     def _fire(self, e: _Engine, due: float) -> None:
         if e.armed_at != due:
             return  # superseded by a later re-arm
         e.armed_at = math.inf
         self._advance(e)
-        heap, tags = e.heap, e.tags
-        limit = e.v + 1e-9 * max(1.0, abs(e.v))
+        tags = e.tags
         done = []
-        while heap and heap[0][0] <= limit:
-            tag, x = heapq.heappop(heap)
-            if tags.get(x) == tag:  # not removed, re-tagged, or already taken (a move to the same engine)
-                del tags[x]
-                del self._where[x]
-                done.append(x)
+        for clock in e.clocks.values():
+            heap, limit = clock.heap, clock.v + 1e-9 * max(1.0, abs(clock.v))
+            while heap and heap[0][0] <= limit:
+                tag, x = heapq.heappop(heap)
+                held = tags.get(x)
+                if held is not None and held[0] is clock and held[1] == tag:  # not removed, re-tagged or taken
+                    del tags[x]
+                    del self._where[x]
+                    clock.live -= 1
+                    done.append(x)
         if not e.dirty:
             e.dirty = True
             self._dirty.append(e)
         for x in done:
             self._on_finish(x)
         self.flush()
+
+
+_GONE = (None, math.nan)  # a tag no heap entry equals

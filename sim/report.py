@@ -24,12 +24,35 @@ _SUMMARY_ROWS = (
 )
 
 
+_IN_SECONDS = {"total_hours": ("total_s", "total time (s)", "{:.2f}"),
+               "mean_step_hours": ("mean_step_s", "time per step (s)", "{:.2f}")}
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     width = max(len(label) for _, label, _ in _SUMMARY_ROWS)
     lines = []
+    seconds = summary.get("units") == "s"  # a real run's trace: its own units
     for key, label, fmt in _SUMMARY_ROWS:
+        if seconds and key in _IN_SECONDS:
+            key, label, fmt = _IN_SECONDS[key]
         value = summary.get(key)
         lines.append(f"{label:<{width}}  {'-' if value is None else fmt.format(value)}")
+    realized = summary.get("realized_profile")
+    if realized and realized.get("executions"):
+        lines.append(f"realized profile ({realized['executions']} executions, {realized['queries']} queries):")
+        lines += [f"  {name.replace('_', ' '):<{width - 2}}  {'-' if value is None else f'{value:.4f}'}"
+                  for name, value in realized.items() if name not in ("executions", "queries")]
+    exposure = summary.get("training_exposure")
+    if exposure and exposure.get("bursts"):
+        lines.append(f"training per burst ({exposure['bursts']} bursts): exposed {exposure['exposed_s_mean']:.0f} s "
+                     f"mean, rollout hides it with a margin of {exposure['margin_s_mean']:.0f} s mean "
+                     f"(min share {exposure['margin_share_min']})")
+    waits = summary.get("switch_waits")
+    if waits and waits["all"]["switches"]:
+        w = waits["all"]
+        lines.append(f"switches to training: {w['switches']}; outstanding at them: {w['outstanding_stuck']} stuck at "
+                     f"a ceiling, {w['outstanding_progressing']} progressing; waited {w['stuck_tail_s_mean']:.0f} s "
+                     "mean after the last progressing execution ended")
     breakdown = summary.get("time_breakdown_hours")
     if breakdown:
         lines.append("where the time goes (h):")

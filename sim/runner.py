@@ -38,8 +38,11 @@ from gyre.presets import PAPER_SHAPE, WORKLOAD_SHAPES, build_preset
 from gyre.sim.breakdown import role_node_seconds, rollout_busy_share, time_breakdown
 from gyre.sim.costs import CostModel
 from gyre.sim.driver import Simulation
+from gyre.sim.exposure import burst_exposure, exposure_summary
+from gyre.sim.realized import realized_profile
 from gyre.sim.record import SimRecord, write_tables
 from gyre.sim.sizes import for_workload
+from gyre.sim.switch_waits import switch_summary, switch_waits
 from gyre.sim.traces.presets import PRESETS as TRACE_PRESETS
 from gyre.sim.traces.presets import generate_trace
 from gyre.staleness import steady_window
@@ -105,8 +108,16 @@ def run_simulation(preset: str | None = None, trace: str | Path | Trace = DEFAUL
     record = sim.run()
     wall = time.perf_counter() - t0
     summary = summarize(cfg, record, preset, trace_name, steps, seed, wall)
+    summary["units"] = "s" if meta is not None else "h"  # a real run's trace: report in its own seconds
+    summary["total_s"], summary["mean_step_s"] = round(record.end_s, 6), round(record.end_s / steps, 6)
     if breakdown:
         summary.update(where_the_time_goes(cfg, record, sim.plane.busy_node_s))
+        summary["realized_profile"] = realized_profile(record, cfg.group_size, cfg.N,
+                                                       float(sim.trace.durations_s.max()))
+        bursts = burst_exposure(record, sim.costs, cfg.nodes_per_cell)
+        summary["training_exposure"] = {**exposure_summary(bursts), "per_burst": bursts}
+        waits = switch_waits(record)
+        summary["switch_waits"] = {**switch_summary(waits), "per_switch": waits}
     else:  # a sweep reads only the slack: skip the wall-clock breakdown (~7% of a run's CPU time)
         summary["slack"] = slack(cfg, record, sim.plane.busy_node_s)
     summary.update(training_costs(sim.costs, sim.plane.work_node_s, steps))

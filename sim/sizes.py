@@ -27,8 +27,10 @@ Formulas (the constants are ``CostModel`` fields, see ``costs.py``):
   ``sandbox_start_s`` longer than its trace duration (each execution runs
   in a fresh sandbox, docs/README.md#vocabulary), so the redispatch after a publication pays
   it before the next groups' executions do any work. It is added to the
-  execution's work, so on a processor-sharing engine it is scaled by the
-  load like the rest (an approximation: start-up uses no engine).
+  execution's harness time at the execution's model-call share (an
+  approximation: start-up is no model call, but 30 s is under 0.5 % of a
+  1.9 h execution, and a per-row share would give every execution its own
+  virtual clock, ``gyre.sim.engines``).
 
 Model presets (``MODELS``; docs/workload.md#workload-profile names the models, not their shapes):
 ``122b``: Qwen 3.6 122B, a mixture of experts with 10B active parameters

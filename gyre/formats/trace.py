@@ -15,6 +15,13 @@ harness_s          no        seconds from start until the harness stopped (its
                              the rest of duration_s is evaluation (e.g. the
                              retries after a harness timeout), which uses no
                              rollout engine; absent: harness_s = duration_s
+model_call_share   no        share of harness_s the execution spent waiting
+                             on model calls (the rest: tool, sandbox and
+                             evaluation time), in [0, 1]; only this share
+                             slows with its engine's load in the simulator;
+                             absent: ``DEFAULT_MODEL_CALL_SHARE`` (0.35, see
+                             below); a real run measures it (proxy call time
+                             over wall time, ``gyre.real.runtime.trace``)
 input_tokens       no        tokens the execution fed the model over its life
 output_tokens      no        tokens the model generated for it
 call_count         no        number of model calls the execution made
@@ -25,6 +32,13 @@ trajectory_tokens  no        JSON list of the token counts of the execution's
                              first), e.g. ``[41000, 9000]``; at least one entry; the first ``J_max`` of them
                              are what training keeps (``kept_tokens``)
 =================  ========  ==================================================
+
+``DEFAULT_MODEL_CALL_SHARE`` = 0.35 is ours (no measured figure for the
+paper's runs): the nl2repo-122b preset's ~18 s per model call with its tool
+time and ~130 output tokens per call (2,587 tokens, 5 % output), at an
+assumed ~25 tokens/s per request on a full 122B-A10B engine (5.2 s) plus
+~1 s to prefill the call's new input, spend 6.2 s of 18 s in the model
+call. docs/simulator.md section 2 derives it and its sensitivity.
 
 Both CSV and Parquet hold the same table; ``call_durations_s`` and
 ``trajectory_tokens`` are JSON text in both; traces written before
@@ -37,7 +51,7 @@ Invariants of every ``Trace`` (checked when it is built, whatever the source):
 
 * every required column exists and holds a value in every row;
 * durations are finite and non-negative, and so is ``harness_s``, never
-  above its row's ``duration_s``; token and call counts are
+  above its row's ``duration_s``; ``model_call_share`` lies in [0, 1]; token and call counts are
   non-negative integers; outcomes are known; each ``trajectory_tokens``
   cell is a non-empty list of non-negative integers;
 * no (query_id, execution_index) pair repeats;
@@ -81,6 +95,8 @@ class Outcome(StrEnum):
 OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
 REQUIRED_COLUMNS = ("query_id", "execution_index", "duration_s", "outcome")
 HARNESS_COLUMN = "harness_s"
+MODEL_SHARE_COLUMN = "model_call_share"
+DEFAULT_MODEL_CALL_SHARE = 0.35  # ours: derived in the module docstring and docs/simulator.md section 2
 COUNT_COLUMNS = ("input_tokens", "output_tokens", "call_count")
 CALL_TIMING_COLUMN = "call_durations_s"
 TRAJECTORY_COLUMN = "trajectory_tokens"
@@ -126,6 +142,16 @@ def _harness_seconds(frame: pd.DataFrame, source: str) -> np.ndarray:
         problem = (f"value {_show(frame[HARNESS_COLUMN].iloc[position])} is above the row's "
                    f"duration_s {_show(durations[position])}")
         _fail(source, position + 1, HARNESS_COLUMN, problem)
+    return values
+
+
+def _shares(frame: pd.DataFrame, source: str) -> np.ndarray:
+    """``model_call_share`` as finite floats in [0, 1], or TraceError."""
+    values = _numbers(frame, MODEL_SHARE_COLUMN, source, integer=False)
+    if (values > 1).any():
+        position = int(np.flatnonzero(values > 1)[0])
+        _fail(source, position + 1, MODEL_SHARE_COLUMN,
+              f"value {_show(frame[MODEL_SHARE_COLUMN].iloc[position])} is above 1 (a share of harness_s)")
     return values
 
 
@@ -258,6 +284,8 @@ def validate_frame(
     if HARNESS_COLUMN in out.columns:
         out[HARNESS_COLUMN] = _harness_seconds(out, source)
     out["outcome"] = _outcomes(out, source)
+    if MODEL_SHARE_COLUMN in out.columns:
+        out[MODEL_SHARE_COLUMN] = _shares(out, source)
     for column in (c for c in COUNT_COLUMNS if c in out.columns):
         out[column] = _numbers(out, column, source, integer=True).astype("int64")
     if CALL_TIMING_COLUMN in out.columns:
@@ -332,8 +360,8 @@ class Trace:
         frame, n = validate_frame(self.frame, self.N, self.source, check_trajectories=given is None)
         object.__setattr__(self, "frame", frame)
         object.__setattr__(self, "N", n)
-        grids = {c: _frozen(frame[c].to_numpy(), n) for c in ("duration_s", HARNESS_COLUMN, *COUNT_COLUMNS)
-                 if c in frame}
+        columns = ("duration_s", HARNESS_COLUMN, MODEL_SHARE_COLUMN, *COUNT_COLUMNS)
+        grids = {c: _frozen(frame[c].to_numpy(), n) for c in columns if c in frame}
         grids["outcome"] = _frozen(np.asarray(OUTCOMES)[frame["outcome"].cat.codes.to_numpy()], n)
         object.__setattr__(self, "_grids", grids)
         object.__setattr__(self, "_query_ids", frame["query_id"].to_numpy()[::n].copy())
@@ -356,6 +384,16 @@ class Trace:
     def harness_s(self) -> np.ndarray:
         """Read-only (queries, N) grid of seconds until each harness stopped (``durations_s`` without the column)."""
         return self._grids.get(HARNESS_COLUMN, self._grids["duration_s"])
+
+    @property
+    def model_call_share(self) -> np.ndarray:
+        """Read-only (queries, N) grid of model-call shares (``DEFAULT_MODEL_CALL_SHARE`` without the column)."""
+        grid = self._grids.get(MODEL_SHARE_COLUMN)
+        if grid is None:
+            assert self.N is not None  # set by __post_init__
+            grid = _frozen(np.full(self._grids["duration_s"].size, DEFAULT_MODEL_CALL_SHARE), self.N)
+            self._grids[MODEL_SHARE_COLUMN] = grid
+        return grid
 
     @property
     def outcomes(self) -> np.ndarray:

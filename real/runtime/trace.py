@@ -30,6 +30,14 @@ where unset), and the simulator frees the slot at that time as the real core
 did. A first evaluation attempt is folded into the duration, as the real core
 holds the slot through it.
 
+Model-call share: ``model_call_s`` is the wall time the execution spent
+waiting on model calls through the proxy (the union of its calls'
+``started_at``..``finished_at`` intervals, so concurrent calls count once;
+``counts_from_calls``). The trace's ``model_call_share`` is that over its
+harness time (``harness_s``, or the duration), capped at 1: the part of the
+execution the simulator slows with engine load. It is written only when
+every kept result has it.
+
 Invariants: ``duration_s = end_s - start_s``; every kept result has an outcome
 in ``gyre.formats.trace.OUTCOMES``, finite times with ``end_s >= start_s``,
 and non-negative integer counts; an optional count column is written only
@@ -49,7 +57,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from gyre.formats.trace import HARNESS_COLUMN, OUTCOMES, Trace, TraceError, save_trace
+from gyre.formats.trace import HARNESS_COLUMN, MODEL_SHARE_COLUMN, OUTCOMES, Trace, TraceError, save_trace
 
 CANCELLED = "cancelled"
 COUNT_FIELDS = ("input_tokens", "output_tokens", "call_count")
@@ -68,6 +76,7 @@ class ExecutionResult:
     output_tokens: int | None = None
     call_count: int | None = None
     harness_end_s: float | None = None  # the harness stopped, evaluation retries followed (see the module doc)
+    model_call_s: float | None = None  # wall seconds spent in model calls (see the module doc)
 
     @property
     def name(self) -> str:
@@ -83,7 +92,19 @@ def counts_from_calls(calls: Iterable[Any]) -> dict[str, int]:
     calls = list(calls)
     return {"input_tokens": sum(len(c.input_ids) for c in calls),
             "output_tokens": sum(len(c.output_ids) for c in calls),
-            "call_count": len(calls)}
+            "call_count": len(calls),
+            "model_call_s": call_wall_s((c.started_at, c.finished_at) for c in calls)}
+
+
+def call_wall_s(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals: wall time with at least one model call open."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
 
 
 def check_result(result: ExecutionResult) -> None:
@@ -106,6 +127,9 @@ def check_result(result: ExecutionResult) -> None:
         value = getattr(result, field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise TraceError(f"{result.name}: {field}={value!r} must be an integer >= 0")
+    calls = result.model_call_s
+    if calls is not None and not (isinstance(calls, (int, float)) and math.isfinite(calls) and calls >= 0):
+        raise TraceError(f"{result.name}: model_call_s={calls!r} must be a finite number >= 0")
 
 
 def _count_columns(kept: list[ExecutionResult]) -> list[str]:
@@ -136,6 +160,10 @@ def trace_from_results(results: Iterable[ExecutionResult], N: int | None = None,
     if any(r.harness_end_s is not None for r in kept):
         for row, r in zip(rows, kept):
             row[HARNESS_COLUMN] = (r.end_s if r.harness_end_s is None else r.harness_end_s) - r.start_s
+    if kept and all(r.model_call_s is not None for r in kept):
+        for row, r in zip(rows, kept):
+            harness = (r.end_s if r.harness_end_s is None else r.harness_end_s) - r.start_s
+            row[MODEL_SHARE_COLUMN] = min(1.0, r.model_call_s / harness) if harness > 0 else 0.0
     return Trace(pd.DataFrame(rows), N=N, source=source)
 
 

@@ -18,6 +18,9 @@ from gyre.sim.traces.model import DurationModel
 from gyre.sim.traces.presets import TracePreset, _preset
 
 SPEC5 = "paper: docs/workload.md#workload-profile, 122B profile"
+AS_REALIZED = ("ours: the trace value at which the default E0 run realizes the 122B figure of "
+               "docs/workload.md#workload-profile (1.93 h, 2.96 h, 9.51 %; mean over seeds 0-7), "
+               "docs/simulator.md section 3; summary.json reports the realized value")
 SPEC51 = "paper: docs/workload.md#hard-queries, at most 9.51% of queries hold a timed-out execution"
 MILLION = "paper: docs/workload.md#workload-profile, 'about a million tokens' per execution (order of magnitude)"
 JMAX = {"jmax1_token_share": 0.414, "jmax5_token_share": 0.748}  # trajectories.SPEC51_KEPT_SHARE
@@ -33,8 +36,18 @@ def nl2repo_122b() -> TracePreset:
 
     Paper targets (docs/workload.md): mean execution 1.93 h, mean query (slowest
     of 16) 2.96 h, 9.51 % of queries above 4 h, harness timeouts 6.25 % and
-    overall timeouts 0.87 % of executions; bounds: at most 9.51 % of queries
-    hold a timeout, and so at most 9.51 % sit at the ceiling or the budget.
+    overall timeouts 0.87 % of executions, as realized in the default run
+    (E0 on the 122B cluster, with its engine load, 30 s sandbox start and
+    wall-clock deadlines): the slowest executions of a burst end on
+    emptying engines, so queries realize shorter than they are traced, and
+    the trace's own figures are 1.961 h, 3.027 h and 10.36 %. The six shape
+    parameters were fitted (``gyre trace fit``) to the paper's figures times
+    the stated/realized ratio; the fit cannot meet the three at once, so
+    ``difficulty_log_mean`` and ``execution_log_sd`` were then set by hand
+    so that E0 realizes 1.944 h, 2.940 h and 9.54 % (mean over seeds 0-7).
+    Timeout rates realize exactly (deadlines are on the wall clock, and the
+    rare classes are quotas). Bounds: at most 9.51 % of queries hold a
+    timeout, and so at most 9.51 % sit at the ceiling or the budget.
     Ours: a timed-out query holds 13 timeouts out of 16 on average (docs/workload.md#hard-queries
     says only "most"; 13 puts 8.6 % of queries at the ceiling, under the
     bound, and leaves ~0.9 pp of queries that pass 4 h on a long completion);
@@ -48,11 +61,11 @@ def nl2repo_122b() -> TracePreset:
     budget 5.5 h: 30 min of evaluation retries after the ceiling, so an
     overall timeout lasts 5.5 h; only executions stopped at the ceiling can
     run out of budget (the others have hours left for retries).
-    Fitted: hard queries are the hardest 8.7 % by difficulty and an
-    execution of one gets stuck with probability 0.82, so 8.6 % of queries
-    hold a timeout (independent timeouts at the same rate: 69 %); 12.4 % of
+    Fitted: hard queries are the hardest 8.6 % by difficulty and an
+    execution of one gets stuck with probability 0.83, so 8.6 % of queries
+    hold a timeout (independent timeouts at the same rate: 69 %); 12.3 % of
     the executions stopped at the ceiling then time out overall. Median
-    duration exp(0.494) = 1.64 h, sigma_e = 0.276 within a group. Finding:
+    duration exp(0.506) = 1.66 h, sigma_e = 0.291 within a group. Finding:
     the profile leaves no between-query duration spread outside the hard
     queries (the fit drives sigma_q to ~0): the 1.93 h / 2.96 h ratio needs
     sigma_e ~ 0.28, which alone spreads the slowest of 16 by ~0.16 in log,
@@ -62,25 +75,26 @@ def nl2repo_122b() -> TracePreset:
     return TracePreset(
         name="nl2repo-122b",
         model=DurationModel(
-            difficulty_log_mean=0.4937,
+            # with execution_log_sd: set so E0 realizes docs/workload.md#workload-profile (docstring)
+            difficulty_log_mean=0.5060,
             difficulty_log_sd=0.0,  # the fit drives it to 0: see the docstring
-            execution_log_sd=0.2764,
-            hard_share=0.0870,
-            stuck_rate=0.8225,
-            overall_share=0.1235,
+            execution_log_sd=0.2910,
+            hard_share=0.0863,
+            stuck_rate=0.8255,
+            overall_share=0.1226,
             ceiling_h=5.0,
             budget_h=5.5,
             failed_rate=0.005,
             call_s=18.0,
-            tokens_per_call=2587.3092,
+            tokens_per_call=2564.7522,
             output_share=0.05,
-            calls_per_branch=54.91,  # ~8 trajectories per execution, the main one ~41 % of the tokens
-            branch_weight=0.2092,
+            calls_per_branch=55.70,  # ~8 trajectories per execution, the main one ~41 % of the tokens
+            branch_weight=0.2096,
         ),
         targets={
-            "mean_execution_h": 1.93,
-            "mean_query_h": 2.96,
-            "queries_over_4h": 0.0951,
+            "mean_execution_h": 1.961,  # AS_REALIZED: E0 realizes 1.93
+            "mean_query_h": 3.027,  # E0 realizes 2.96
+            "queries_over_4h": 0.1036,  # E0 realizes 0.0951
             "harness_timeout_rate": 0.0625,
             "overall_timeout_rate": 0.0087,
             "timeouts_per_timed_out_query": 13.0,
@@ -91,9 +105,9 @@ def nl2repo_122b() -> TracePreset:
         bounds={"queries_with_timeout": 0.0951, "queries_at_ceiling": 0.0951},
         sources={
             **JMAX_PAPER,
-            "mean_execution_h": SPEC5,
-            "mean_query_h": SPEC5,
-            "queries_over_4h": SPEC5,
+            "mean_execution_h": AS_REALIZED,
+            "mean_query_h": AS_REALIZED,
+            "queries_over_4h": AS_REALIZED,
             "harness_timeout_rate": SPEC5,
             "overall_timeout_rate": SPEC5,
             "timeouts_per_timed_out_query": "ours: docs/workload.md#hard-queries says 'most' time out together",
@@ -192,8 +206,8 @@ def deepswe() -> TracePreset:
     1.5 h with 3 % harness timeouts, total budget 2 h with 0.5 % overall
     timeouts that cluster (5 % of queries have one as their slowest), 14 %
     of queries hold a timeout (about 4 each: less concentrated than NL2Repo,
-    more of these short tasks end on a plain long run), 1 % failures; 12 s per model call (~120 calls);
-    ~300k tokens per execution, 5 % output.
+    more of these short tasks end on a plain long run), 1 % failures; 12 s per
+    model call (~120 calls); ~300k tokens per execution, 5 % output.
     Fitted: median duration exp(-1.22) = 0.30 h, sigma_q = 0.57 between
     queries, sigma_e = 0.53 within a group; the hardest 4.0 % of queries get
     stuck with probability 0.57 per execution; 14 % of stopped executions

@@ -178,3 +178,27 @@ def test_resume_points_are_the_last_events_each_attempt_kept(tmp_path):
     (run / "attempts" / "4" / "resume.json").write_text(json.dumps({"version": 2}))
     with pytest.raises(CalibrationError, match="attempts/4/resume.json: no events_kept"):
         calibrate(run)
+
+
+def test_the_publication_cost_is_split_into_a_fixed_part_and_a_part_per_engine():
+    from gyre.analysis.calibrate import publication_fit
+
+    # 2 s fixed + 0.5 s per engine, measured at 1, 2 and 3 engines
+    fixed, per_engine = publication_fit([1, 2, 3, 3], [2.5, 3.0, 3.5, 3.5])
+    assert fixed == pytest.approx(2.0) and per_engine == pytest.approx(0.5)
+    assert publication_fit([2, 2], [3.0, 5.0]) == (4.0, 0.0)  # one engine count: all fixed
+    assert publication_fit([1, 2], [5.0, 4.0]) == (4.5, 0.0)  # no engine makes it faster
+    assert publication_fit([], []) == (0.0, 0.0)
+
+
+def test_the_simulated_publication_grows_with_the_engines_loading_it():
+    from gyre.sim.costs import CostModel
+    from gyre.sim.runner import run_simulation
+
+    def spans(per_engine):
+        record = run_simulation("E0", steps=4, seed=0, costs=CostModel(publish_engine_s=per_engine)).record
+        return [end - start for start, end in record.publications]
+
+    base, grown = spans(0.0), spans(10.0)
+    assert len(base) == len(grown) >= 1
+    assert all(g - b >= 10.0 - 1e-6 for b, g in zip(base, grown))  # at least one engine each time

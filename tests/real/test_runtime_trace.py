@@ -10,8 +10,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gyre.real.runtime.trace import CANCELLED, ExecutionResult, counts_from_calls, trace_from_results, write_trace
+from gyre.real.runtime.trace import (
+    CANCELLED,
+    ExecutionResult,
+    call_wall_s,
+    counts_from_calls,
+    trace_from_results,
+    write_trace,
+)
 from gyre.sim.runner import run_simulation
 from gyre.formats.trace import TraceError, load_trace
 from gyre.trajectory.records import ModelCall
@@ -108,3 +117,34 @@ def test_a_harness_stop_outside_the_execution_is_named(stop):
                           harness_end_s=stop)
     with pytest.raises(TraceError, match=r"query_id=7.*harness_end_s"):
         trace_from_results([bad])
+
+
+def _timed_call(k: int, start: float, end: float) -> ModelCall:
+    return ModelCall(execution_id="e", request_id=f"r{k}", input_ids=np.arange(4), output_ids=np.arange(2),
+                     output_logprobs=np.full(2, -0.5), policy_version=0, started_at=start, finished_at=end)
+
+
+def test_the_model_call_share_is_the_calls_wall_time_over_the_harness_time(tmp_path):
+    # calls 10-14 and 12-20 overlap (a subagent's call inside the main one): 10 s of calls, counted once;
+    # plus 30-35: 15 s of a 60 s harness (its evaluation retries after 60 s are not the harness's)
+    calls = [_timed_call(0, 10.0, 14.0), _timed_call(1, 12.0, 20.0), _timed_call(2, 30.0, 35.0)]
+    counts = counts_from_calls(calls)
+    assert counts["model_call_s"] == pytest.approx(15.0)
+    results = [ExecutionResult(query_id=0, execution_index=i, start_s=0.0, end_s=90.0, harness_end_s=60.0,
+                               outcome="harness_timeout", **counts) for i in range(N)]
+    trace = load_trace(write_trace(results, tmp_path / "run.csv", N=N), N=N)
+    np.testing.assert_allclose(trace.model_call_share, 0.25)
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 20)), max_size=12))
+def test_call_wall_time_is_the_length_of_the_union_of_the_calls(spans):
+    intervals = [(float(a), float(a + w)) for a, w in spans]
+    covered = {t for a, b in intervals for t in range(int(a), int(b))}  # unit cells inside some call
+    assert call_wall_s(intervals) == pytest.approx(len(covered))
+
+
+def test_a_bad_model_call_time_is_named():
+    bad = ExecutionResult(query_id="q", execution_index=0, start_s=0.0, end_s=1.0, outcome="completed",
+                          model_call_s=float("nan"))
+    with pytest.raises(TraceError, match=r"query_id='q'.*model_call_s"):
+        trace_from_results([bad], N=1)

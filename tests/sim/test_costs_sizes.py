@@ -153,14 +153,11 @@ def test_the_summary_reports_the_slack_measure_and_the_size_driven_costs():
 
 
 @pytest.mark.slow
-def test_e0_reproduces_the_spec51_slack_within_three_points():
-    # docs/workload.md#training-cost-and-slack: 20.85 % of the training cells' time is spare in E0. Measure: idle share
-    # of training-role
-    # node time. One seed moves by a few points (which cell joins when), so the mean of four is compared.
-    slacks = [run_simulation("E0", "nl2repo-122b", steps=12, seed=seed).summary["slack"] for seed in range(4)]
-    assert np.mean(slacks) == pytest.approx(0.2085, abs=0.03), slacks
-    # and the mechanism: double the training work (half the utilisation) and the spare time shrinks
+def test_less_training_throughput_leaves_less_idle_training_time():
+    # The idle share is reported, not fitted (20.85 % was a gloss, docs/simulator.md section 4); its mechanism
+    # still holds: double the training work (half the utilisation) and the spare time shrinks.
+    slacks = [run_simulation("E0", "nl2repo-122b", steps=12, seed=seed).summary["slack"] for seed in range(2)]
     busy = [run_simulation("E0", "nl2repo-122b", steps=12, seed=seed,
                            costs=CostModel(train_utilisation=CostModel().train_utilisation / 2)).summary["slack"]
             for seed in range(2)]
-    assert np.mean(busy) < np.mean(slacks[:2]) - 0.05, busy
+    assert np.mean(busy) < np.mean(slacks) - 0.05, (busy, slacks)

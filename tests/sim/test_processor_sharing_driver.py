@@ -4,7 +4,8 @@ With ``engine_load_alpha=0`` every execution that ends by itself takes
 exactly its trace duration (load-independent engines). With the default
 curve and reference load 1 (a full engine gives the trace duration), no
 engine ever runs above its capacity, so no execution takes longer than its
-duration and the ones in an emptying engine take strictly less; with
+duration and the ones in an emptying engine take strictly less (by at most
+their model-call share's gain: tool time does not speed up); with
 reference load 0.5 full engines are slower than the trace says.
 """
 
@@ -46,7 +47,7 @@ def test_default_engines_never_exceed_the_trace_durations_and_speed_up_when_empt
     rows, _ = _elapsed(cfg, trace, CostModel())
     assert all(elapsed <= duration * (1 + 1e-9) + 1e-6 for elapsed, duration, _ in rows)
     faster = [elapsed / duration for elapsed, duration, _ in rows if duration > 0]
-    assert min(faster) < 0.9  # the burst's tail runs on half-empty engines
+    assert min(faster) < 0.97  # the burst's tail runs on half-empty engines (only the model-call share speeds up)
 
 
 def test_a_lower_reference_load_slows_full_engines(setup):

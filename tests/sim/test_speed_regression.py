@@ -41,7 +41,7 @@ from gyre.scheduler import Scheduler
 from gyre.sim import record as sim_record
 from gyre.sim import runner
 from gyre.sim.driver import Simulation, SimulationStalled
-from gyre.sim.engines import EngineBank
+from gyre.sim.engines import EngineBank, effective_speed
 from gyre.sim.traces.presets import generate_trace
 
 STEPS = 3
@@ -104,7 +104,10 @@ def _reference_schedule_tick(self) -> None:
 
 def _reference_start_executions(self, a: act.StartExecutions) -> None:
     for x, engine in a.placements:
-        self.engines.start(x, engine, self._duration(x))
+        q, i = self._cell(x)
+        self.engines.start(x, engine, self._work[q][i], self._shares[q][i])
+        if self._limits[q][i] is not None:
+            self._arm_deadline(x, self.env.now + self._limits[q][i])
         self.record.execution_started(x, self.core.group_of(x), engine, self.env.now)
 
 
@@ -113,6 +116,8 @@ def _reference_flush(self) -> None:
         e = self._dirty.pop()
         e.dirty = False
         e.speed = self.curve.speed(len(e.tags), e.capacity)
+        for clock in e.clocks.values():
+            clock.eff = effective_speed(clock.share, e.speed)
         self._arm(e)
 
 

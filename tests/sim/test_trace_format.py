@@ -7,6 +7,8 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gyre.formats.trace import OUTCOMES, Trace, TraceError, load_trace, save_trace
 
@@ -187,3 +189,25 @@ def test_file_level_errors(tmp_path):
         load_trace(tmp_path / "blank.csv")
     with pytest.raises(ValueError, match="positive integer"):
         Trace(small_frame(), N=0)
+
+
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True).filter(lambda v: not 0 <= v <= 1),
+                 st.just("half")))
+def test_a_model_call_share_outside_0_1_is_named_with_its_row(bad):
+    from gyre.formats.trace import MODEL_SHARE_COLUMN
+
+    frame = pd.DataFrame({"query_id": [0, 0], "execution_index": [0, 1], "duration_s": [10.0, 20.0],
+                          "outcome": ["completed", "completed"], MODEL_SHARE_COLUMN: [0.5, bad]})
+    with pytest.raises(TraceError, match=r"row 2, column 'model_call_share'"):
+        Trace(frame, N=2)
+
+
+def test_the_model_call_share_defaults_and_round_trips(tmp_path):
+    from gyre.formats.trace import DEFAULT_MODEL_CALL_SHARE, MODEL_SHARE_COLUMN
+
+    frame = pd.DataFrame({"query_id": [0, 0], "execution_index": [0, 1], "duration_s": [10.0, 20.0],
+                          "outcome": ["completed", "completed"]})
+    assert (Trace(frame, N=2).model_call_share == DEFAULT_MODEL_CALL_SHARE).all()
+    shared = Trace(frame.assign(**{MODEL_SHARE_COLUMN: [0.0, 1.0]}), N=2)
+    loaded = load_trace(save_trace(shared, tmp_path / "t.csv"), N=2)
+    np.testing.assert_array_equal(loaded.model_call_share, [[0.0, 1.0]])

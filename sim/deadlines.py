@@ -1,0 +1,67 @@
+"""What each trace row puts on an engine: its work, its model-call share and its wall-clock limit.
+
+Time limits are deadlines on an execution's wall clock (docs/simulator.md
+section 1): its harness stops at its start plus the limit, however lightly or
+heavily its engine is loaded, and a reroute neither resets nor stretches that
+clock. So:
+
+- a trace row that timed out (``harness_timeout`` or ``overall_timeout``) is
+  *stuck*: its harness stops at exactly ``start + harness_s`` (the ceiling),
+  never earlier. Its engine work is set so high it cannot run out first
+  (``harness_s`` times the fastest effective speed, twice over, plus 1 s);
+  an overall timeout then spends ``duration_s - harness_s`` in evaluation
+  retries, ending at ``start + duration_s``, inside its total budget;
+- any other row brings its ``harness_s`` as work; where a slow engine could
+  stretch it to the trace's ceiling (the longest ``harness_s`` of a timed-out
+  row: every timed-out row of a preset stops at the ceiling; a real run's
+  rows at the ceiling plus their start-up jitter), it also gets that deadline, and an execution still working then is
+  cut there as a harness timeout;
+- only the row's model-call share of its harness time slows with load
+  (``gyre.sim.engines.effective_speed``), rounded to two decimals:
+  an engine keeps one virtual clock per distinct share, so a real run's
+  trace (a share per row) costs at most 101 clocks per engine, not one per
+  execution.
+
+Invariants: a stuck row's limit is its ``harness_s``; a non-stuck row has a
+limit (the ceiling) exactly when its slowest possible wall time reaches the
+ceiling; without a timed-out row there is no ceiling and no other limit.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from gyre.formats.trace import Outcome, Trace
+from gyre.sim.engines import EngineCurve
+
+TIMED_OUT = frozenset({Outcome.HARNESS_TIMEOUT.value, Outcome.OVERALL_TIMEOUT.value})
+
+Grid = list[list]
+
+
+def trace_ceiling_s(trace: Trace) -> float | None:
+    """The harness ceiling a trace shows: the longest harness time of a timed-out row (None without one)."""
+    stuck = np.isin(trace.outcomes, list(TIMED_OUT))
+    return float(trace.harness_s[stuck].max()) if stuck.any() else None
+
+
+def execution_plan(trace: Trace, curve: EngineCurve,
+                   capacities: Iterable[int]) -> tuple[Grid, Grid, Grid, float | None]:
+    """(work, model-call share, wall-clock limit or None) grids by (query, index), and the ceiling."""
+    harness = trace.harness_s
+    shares = np.round(trace.model_call_share, 2)
+    stuck = np.isin(trace.outcomes, list(TIMED_OUT))
+    ceiling = trace_ceiling_s(trace)
+    ranges = [curve.speed_range(c) for c in capacities if c > 0] or [(1.0, 1.0)]
+    slowest, fastest = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    work = np.where(stuck, harness * 2.0 * max(1.0, fastest) + 1.0, harness)
+    limits = np.full(harness.shape, np.nan)
+    limits[stuck] = harness[stuck]
+    if ceiling is not None:
+        slowest_wall = harness * ((1.0 - shares) + shares / slowest)  # 1 / effective_speed(share, slowest)
+        reach = ~stuck & (slowest_wall >= ceiling)
+        limits[reach] = ceiling
+    limit_grid = [[None if np.isnan(v) else float(v) for v in row] for row in limits]
+    return work.tolist(), shares.astype(float).tolist(), limit_grid, ceiling
