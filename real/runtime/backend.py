@@ -86,7 +86,8 @@ class RealBackend(ActionHandler):
         self.executions.cancel(a)
 
     def on_reroute(self, a: act.Reroute) -> None:
-        t0, record = self.ctx.clock(), {"execution": a.execution, "source": a.source, "dest": a.dest}
+        t0 = self.ctx.clock()
+        record: dict[str, float] = {"execution": a.execution, "source": a.source, "dest": a.dest}
         self.ctx.metrics.reroutes.append(record)
         done = self.proxy.reroute(a.execution, self.parts.engine_names[a.dest])
         done.add_done_callback(lambda _f: record.update(admin_s=self.ctx.clock() - t0))

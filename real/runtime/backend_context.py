@@ -91,5 +91,6 @@ class BackendContext:
 
     def _done(self, task: asyncio.Task) -> None:
         self.tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self.failed(task.exception())
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            self.failed(error)

@@ -33,8 +33,10 @@ everything. Each engine's full output is in ``WORKDIR/engine-logs``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -89,17 +91,15 @@ TABLE_KEYS = {"model": ("checkpoint", "dtype"), "cluster": None, "layout": None,
 
 def job_overrides(items: list[str]) -> tuple[dict, dict[str, dict]]:
     """``--set`` assignments as whole ``JobConfig`` fields and entries of its tables (``load_job_config``)."""
-    import dataclasses
-
     from gyre.config import SchedulerConfig
     from gyre.overrides import check_type, parse_assignments, toml_value
     from gyre.real.runtime.job import JobConfig
 
-    job = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-           for f in dataclasses.fields(JobConfig)}
+    job = {f.name: _default(f) for f in dataclasses.fields(JobConfig)}
     schedule = {f.name: None if f.default is dataclasses.MISSING else f.default
                 for f in dataclasses.fields(SchedulerConfig)}
-    fields, tables = {}, {}
+    fields: dict[str, Any] = {}
+    tables: dict[str, dict[str, Any]] = {}
     for a in parse_assignments("--set", items, {"job": list(job), "schedule": list(schedule), **TABLE_KEYS}):
         value = toml_value(a)
         if a.section == "job":
@@ -108,6 +108,15 @@ def job_overrides(items: list[str]) -> tuple[dict, dict[str, dict]]:
             default = schedule.get(a.field) if a.section == "schedule" else None
             tables.setdefault(a.section, {})[a.field] = check_type(a, value, default)
     return fields, tables
+
+
+def _default(field: dataclasses.Field[Any]) -> Any:
+    """A ``JobConfig`` field's default value (``--set`` checks a value's type against it)."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    raise TypeError(f"JobConfig.{field.name} has no default: --set needs one to check a value against")
 
 
 def _resume(args: argparse.Namespace) -> int:

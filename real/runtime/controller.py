@@ -43,6 +43,9 @@ from gyre.formats.eventlog import EventLog
 from gyre.loop import DriverLoop
 from gyre.scheduler import Scheduler
 
+# a queued report: the event's class, its fields but ``now``, and what to run once the core has acted on it
+Report = tuple[type[ev.Event], dict[str, Any], Callable[[], None] | None]
+
 
 class ControllerError(RuntimeError):
     """The run cannot go on: a report before the loop started, or the run's time limit passed."""
@@ -60,7 +63,7 @@ class Controller:
         self._offset = self.core.now or 0.0  # a resumed run's clock goes on from its log
         self._started: float | None = None  # time.monotonic() when run() began
         self.clock = clock or self._run_clock
-        self._queue: asyncio.Queue[tuple[type, dict[str, Any], Callable[[], None] | None]] | None = None
+        self._queue: asyncio.Queue[Report] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _run_clock(self) -> float:
@@ -86,7 +89,7 @@ class Controller:
         the actions still outstanding in the replayed log (``runtime.resume``).
         """
         self._loop = asyncio.get_running_loop()
-        self._queue = asyncio.Queue()
+        queue = self._queue = asyncio.Queue()
         self._started = time.monotonic()
         if resume is None:
             self.loop.feed(ev.Begin(self.clock()))
@@ -96,17 +99,18 @@ class Controller:
         while self.core.version < steps or (finish_publication and self.core.awaiting_publish):
             if deadline_run is not None and self.clock() > deadline_run:
                 raise ControllerError(f"run exceeded {timeout_s} s at step {self.core.version} of {steps}")
-            event, then = await self._next_event(deadline_run)
+            event, then = await self._next_event(queue, deadline_run)
             self.loop.feed(event)
             if then is not None:  # the reporter wanted to act once the core had acted on its event
                 then()
 
-    async def _next_event(self, deadline_run: float | None) -> tuple[ev.Event, Callable[[], None] | None]:
+    async def _next_event(self, queue: asyncio.Queue[Report],
+                          deadline_run: float | None) -> tuple[ev.Event, Callable[[], None] | None]:
         deadline = self.core.next_deadline()
         limits = [t for t in (deadline, deadline_run) if t is not None]
         wait = None if not limits else max(0.0, min(limits) - self.clock())
         try:
-            kind, fields, then = await asyncio.wait_for(self._queue.get(), wait)
+            kind, fields, then = await asyncio.wait_for(queue.get(), wait)
         except TimeoutError:
             return ev.Tick(max(self.clock(), deadline or 0.0)), None
         return kind(now=max(self.clock(), self.core.now or 0.0), **fields), then

@@ -155,6 +155,8 @@ class Executions:
             self._finish(x, "cancelled")
             return
         if exited is None:
+            if keys is None:
+                raise RuntimeError(f"execution {x}: neither its keys' future nor a harness result to take")
             key = (await keys)[execution_id(x)]
             exited = await self.ctx.parts.runner.run(x, self._tasks[g], key)
         self.running.pop(x, None)

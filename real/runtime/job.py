@@ -66,7 +66,7 @@ import statistics
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gyre.config import ConfigError, SchedulerConfig
 from gyre.formats.trace_meta import TraceMeta, write_trace_meta
@@ -80,6 +80,9 @@ from gyre.real.runtime.layout import layout_from_table
 from gyre.real.runtime.metrics import WANDB_MODES
 from gyre.real.toy.tasks import EmitCharTask
 from gyre.real.toy.tiny_model import build_tiny_tokenizer
+
+if TYPE_CHECKING:
+    from gyre.real.runtime.trace import ExecutionResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,8 +298,9 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
     run = JobParts(job, progress or (lambda line: None), resume)
     try:
         log_dir = run.build(watch).run()
-        return _summarise(job, run.cfg, run.controller, run.backend, log_dir, replay_run(log_dir), write_trace,
-                          run.work, run.timings, run.cells, run.watch, run.placement, run.proxy)
+        wired = run.wired()
+        return _summarise(job, run.cfg, wired.controller, wired.backend, log_dir, replay_run(log_dir), write_trace,
+                          run.work, run.timings, run.cells, wired.watch, run.placement, wired.proxy)
     finally:
         run.close()
 
@@ -304,7 +308,7 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
 def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, work, timings,
                cells=(), supervisor=None, placement=None, proxy=None) -> dict[str, Any]:
     m = backend.metrics
-    complete = {}
+    complete: dict[int | str, list[ExecutionResult]] = {}
     for r in m.trace:
         complete.setdefault(r.query_id, []).append(r)
     kept = [r for rs in complete.values() if len([x for x in rs if x.outcome != "cancelled"]) == cfg.N for r in rs]

@@ -4,10 +4,11 @@
 one named step each (the work folder and its lock, the model and tokenizer,
 the tasks and harness, the training plane, the engines and their watch, the
 proxy, the backend wired to the controller, its live metrics and resume
-checkpoints); ``run()`` runs the controller to the end and writes the event
-log; ``close()`` stops whatever was started, in reverse order, whatever
-failed. Every step reads the job's configuration and does the I/O the
-configuration itself never does.
+checkpoints); ``wired()`` gives the parts a finished build wired together
+(RuntimeError before then); ``run()`` runs the controller to the end and
+writes the event log; ``close()`` stops whatever was started, in reverse
+order, whatever failed. Every step reads the job's configuration and does the
+I/O the configuration itself never does.
 
 Invariants: nothing starts before the layout is known to be runnable; every
 process started here is stopped by ``close`` (harnesses, engines, cells,
@@ -23,8 +24,9 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Hashable
 
 from gyre.actions import SEPARATE
 from gyre.real.engines.manager import HOST, EngineManager, EngineSpec, free_port
@@ -36,6 +38,12 @@ from gyre.real.runtime.engine_watch import EngineWatch
 from gyre.real.runtime.metrics import LiveMetrics
 from gyre.real.runtime.proxy_process import ProxyProcess
 from gyre.real.toy.tiny_model import build_tiny_tokenizer
+
+if TYPE_CHECKING:
+    from gyre.real.cluster.placement import Placement
+    from gyre.real.runtime.restore import ResumeWiring
+    from gyre.real.runtime.resume import ResumePlan
+    from gyre.real.train.plane import TrainingPlane
 
 ADMIN_TOKEN = "gyre-job-admin"
 # a model call that finds no engine in the rollout role (the only one died and restarts, or every cell
@@ -49,8 +57,21 @@ class CellFailed(RuntimeError):
     ``gyre run`` resumes the run from its last checkpoint, up to ``cell_restarts`` times."""
 
 
+@dataclass(frozen=True)
+class Wired:
+    """The parts ``JobParts.run`` drives, every one built (``JobParts.build`` ends with them)."""
+
+    plane: TrainingPlane
+    watch: EngineWatch
+    proxy: ProxyProcess
+    backend: RealBackend
+    controller: Controller
+    live: LiveMetrics
+    wiring: ResumeWiring
+
+
 class JobParts:
-    def __init__(self, job, say: Callable[[str], None], resume=None) -> None:
+    def __init__(self, job, say: Callable[[str], None], resume: ResumePlan | None = None) -> None:
         self.job, self.say, self.resume = job, say, resume
         self.cfg, self.work = job.scheduler(), Path(job.workdir)
         self.layout = job.gpu_layout() if job.device == "cuda" else None
@@ -60,8 +81,13 @@ class JobParts:
         self.timings: dict[str, float] = {}
         self.cells: list[dict] = []
         self.lock: int | None = None
-        self.plane = self.engines = self.placement = self.watch = self.proxy = None
-        self.backend = self.controller = self.live = self.wiring = None
+        # what ``close`` stops: each None until its step has started it (a build can fail part-way)
+        self.plane: TrainingPlane | None = None
+        self.engines: EngineManager | None = None
+        self.placement: Placement | None = None
+        self.watch: EngineWatch | None = None
+        self.proxy: ProxyProcess | None = None
+        self._wired: Wired | None = None
 
     # ---- build -------------------------------------------------------------------------
     def build(self, watch: Callable[[dict], None] | None = None) -> JobParts:
@@ -73,15 +99,21 @@ class JobParts:
         t0 = time.monotonic()
         tokenizer, model_cfg = self._model()
         tasks, adapter = self._tasks()
-        self._start_plane(model_cfg)
-        model = self._start_engines(tokenizer)
+        plane, engines = self._start_plane(model_cfg)
+        model = self._start_engines(plane, engines, tokenizer)
         self.timings["startup_s"] = time.monotonic() - t0
-        self.watch = EngineWatch(self.engines, progress=self.say, roster=self.work / "engines.json").start()
+        engine_watch = self.watch = EngineWatch(engines, progress=self.say, roster=self.work / "engines.json").start()
         self.say(f"ready after {self.timings['startup_s']:.1f} s; running {self.job.steps} steps, "
                  f"{self.cfg.mu} per burst")
-        self._start_proxy(model)
-        self._wire(tasks, adapter, watch)
+        proxy = self._start_proxy(engines, model)
+        self._wired = self._wire(tasks, adapter, watch, plane, engines, engine_watch, proxy)
         return self
+
+    def wired(self) -> Wired:
+        """The parts a finished ``build`` wired together; RuntimeError before then."""
+        if self._wired is None:
+            raise RuntimeError("JobParts: build() has not finished, so there is nothing to run or summarise")
+        return self._wired
 
     def _model(self):
         """The tokenizer's folder and the cells' model: a Hugging Face checkpoint, or the tiny toy model."""
@@ -103,61 +135,66 @@ class JobParts:
                      f"harness {adapter.name}")
         return tasks, adapter
 
-    def _start_plane(self, model_cfg) -> None:
+    def _start_plane(self, model_cfg) -> tuple[TrainingPlane, EngineManager]:
         from gyre.real.train.plane import PlaneConfig, TrainingPlane
         from gyre.real.train.state import OptimConfig
 
         job, cfg, tp = self.job, self.cfg, self.job.cell_tp()
-        self.plane = TrainingPlane(PlaneConfig(cells=cfg.K, model=model_cfg, optim=OptimConfig(lr=job.lr),
+        plane = self.plane = TrainingPlane(PlaneConfig(cells=cfg.K, model=model_cfg, optim=OptimConfig(lr=job.lr),
                                                timeout_s=300.0, device=job.device, tp=tp,
                                                pp=self.layout.pipeline_parallel if self.layout else 1),
                                    self.work / "plane")
-        self.engines = EngineManager(self.work / "engine-logs")
+        engines = self.engines = EngineManager(self.work / "engine-logs")
         if job.cluster:  # one placement group per cell on the Ray cluster (real.cluster)
             from gyre.real.cluster.placement import Placement
 
             cluster = job.cluster_config()
             self.say(f"placing {cfg.K} cells on the Ray cluster at {cluster.address}")
-            self.placement = Placement(cluster, progress=self.say).open(cells=cfg.K, tp=tp, engines=self.names)
-            self.plane.launcher = self.engines.launcher = self.placement
+            by_cell: dict[Hashable, str] = dict(self.names.items())  # Placement.open: keys of any hashable type
+            placement = self.placement = Placement(cluster, progress=self.say).open(cells=cfg.K, tp=tp,
+                                                                                    engines=by_cell)
+            plane.launcher = engines.launcher = placement
         self.say(f"schedule {job.preset}: K={cfg.K} cells, C_s={cfg.C_s}, phi={cfg.phi}, mu={cfg.mu}, "
                  f"{cfg.granularity} transitions, streaming {'on' if cfg.streaming else 'off'}")
         self.say(f"starting {cfg.K} training cells of {tp} rank{'s' if tp > 1 else ''} each (Megatron-core, "
                  f"{job.device})")
-        self.plane.start()
-        self.cells = [self.plane.call(c, "info") for c in range(cfg.K)]  # each cell's leader: role, tp, pid
+        plane.start()
+        self.cells = [plane.call(c, "info") for c in range(cfg.K)]  # each cell's leader: role, tp, pid
         (self.work / "cells.json").write_text(json.dumps({str(c): i for c, i in enumerate(self.cells)}, default=str))
+        return plane, engines
 
-    def _start_engines(self, tokenizer: Path) -> Path:
+    def _start_engines(self, plane: TrainingPlane, engines: EngineManager, tokenizer: Path) -> Path:
         """One SGLang engine per rollout cell (and the separate pool), serving the plane's version-0 weights."""
         model = self.work / "engine-model"  # a resumed run's engines start from it (runtime.restore loads the newest)
         if self.resume is None or not model.is_dir():
-            model = _initial_model(self.plane, tokenizer, self.work)
+            model = _initial_model(plane, tokenizer, self.work)
         for cell in range(self.cfg.static_train_cells):
-            self.plane.send(cell, "enter_training").result()
+            plane.send(cell, "enter_training").result()
         for cell, name in self.names.items():
             host, port = self.placement.engine_endpoint(name) if self.placement is not None else (HOST, free_port())
             extra = SMALL_ENGINE if self.layout is None else self.layout.engine_args(cell)
-            self.engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=port, host=host,
+            engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=port, host=host,
                                            cpu=self.layout is None, extra_args=extra))
         self.say(f"starting {len(self.names)} SGLang CPU engines ({', '.join(self.names.values())})")
         for name in self.names.values():
-            self.engines.wait_healthy(name, timeout=300)
+            engines.wait_healthy(name, timeout=300)
         return model
 
-    def _start_proxy(self, model: Path) -> None:
+    def _start_proxy(self, engines: EngineManager, model: Path) -> ProxyProcess:
         from gyre.real.proxy.config import EngineSpec as ProxyEngine
         from gyre.real.proxy.config import Limits, ProxyConfig, RetryPolicy
 
         config = ProxyConfig(model_path=str(model), records_dir=str(self.work / "records"), admin_token=ADMIN_TOKEN,
-                             engines=tuple(ProxyEngine(id=n, url=self.engines.engines[n].url)
+                             engines=tuple(ProxyEngine(id=n, url=engines.engines[n].url)
                                            for n in self.names.values()),
                              port=free_port(), fsync=False, limits=Limits(default_max_tokens=self.job.max_tokens),
                              retry=RetryPolicy(hold_s=ENGINE_HOLD_S))
-        self.proxy = ProxyProcess(config, self.work / "proxy", progress=self.say).start()
+        proxy = self.proxy = ProxyProcess(config, self.work / "proxy", progress=self.say).start()
         self.proxy_url = f"http://127.0.0.1:{config.port}"
+        return proxy
 
-    def _wire(self, tasks, adapter, watch: Callable[[dict], None] | None) -> None:
+    def _wire(self, tasks, adapter, watch: Callable[[dict], None] | None, plane: TrainingPlane,
+              engines: EngineManager, engine_watch: EngineWatch, proxy: ProxyProcess) -> Wired:
         """Harness runner, backend, controller, live metrics and resume wiring, each given what it needs."""
         from gyre.real.runtime.restore import ResumeWiring, controller_parts
 
@@ -168,41 +205,44 @@ class JobParts:
                                hide=[work / "records", work / "records" / "keys.json",  # records, key digests
                                      work / "attempts",  # and what a resume moved aside (runtime.resume)
                                      work / "proxy"])  # the proxy's config holds the admin token
-        parts = Parts(proxy_url=self.proxy_url, admin_token=ADMIN_TOKEN, engines=self.engines,
-                      engine_names=self.names, plane=self.plane, runner=runner, records_dir=work / "records",
-                      checkpoint_dir=work / "checkpoints", task=tasks, watch=self.watch)
-        self.backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget, progress=self.say,
-                                   steps=job.steps)
-        self.watch.serve(self.backend)  # from here on a dead engine comes back with the newest weights
-        self.controller = Controller(cfg, self.backend, **controller_parts(self.resume, work / "log"))
-        self.backend.bind(self.controller)
+        parts = Parts(proxy_url=self.proxy_url, admin_token=ADMIN_TOKEN, engines=engines,
+                      engine_names=self.names, plane=plane, runner=runner, records_dir=work / "records",
+                      checkpoint_dir=work / "checkpoints", task=tasks, watch=engine_watch)
+        backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget, progress=self.say,
+                              steps=job.steps)
+        engine_watch.serve(backend)  # from here on a dead engine comes back with the newest weights
+        controller = Controller(cfg, backend, **controller_parts(self.resume, work / "log"))
+        backend.bind(controller)
         redone = None if self.resume is None else self.resume.version + 1  # the first redone step
-        self.live = LiveMetrics(cfg, work, self.names, log=self.say, watch=watch, wandb=job.wandb,
-                                purge_step=redone).bind(self.controller, self.backend)
-        self.backend.set_hooks(on_step=self.live.on_step)  # metrics.jsonl + tb/, one record per step
-        self.wiring = ResumeWiring(self.resume, self.controller, self.backend, work=work, tp=job.cell_tp(),
-                                   seed=job.seed)
+        live = LiveMetrics(cfg, work, self.names, log=self.say, watch=watch, wandb=job.wandb,
+                           purge_step=redone).bind(controller, backend)
+        backend.set_hooks(on_step=live.on_step)  # metrics.jsonl + tb/, one record per step
+        wiring = ResumeWiring(self.resume, controller, backend, work=work, tp=job.cell_tp(), seed=job.seed)
+        return Wired(plane=plane, watch=engine_watch, proxy=proxy, backend=backend, controller=controller,
+                     live=live, wiring=wiring)
 
     # ---- run -----------------------------------------------------------------------------
     def run(self) -> Path:
         """Run the controller to the last step; the event log's folder."""
+        wired = self.wired()
+
         async def main() -> None:
-            supervising = asyncio.ensure_future(self.watch.supervise())
-            proxy_watch = asyncio.ensure_future(self.proxy.supervise(on_restart=self.backend.reapply_proxy_state))
+            supervising = asyncio.ensure_future(wired.watch.supervise())
+            proxy_watch = asyncio.ensure_future(wired.proxy.supervise(on_restart=wired.backend.reapply_proxy_state))
             try:
-                await _run_until_failure(self.controller, self.backend, self.plane, self.job, self.wiring)
+                await _run_until_failure(wired.controller, wired.backend, wired.plane, self.job, wired.wiring)
             finally:
-                self.watch.stop()  # the run is over: nothing waits for an engine still coming back
+                wired.watch.stop()  # the run is over: nothing waits for an engine still coming back
                 supervising.cancel()
                 proxy_watch.cancel()
-                await self.backend.stop()
+                await wired.backend.stop()
 
         t_run = time.monotonic()
         try:
             asyncio.run(main())
         finally:
-            self.live.close()
-            log_dir = self.controller.write_log(self.work / "log")
+            wired.live.close()
+            log_dir = wired.controller.write_log(self.work / "log")
         self.timings["run_s"] = time.monotonic() - t_run
         return log_dir
 

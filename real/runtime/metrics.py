@@ -53,7 +53,7 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from gyre import events as ev
 from gyre import roles as R
@@ -62,6 +62,10 @@ from gyre.config import SchedulerConfig
 from gyre.driver_rules import CATEGORIES, breakdown_category
 from gyre.scheduler import Scheduler
 from gyre.staleness import group_staleness
+
+if TYPE_CHECKING:
+    from gyre.real.runtime.backend import RealBackend
+    from gyre.real.runtime.controller import Controller
 
 
 def category(core: Scheduler) -> str:
@@ -110,7 +114,7 @@ def _number(value: Any, name: str, problems: list[str]) -> float | None:
     return number
 
 
-def _mean(values: list[float]) -> float | None:
+def _mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
@@ -273,16 +277,19 @@ class LiveMetrics:
         self.writer = MetricsWriter(run_dir, log=log, tensorboard=tensorboard, wandb=wandb,
                                     config=dataclasses.asdict(cfg), purge_step=purge_step)
         self.engine_names, self.log, self.watch = dict(engine_names), log, watch
-        self.controller = self.backend = None
+        self.controller: Controller | None = None
+        self.backend: RealBackend | None = None
         self.records: list[dict[str, Any]] = []
 
-    def bind(self, controller, backend) -> LiveMetrics:
+    def bind(self, controller: Controller, backend: RealBackend) -> LiveMetrics:
         self.controller, self.backend = controller, backend
         return self
 
     def on_step(self, version: int) -> None:
         """Record step ``version`` (its report is in the backend's metrics); never raises."""
         try:
+            if self.controller is None or self.backend is None:
+                raise RuntimeError("LiveMetrics.on_step before bind(controller, backend)")
             record = step_record(self.timeline, self.backend.metrics, version, rows=self.controller.log.rows,
                                  now=self.controller.clock(), engine_names=self.engine_names)
         except Exception as exc:

@@ -104,7 +104,13 @@ class ProxyAdmin:
     def post(self, method: str, path: str, body: dict | None = None) -> asyncio.Future:
         """Send without a waiter: a failure is filed as a backend error."""
         future = self.send(method, path, body)
-        future.add_done_callback(lambda f: f.cancelled() or f.exception() is None or self._failed(f.exception()))
+
+        def file_failure(done: asyncio.Future) -> None:
+            error = None if done.cancelled() else done.exception()
+            if error is not None:
+                self._failed(error)
+
+        future.add_done_callback(file_failure)
         return future
 
     def call_blocking(self, method: str, path: str, body: dict | None = None) -> Any:
@@ -130,8 +136,9 @@ class ProxyAdmin:
         keys = asyncio.get_running_loop().create_future()
 
         def take(done: asyncio.Future) -> None:
-            if done.exception() is not None:
-                keys.set_exception(done.exception())
+            error = done.exception()
+            if error is not None:
+                keys.set_exception(error)
             else:
                 keys.set_result(done.result()["api_keys"])
 

@@ -174,8 +174,11 @@ class ProxyProcess:
 
 def _read_line(proc: subprocess.Popen, timeout: float) -> str:
     """The process's first stdout line, or "" if it exits or stays silent for ``timeout`` seconds."""
+    stdout = proc.stdout
+    if stdout is None:
+        raise ValueError("the proxy process was started without stdout=PIPE: its listening line cannot be read")
     box: list[str] = []
-    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
+    reader = threading.Thread(target=lambda: box.append(stdout.readline()), daemon=True)
     reader.start()
     reader.join(timeout)
     return box[0] if box else ""

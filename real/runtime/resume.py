@@ -273,7 +273,8 @@ def _split_metrics(path: Path, aside: Path, version: int) -> None:
     """Keep the records of steps trained into the checkpoint; the redone steps' go to ``aside``."""
     if not path.is_file():
         return
-    kept, moved = [], []
+    kept: list[str] = []
+    moved: list[str] = []
     for line in path.read_text().splitlines(keepends=True):
         try:
             trained = json.loads(line).get("version", 0) < version

@@ -10,9 +10,16 @@ only: checking a table never imports Ray, torch or SGLang.
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, Mapping, TypeVar
+from typing import Any, ClassVar, Mapping, Protocol, TypeVar
 
-T = TypeVar("T")
+
+class Dataclass(Protocol):
+    """Any dataclass: what ``dataclasses.fields`` reads (the class attribute every dataclass gets)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+T = TypeVar("T", bound=Dataclass)
 
 
 def from_table(cls: type[T], table: Any, name: str, example: str = "",

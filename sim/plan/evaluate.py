@@ -44,7 +44,8 @@ class Workload:
     trace: str  # a trace preset name or a CSV/Parquet path
     steps: int = 12
     seeds: tuple[int, ...] = (0, 1, 2)
-    costs: tuple[tuple[str, float], ...] = ()  # cost-model overrides (``gyre sim --cost``), sorted
+    # cost-model overrides (``gyre sim --cost``), sorted; each value typed as its CostModel field (float, int)
+    costs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.steps < 1 or not self.seeds:

@@ -61,10 +61,10 @@ class PlanResult:
 
 
 def _baseline_rows(request: PlanRequest, best: TrialRecord | None, mapper: Mapper) -> list[dict[str, Any]]:
-    size = best.schedule["nodes_per_cell"] if best else request.cluster.cell_sizes[0]
+    size = best.evaluated_schedule["nodes_per_cell"] if best else request.cluster.cell_sizes[0]
     rows = []
     if best is not None:
-        rows.append({"method": "plan", "schedule": describe(best.schedule, request.cluster),
+        rows.append({"method": "plan", "schedule": describe(best.evaluated_schedule, request.cluster),
                      **{k: round(best.attrs[k], 6) for k in ("time_h", "time_h_std", "staleness", "staleness_max")},
                      "refused": ""})
     for method in ("async", "colocate"):
@@ -111,11 +111,11 @@ def _write(request: PlanRequest, out: Path, trials: list[TrialRecord], front: li
     else:
         keys = ("time_h", "time_h_std", "time_h_min", "time_h_max", "step_h", "step_h_std", "staleness",
                 "staleness_std", "staleness_max", "seeds")
-        rec["recommendation"] = {"trial": best.number, "schedule": best.schedule,
-                                 "description": describe(best.schedule, request.cluster),
+        rec["recommendation"] = {"trial": best.number, "schedule": best.evaluated_schedule,
+                                 "description": describe(best.evaluated_schedule, request.cluster),
                                  **{k: best.attrs[k] for k in keys}}
-        job.write_text(job_file(best.schedule, request.cluster, request.workload.steps,
-                                f"{describe(best.schedule, request.cluster)}\n"
+        job.write_text(job_file(best.evaluated_schedule, request.cluster, request.workload.steps,
+                                f"{describe(best.evaluated_schedule, request.cluster)}\n"
                                 f"predicted: {spread_line(best.attrs, len(request.workload.seeds))}"))
         files.append(job)
     (out / "recommendation.json").write_text(json.dumps(rec, indent=2, sort_keys=True, default=str) + "\n")
@@ -130,13 +130,13 @@ def _report(request: PlanRequest, trials: list[TrialRecord], front: list[TrialRe
     lines = [f"{len(trials)} trials ({refused} refused); target: {target}", "", "Pareto front (time vs staleness):"]
     for t in front:
         mark = "*" if best is not None and t.number == best.number else " "
-        lines.append(f" {mark} {t.values[0]:8.3f} h  staleness {t.values[1]:.3f} (max {t.values[2]:g})  "
-                     f"{describe(t.schedule, request.cluster)}")
+        lines.append(f" {mark} {t.scores[0]:8.3f} h  staleness {t.scores[1]:.3f} (max {t.scores[2]:g})  "
+                     f"{describe(t.evaluated_schedule, request.cluster)}")
     lines.append("")
     if best is None:
         lines.append("no evaluated schedule meets the target: extend the budget (--budget) or relax the target")
     else:
-        lines += [f"recommended (trial {best.number}): {describe(best.schedule, request.cluster)}",
+        lines += [f"recommended (trial {best.number}): {describe(best.evaluated_schedule, request.cluster)}",
                   f"  {spread_line(best.attrs, len(request.workload.seeds))}"]
     lines.append("")
     for row in baselines:

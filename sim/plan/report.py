@@ -47,13 +47,13 @@ def dominates(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
 
 def pareto_front(trials: list[TrialRecord]) -> list[TrialRecord]:
     pool = evaluated(trials)
-    front = [t for t in pool if not any(dominates(o.values, t.values) for o in pool if o is not t)]
+    front = [t for t in pool if not any(dominates(o.scores, t.scores) for o in pool if o is not t)]
     return sorted(front, key=lambda t: (t.values, t.number))
 
 
 def recommend(trials: list[TrialRecord]) -> TrialRecord | None:
     feasible = [t for t in evaluated(trials) if t.feasible]
-    return min(feasible, key=lambda t: (t.values[0], t.values[1], t.number), default=None)
+    return min(feasible, key=lambda t: (t.scores[0], t.scores[1], t.number), default=None)
 
 
 def trial_row(t: TrialRecord, cluster: Cluster) -> dict[str, Any]:

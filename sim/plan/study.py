@@ -84,6 +84,20 @@ class TrialRecord:
     def feasible(self) -> bool:
         return self.values is not None and not any(v > 1e-9 for v in self.attrs.get("constraints", [1.0]))
 
+    @property
+    def scores(self) -> tuple[float, float, float]:
+        """``values`` of an evaluated trial; a refused one has none (ValueError naming it)."""
+        if self.values is None:
+            raise ValueError(f"trial {self.number} has no objective values: refused ({self.refused})")
+        return self.values
+
+    @property
+    def evaluated_schedule(self) -> dict[str, Any]:
+        """``schedule`` of an evaluated trial; a refused one has none (ValueError naming it)."""
+        if self.schedule is None:
+            raise ValueError(f"trial {self.number} has no evaluated schedule: refused ({self.refused})")
+        return self.schedule
+
 
 def _suggest(trial: Any, request: PlanRequest) -> dict[str, Any]:
     cluster, space = request.cluster, request.space
@@ -100,7 +114,8 @@ def warm_start(request: PlanRequest) -> list[dict[str, Any]]:
     default rho_min and tau. Asked first, so the search starts from the known schedule, not from nothing."""
     target, space = request.target_mean, request.space
     phi, mu = (0.5, 2 * (target - 0.5) + 1) if target >= 0.5 else (target, 1.0)
-    wanted = {"phi": phi, "mu": mu, "rho_min": 0.5, "tau": 30.0, "streaming": True, "granularity": "fine"}
+    wanted: dict[str, Any] = {"phi": phi, "mu": mu, "rho_min": 0.5, "tau": 30.0, "streaming": True,
+                              "granularity": "fine"}
     choices = space.choices()
     if any(name in choices and value not in choices[name] for name, value in wanted.items()):
         return []
@@ -191,7 +206,7 @@ def _tell(study: Any, request: PlanRequest, trial: Any, point: dict[str, Any], s
         for name, value in {**old.attrs, "reused": old.number}.items():
             trial.set_user_attr(name, value)
         _constrain(trial, old.attrs["constraints"])
-        study.tell(trial, list(old.values))
+        study.tell(trial, list(old.scores))
         return None
     per_seed = [next(rows) for _ in request.workload.seeds]
     try:

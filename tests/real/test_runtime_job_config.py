@@ -156,3 +156,14 @@ def test_a_job_is_built_without_io_and_checked_against_what_it_names(tmp_path):
     path.write_text(f"[job]\ntasks = '{missing}'\nevaluator = 'gyre.real.toy.tasks:EmitCharTask'\n")
     with pytest.raises(ValueError, match="no-tasks.jsonl"):
         load_job_config(path)
+
+
+def test_running_or_summarising_parts_that_were_never_built_is_named(tmp_path):
+    from gyre.real.runtime.job_parts import JobParts
+
+    parts = JobParts(JobConfig(workdir=str(tmp_path / "run")), say=lambda line: None)
+    for use in (parts.wired, parts.run):
+        with pytest.raises(RuntimeError, match="build\\(\\) has not finished"):
+            use()
+    parts.close()  # nothing started: nothing to stop
+    assert not (tmp_path / "run").exists()

@@ -23,7 +23,7 @@ from gyre.sim.plan.evaluate import Workload, baseline, serial_map
 from gyre.sim.plan.plan import local_mapper, run_plan
 from gyre.sim.plan.report import pareto_front, recommend
 from gyre.sim.plan.space import Cluster, Refused, SearchSpace, cells_key, points, schedule_of
-from gyre.sim.plan.study import PlanRequest, open_study, run_study
+from gyre.sim.plan.study import PlanRequest, TrialRecord, open_study, run_study
 
 CLUSTER = Cluster(nodes=16, cell_sizes=(2, 4), per_node=36, N=16, B=32)
 SMALL = SearchSpace(phi=(0.0, 0.3, 0.5, 1.0), mu=(1, 2, 3), rho_min=(0.5,), tau=(30.0,), streaming=(True, False),
@@ -209,3 +209,12 @@ def test_a_trace_file_brings_its_cluster_and_is_simulated_once(tmp_path):
     req = build_request(args)
     assert req.workload.seeds == (0,)
     assert (req.cluster.nodes, req.cluster.cell_sizes, req.cluster.per_node, req.cluster.B) == (4, (1, 2, 4), 8, 2)
+
+
+def test_a_refused_trial_has_no_scores_or_schedule_and_says_which_it_is():
+    evaluated = TrialRecord(number=3, point={}, schedule={"K": 2}, values=(1.0, 0.5, 2.0), attrs={}, refused=None)
+    assert (evaluated.scores, evaluated.evaluated_schedule) == ((1.0, 0.5, 2.0), {"K": 2})
+    refused = TrialRecord(number=4, point={}, schedule=None, values=None, attrs={}, refused="too few nodes")
+    for read in ("scores", "evaluated_schedule"):
+        with pytest.raises(ValueError, match="trial 4 .*refused \\(too few nodes\\)"):
+            getattr(refused, read)
