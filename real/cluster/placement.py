@@ -152,13 +152,13 @@ class Placement:
         self._connected = True
         try:
             self._check_head()
+            homes = engine_homes(cells, engines)
             groups = {f"cell{c}": self._bundles(tp, engine=c in engines) for c in range(cells)}
-            groups.update({f"engine-{name}": [{"CPU": self.config.engine_cpus}]
-                           for key, name in engines.items() if not isinstance(key, int)})
+            groups.update({home: [{"CPU": self.config.engine_cpus}]
+                           for home in homes.values() if home not in groups})
             placed = self._place(groups)
             self.cells = {c: placed[f"cell{c}"] for c in range(cells)}
-            self.engine_groups = {name: placed[f"cell{key}" if isinstance(key, int) else f"engine-{name}"]
-                                  for key, name in engines.items()}
+            self.engine_groups = {name: placed[home] for name, home in homes.items()}
         except BaseException:
             self.close()
             raise
@@ -287,6 +287,14 @@ class Placement:
         self._agents, self._pgs = [], []
         ray.shutdown()
         self._connected = False
+
+
+def engine_homes(cells: int, engines: dict[Hashable, str]) -> dict[str, str]:
+    """The placement group each engine lives in: a cell's (key 0..cells-1) its cell's, ``cell<c>``;
+    any other key (the separate pool, ``gyre.actions.SEPARATE`` = -1 among them) a group of its own,
+    ``engine-<name>``."""
+    return {name: f"cell{key}" if isinstance(key, int) and 0 <= key < cells else f"engine-{name}"
+            for key, name in engines.items()}
 
 
 def _ready(pg: Any) -> bool:

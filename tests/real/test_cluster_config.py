@@ -190,3 +190,13 @@ def test_the_holder_ends_like_its_command_and_its_command_dies_with_it(tmp_path)
     proc.kill()  # as Ray's raylet kills an exiting worker's direct children
     proc.wait(10)
     assert wait_until(marker.exists, 10), "the holder's command got no SIGTERM when the holder was killed"
+
+
+def test_a_separate_pool_engine_gets_a_group_of_its_own_and_cells_keep_theirs():
+    from gyre.actions import SEPARATE
+    from gyre.real.cluster.placement import engine_homes
+
+    homes = engine_homes(2, {0: "e0", 1: "e1", SEPARATE: "pool"})
+    # SEPARATE is an int (-1): it must not be taken for a cell ("cell-1" is no group)
+    assert homes == {"e0": "cell0", "e1": "cell1", "pool": "engine-pool"}
+    assert engine_homes(1, {0: "e0", 1: "stray"})["stray"] == "engine-stray"  # past the last cell
