@@ -5,6 +5,9 @@ the training nodes' throughput at a stated utilisation), not fitted to one
 figure, so it must reproduce each stated mechanism at once on the default
 trace (12 steps, seed 0):
 
+- executions complete in clusters: a smaller training pool digests a
+  cluster more slowly, and publication plus the next groups' dispatch wait
+  for it (A0 with training cells of half the nodes, same rollout pool);
 - training follows trained tokens: J_max = 1 keeps ~41.4 % of them, 5 ~74.8 %;
 - in E0 rollout masks training: little of each burst's training is exposed
   on the critical path, and rollout delivers with a positive margin;
@@ -81,3 +84,45 @@ def test_fine_cells_start_training_from_a_subset_and_expand(runs):
                        if r["role"] == "training" and r["start_s"] <= step["start_s"] < r["end_s"])
         expanded += at_start < step["training_cells_max"]
     assert expanded >= 3
+
+
+def _digest_and_redispatch(result):
+    """Per published step v, from the record: (seconds from its burst's last group ready to
+    publication start, publication start, publication end, first dispatch at version v)."""
+    record = result.record
+    last_ready: dict[int, float] = {}
+    for g in record.groups.values():
+        if g["consumed_step"] is not None:
+            step = g["consumed_step"]
+            last_ready[step] = max(last_ready.get(step, 0.0), g["ready_at_s"])
+    first_dispatch: dict[int, float] = {}
+    for g in record.groups.values():
+        first_dispatch[g["v_d"]] = min(first_dispatch.get(g["v_d"], np.inf), g["dispatched_at_s"])
+    published = [s["step"] for s in record.step_rows() if s["published"]]
+    rows = []
+    for step, (pub_start, pub_end) in zip(published, record.publications):
+        if pub_end is None or step + 1 not in first_dispatch:
+            continue  # the run's last publication: nothing is dispatched after it
+        rows.append((pub_start - last_ready[step], pub_start, pub_end, first_dispatch[step + 1]))
+    return rows
+
+
+def test_a_smaller_training_pool_digests_a_cluster_more_slowly_and_holds_back_redispatch(runs):
+    # A0 (mu = 1: every step is a burst that publishes) with training cells of half the nodes: the
+    # same trace, schedule and rollout pool (C_e is per cell and unchanged), half the training nodes
+    full = _digest_and_redispatch(runs["A0"])
+    half = _digest_and_redispatch(run_simulation("A0", steps=12, seed=0, overrides={"nodes_per_cell": 2}))
+    assert len(full) == len(half) >= 10, (len(full), len(half))
+    # like with like: before the first publication, rollout is identical, so the first cluster
+    # completes at the same moment in both runs
+    assert half[0][1] - half[0][0] == pytest.approx(full[0][1] - full[0][0], abs=1e-6)
+    for version, (f, h) in enumerate(zip(full, half), start=1):
+        for digest, _, pub_end, dispatch in (f, h):
+            assert digest > 0, f"publication of version {version} began before its last group was ready"
+            assert dispatch >= pub_end, (f"groups at version {version} dispatched at {dispatch:.1f} s, "
+                                         f"before its publication ended ({pub_end:.1f} s)")
+        assert h[0] > 1.5 * f[0], (f"version {version}: half the training nodes digested the cluster in "
+                                   f"{h[0]:.0f} s, the full pool in {f[0]:.0f} s (expected > 1.5x)")
+    # the next groups wait for the slower digestion: the first redispatch slips by what it cost
+    slip, extra_digest = half[0][3] - full[0][3], half[0][0] - full[0][0]
+    assert slip >= 0.9 * extra_digest > 0, (slip, extra_digest)
