@@ -1,0 +1,142 @@
+"""No orphan outlives a killed job: the forkserver, its cells and the proxy die with ``gyre run``.
+
+Each test starts a stand-in job as its own Python process and SIGKILLs it:
+- a child of a real multiprocessing forkserver, armed like a training cell
+  (``cell_main``: parent-death signal, then ``release_forkserver``), ends with
+  the forkserver shortly after the job; the same child that keeps its copy of
+  the forkserver's alive pipe keeps the forkserver and itself alive (the
+  control: what left the forkserver and two cells behind a killed run);
+- the job's proxy process (``ProxyProcess``) ends with the job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+try:
+    from processes import alive, all_gone, wait_until
+    from proxy_fixtures import free_port
+except ImportError:
+    from .processes import alive, all_gone, wait_until
+    from .proxy_fixtures import free_port
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+
+CELL_MODULE = """
+import os, sys, time
+from gyre.real.runtime.lifetime import die_with_parent, release_forkserver
+
+def cell(path, release):
+    die_with_parent()
+    if release:
+        release_forkserver()
+    open(path, "w").write(f"{os.getpid()} {os.getppid()}")
+    time.sleep(300)
+"""
+
+FORKSERVER_JOB = """
+import multiprocessing as mp, sys, time
+sys.path.insert(0, {folder!r})
+import orphan_cell
+if __name__ == "__main__":
+    ctx = mp.get_context("forkserver")
+    for n in range(2):
+        ctx.Process(target=orphan_cell.cell, args=({folder!r} + f"/cell{{n}}", {release}), daemon=True).start()
+    print("started", flush=True)
+    time.sleep(300)
+"""
+
+
+def _job(script: str, cwd) -> subprocess.Popen:
+    path = cwd / "job.py"
+    path.write_text(textwrap.dedent(script))
+    job = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, text=True, cwd=cwd)
+    return job
+
+
+def _pids(folder, names, timeout=60.0) -> list[int]:
+    assert wait_until(lambda: all((folder / n).is_file() and (folder / n).read_text() for n in names), timeout)
+    return [int(p) for n in names for p in (folder / n).read_text().split()]
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_forkserver_cells_die_with_a_killed_job_only_when_they_release_its_pipe(tmp_path, release):
+    (tmp_path / "orphan_cell.py").write_text(CELL_MODULE)
+    job = _job(FORKSERVER_JOB.format(folder=str(tmp_path), release=release), tmp_path)
+    pids: list[int] = []
+    try:
+        assert job.stdout.readline().strip() == "started"
+        pids = sorted(set(_pids(tmp_path, ["cell0", "cell1"])))  # two cells and their forkserver
+        assert len(pids) == 3 and all(alive(pid) for pid in pids)
+        job.kill()
+        job.wait(10)
+        assert all_gone(pids, within_s=10.0) is release
+    finally:
+        job.kill()
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+PROXY_JOB = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from proxy_fixtures import proxy_config
+from gyre.real.proxy.config import RetryPolicy
+from gyre.real.runtime.proxy_process import ProxyProcess
+folder = Path({folder!r})
+config = proxy_config({model!r}, folder / "records", {{"e0": "http://127.0.0.1:9"}}, port={port},
+                      retry=RetryPolicy(hold_s=300.0))  # as in gyre run: a call with no engine waits for one
+proxy = ProxyProcess(config, folder / "proxy").start()
+print("started", flush=True)
+time.sleep(300)
+"""
+
+
+def _call_in_flight(url: str) -> None:
+    """A harness's call, left waiting in the proxy for an engine (none answers)."""
+    import json
+    import threading
+    import urllib.request
+
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    request = urllib.request.Request(url + "/v1/messages", data=json.dumps(body).encode(), method="POST",
+                                     headers={"x-api-key": "key-a", "content-type": "application/json"})
+
+    def call() -> None:
+        try:
+            urllib.request.urlopen(request, timeout=120).read()
+        except OSError:
+            pass
+
+    threading.Thread(target=call, daemon=True).start()
+
+
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_the_proxy_dies_with_a_killed_job(model, tmp_path, in_flight):
+    tests, port = os.path.dirname(os.path.abspath(__file__)), free_port()
+    job = _job(PROXY_JOB.format(tests=tests, folder=str(tmp_path), model=str(model), port=port), tmp_path)
+    pids: list[int] = []
+    try:
+        assert job.stdout.readline().strip() == "started"
+        pids = _pids(tmp_path / "proxy", ["proxy.pid"])
+        assert alive(pids[0])
+        if in_flight:
+            _call_in_flight(f"http://127.0.0.1:{port}")
+            time.sleep(1.0)
+        job.kill()
+        job.wait(10)
+        assert all_gone(pids, within_s=15.0), (tmp_path / "proxy" / "proxy.log").read_text()[-2000:]
+    finally:
+        job.kill()
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
