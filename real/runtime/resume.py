@@ -77,10 +77,12 @@ from gyre import roles as R
 from gyre.formats.journal import JOURNAL_NAME, read_journal
 from gyre.ids import execution_id
 from gyre.real.train.checkpoint import PREFIX, complete_checkpoints
+from gyre.real.train.fence import write_attempt
 from gyre.real.train.publish import checkpoint_folder
 from gyre.scheduler import Scheduler
 
 JOB_FILE = "job.json"
+PLANE_DIR = "plane"  # the training plane's folder (``runtime.job_parts``), fenced by attempt
 LOCK_FILE = ".gyre-run.lock"
 LOG_DIR = "log"
 
@@ -308,9 +310,15 @@ def _split_metrics(path: Path, aside: Path, version: int) -> None:
     path.write_text("".join(kept))
 
 
+def running_attempt(plan: ResumePlan | None) -> int:
+    """The number of the attempt that runs on the folder: 1 fresh, one past the killed attempt resumed."""
+    return 1 if plan is None else plan.attempt + 1
+
+
 def open_run_folder(job, plan: ResumePlan | None) -> int:
     """A fresh run's folder (wiped, ``job.json`` written) or a resumed one (its plan's moves made); either
-    way held by this process (``hold_run_lock``). Returns the lock's descriptor."""
+    way held by this process (``hold_run_lock``) and fenced for its attempt (``train.fence``: a cell of
+    the killed attempt still alive steps back before anything is moved). Returns the lock's descriptor."""
     work = Path(job.workdir)
     if plan is None:
         if work.exists():
@@ -319,10 +327,12 @@ def open_run_folder(job, plan: ResumePlan | None) -> int:
             shutil.rmtree(work)
         work.mkdir(parents=True)
         lock = hold_run_lock(work)
+        write_attempt(work / PLANE_DIR, running_attempt(plan))
         save_job(job, work)
         return lock
     lock = hold_run_lock(work)
     try:
+        write_attempt(work / PLANE_DIR, running_attempt(plan))
         prepare_folder(plan)
     except BaseException:
         os.close(lock)

@@ -45,6 +45,7 @@ import torch
 
 from gyre.real.train.context import CellConfig, CellContext, build_context
 from gyre.real.train.core import CoreCell
+from gyre.real.train.fence import exit_if_stale
 from gyre.real.train.publish import publish_from_disk, save_hf_tensors
 from gyre.real.train.satellite import Interrupted, SatelliteCell
 from gyre.real.train import keys
@@ -91,6 +92,7 @@ class CellProcess:
                 time.sleep(IDLE_POLL_S)
                 continue
             cmd = control.get(keys.command(self.ctx.cell, self.n))
+            exit_if_stale(self.ctx.cfg.workdir, self.ctx.cfg.attempt, cmd.get("attempt", 0), f"cell {self.ctx.cell}")
             op, args = cmd["op"], cmd.get("args", {})
             try:
                 result = self.handle(op, args)
