@@ -8,9 +8,11 @@ replaced atomically) right after it takes the run folder's lock, before it
 moves anything of a killed attempt aside and before it starts cells. Each cell
 is started with the number (``CellConfig.attempt``) and each command the job
 sends names it. A cell checks (``exit_if_stale``) before it runs a command and
-before it claims a micro-step: every write a cell makes into the run folder
-(a claim's rename, a resume checkpoint, a published folder, a dump) comes
-after one of those checks. A command naming another attempt, or a folder whose
+before it claims a micro-step, so each claim's rename, resume checkpoint,
+published folder and dump follows a check. (Not fenced: the lines a cell
+appends to its own log, ``plane/cell{n}.log``, and the rest of a command or
+micro-step already under way when the newer attempt takes the folder; the
+next check ends the cell.) A command naming another attempt, or a folder whose
 ``plane/attempt`` names another attempt, makes the cell print one line on its
 stderr and exit with ``FENCED_EXIT``, having done nothing of the command and
 written nothing into the folder. The check sits on the cell's side, so it

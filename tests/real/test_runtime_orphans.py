@@ -9,7 +9,8 @@ Each test starts a stand-in job as its own Python process and SIGKILLs it:
 - the job's proxy process (``ProxyProcess``) ends with the job, also with a call held in it waiting
   for an engine (its stop is bounded: ``proxy.cli.STOP_GRACE_S``);
 - a stand-in job with real training cells (the core mid-step, waiting for micro-steps in the run
-  folder) and the proxy leaves none of them, nor the forkserver, alive 20 s after its kill -9.
+  folder) and the proxy leaves none of them, nor the forkserver or multiprocessing's resource
+  tracker, alive 20 s after its kill -9.
 """
 
 from __future__ import annotations
@@ -163,7 +164,10 @@ if __name__ == "__main__":  # the forkserver imports this script
     plane.call(0, "enter_training")
     plane.send(0, "step", version=0, final=True)  # mid-burst: the core waits for micro-steps in the run folder
     forkserver = {{int(Path(f"/proc/{{pid}}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in cells}}
-    print(json.dumps({{"cells": cells, "forkserver": sorted(forkserver), "proxy": proxy.pid}}), flush=True)
+    from multiprocessing import resource_tracker
+    tracker = resource_tracker._resource_tracker._pid  # started with the forkserver, by the job
+    print(json.dumps({{"cells": cells, "forkserver": sorted(forkserver), "proxy": proxy.pid, "tracker": tracker}}),
+          flush=True)
     time.sleep(300)
 """
 
@@ -184,7 +188,8 @@ def test_a_killed_job_leaves_no_forkserver_cell_or_proxy(model, tmp_path):
             lines.append(job.stdout.readline())
         assert lines[-1], f"the stand-in job ended before its cells and proxy were up: {lines}"
         started = json.loads(lines[-1])
-        pids = started["cells"] + started["forkserver"] + [started["proxy"]]
+        assert started["tracker"], "the job started no multiprocessing resource tracker"
+        pids = started["cells"] + started["forkserver"] + [started["proxy"], started["tracker"]]
         assert len(started["forkserver"]) == 1 and os.getpid() not in pids and job.pid not in pids
         assert all(alive(pid) for pid in pids)
         _call_in_flight(f"http://127.0.0.1:{port}")
