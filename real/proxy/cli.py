@@ -12,7 +12,10 @@ A start-up fault (invalid config, damaged ``keys.json``, records folder that
 cannot be created or written, a disk too small for the commit journal, a
 records folder already in use) is one line on stderr naming the file, exit
 status 2. The process stops cleanly on SIGINT/SIGTERM: aiohttp closes the listeners, and
-the record logs are closed; every record whose response completed is on disk.
+the record logs are closed; every record whose response completed is on disk. The stop is
+bounded: calls still in flight get ``STOP_GRACE_S`` to finish, then are cut (never completed,
+never recorded), so a call held waiting for an engine cannot keep the proxy alive after its job
+(the job's parent-death signal is this SIGTERM: ``runtime.proxy_process``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+STOP_GRACE_S = 5.0  # calls in flight at SIGTERM get this long (``ProxyProcess.stop`` SIGKILLs after 15 s)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -97,7 +102,8 @@ async def _serve(config, gc_mode: str = "tuned") -> None:
 
     server = ProxyServer(config)
     collector.tune(gc_mode)  # after everything startup builds, before the first request
-    runner = web.AppRunner(server.application(), access_log=None, handle_signals=False, **RUNNER_ARGS)
+    runner = web.AppRunner(server.application(), access_log=None, handle_signals=False,
+                            shutdown_timeout=STOP_GRACE_S, **RUNNER_ARGS)
     await runner.setup()
     keep_half_open(runner)
     site = web.TCPSite(runner, config.host, config.port)

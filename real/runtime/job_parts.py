@@ -136,14 +136,16 @@ class JobParts:
         return tasks, adapter
 
     def _start_plane(self, model_cfg) -> tuple[TrainingPlane, EngineManager]:
+        from gyre.real.runtime.resume import PLANE_DIR, running_attempt
         from gyre.real.train.plane import PlaneConfig, TrainingPlane
         from gyre.real.train.state import OptimConfig
 
         job, cfg, tp = self.job, self.cfg, self.job.cell_tp()
         plane = self.plane = TrainingPlane(PlaneConfig(cells=cfg.K, model=model_cfg, optim=OptimConfig(lr=job.lr),
                                                timeout_s=300.0, device=job.device, tp=tp,
-                                               pp=self.layout.pipeline_parallel if self.layout else 1),
-                                   self.work / "plane")
+                                               pp=self.layout.pipeline_parallel if self.layout else 1,
+                                               attempt=running_attempt(self.resume)),
+                                   self.work / PLANE_DIR)
         engines = self.engines = EngineManager(self.work / "engine-logs")
         if job.cluster:  # one placement group per cell on the Ray cluster (real.cluster)
             from gyre.real.cluster.placement import Placement

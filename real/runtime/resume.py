@@ -53,8 +53,10 @@ writes ``attempts/{n}/resume.json`` with the plan.
 Refused with ``ResumeError`` naming the problem, touching nothing: a folder
 that does not exist or is not a run (no ``job.json`` / journal), a finished
 run (``summary.json`` written), a folder a live job holds (``.gyre-run.lock``,
-an ``flock`` a kill -9 releases; a fresh ``gyre run`` also refuses to wipe
-such a folder), a journal damaged before its last line, a checkpoint past the
+an ``flock`` a kill -9 releases, taken before anything else is written; the
+refusal says "in use" and names the holder's pid whatever stage the job is
+in, starting included; a fresh ``gyre run`` also refuses to wipe such a
+folder), a journal damaged before its last line, a checkpoint past the
 journal's end or whose published weights are gone.
 """
 
@@ -75,10 +77,12 @@ from gyre import roles as R
 from gyre.formats.journal import JOURNAL_NAME, read_journal
 from gyre.ids import execution_id
 from gyre.real.train.checkpoint import PREFIX, complete_checkpoints
+from gyre.real.train.fence import write_attempt
 from gyre.real.train.publish import checkpoint_folder
 from gyre.scheduler import Scheduler
 
 JOB_FILE = "job.json"
+PLANE_DIR = "plane"  # the training plane's folder (``runtime.job_parts``), fenced by attempt
 LOCK_FILE = ".gyre-run.lock"
 LOG_DIR = "log"
 
@@ -107,10 +111,31 @@ def hold_run_lock(work: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise ResumeError(f"{work} is in use by a running job (it holds {work / LOCK_FILE})") from None
+        raise ResumeError(_in_use(work)) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
+
+
+def _in_use(work: Path) -> str:
+    text = (work / LOCK_FILE).read_text().strip() if (work / LOCK_FILE).is_file() else ""
+    holder = f"process {text}" if text.isdigit() else "a process that is still starting"
+    return f"{work} is in use by a running job ({holder} holds {work / LOCK_FILE})"
+
+
+def refuse_if_held(work: Path) -> None:
+    """ResumeError naming the holder's pid when a live job holds ``work`` (at any stage: the lock is the
+    first thing a job takes); nothing changes either way."""
+    try:
+        fd = os.open(work / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ResumeError(_in_use(work)) from None
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -174,6 +199,7 @@ def plan_resume(run_dir: str | os.PathLike) -> ResumePlan:
     work = Path(run_dir).resolve()
     if not work.is_dir():
         raise ResumeError(f"{run_dir}: no such run folder")
+    refuse_if_held(work)  # before anything else: a job still starting has no journal yet
     journal_path = work / LOG_DIR / JOURNAL_NAME
     if not (work / JOB_FILE).is_file() or not journal_path.is_file():
         raise ResumeError(f"{run_dir} is not a gyre run folder: it has no {JOB_FILE} and {LOG_DIR}/{JOURNAL_NAME} "
@@ -285,9 +311,15 @@ def _split_metrics(path: Path, aside: Path, version: int) -> None:
     path.write_text("".join(kept))
 
 
+def running_attempt(plan: ResumePlan | None) -> int:
+    """The number of the attempt that runs on the folder: 1 fresh, one past the killed attempt resumed."""
+    return 1 if plan is None else plan.attempt + 1
+
+
 def open_run_folder(job, plan: ResumePlan | None) -> int:
     """A fresh run's folder (wiped, ``job.json`` written) or a resumed one (its plan's moves made); either
-    way held by this process (``hold_run_lock``). Returns the lock's descriptor."""
+    way held by this process (``hold_run_lock``) and fenced for its attempt (``train.fence``: a cell of
+    the killed attempt still alive steps back before anything is moved). Returns the lock's descriptor."""
     work = Path(job.workdir)
     if plan is None:
         if work.exists():
@@ -296,10 +328,12 @@ def open_run_folder(job, plan: ResumePlan | None) -> int:
             shutil.rmtree(work)
         work.mkdir(parents=True)
         lock = hold_run_lock(work)
+        write_attempt(work / PLANE_DIR, running_attempt(plan))
         save_job(job, work)
         return lock
     lock = hold_run_lock(work)
     try:
+        write_attempt(work / PLANE_DIR, running_attempt(plan))
         prepare_folder(plan)
     except BaseException:
         os.close(lock)

@@ -53,7 +53,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, TypedDict, cast
 
 import pandas as pd
 
@@ -83,7 +83,16 @@ class ExecutionResult:
         return f"execution (query_id={self.query_id!r}, execution_index={self.execution_index!r})"
 
 
-def counts_from_calls(calls: Iterable[Any]) -> dict[str, int]:
+class CallCounts(TypedDict):
+    """What ``counts_from_calls`` takes from one execution's records (``ExecutionResult`` fields)."""
+
+    input_tokens: int
+    output_tokens: int
+    call_count: int
+    model_call_s: float
+
+
+def counts_from_calls(calls: Iterable[Any]) -> CallCounts:
     """Token and call counts of one execution from its records (``ModelCall``-like objects).
 
     ``input_tokens`` sums every call's prompt length (the tokens fed to the
@@ -160,10 +169,11 @@ def trace_from_results(results: Iterable[ExecutionResult], N: int | None = None,
     if any(r.harness_end_s is not None for r in kept):
         for row, r in zip(rows, kept):
             row[HARNESS_COLUMN] = (r.end_s if r.harness_end_s is None else r.harness_end_s) - r.start_s
-    if kept and all(r.model_call_s is not None for r in kept):
-        for row, r in zip(rows, kept):
+    shares = [r.model_call_s for r in kept]
+    if kept and all(s is not None for s in shares):
+        for row, r, model_s in zip(rows, kept, shares):
             harness = (r.end_s if r.harness_end_s is None else r.harness_end_s) - r.start_s
-            row[MODEL_SHARE_COLUMN] = min(1.0, r.model_call_s / harness) if harness > 0 else 0.0
+            row[MODEL_SHARE_COLUMN] = min(1.0, cast(float, model_s) / harness) if harness > 0 else 0.0
     return Trace(pd.DataFrame(rows), N=N, source=source)
 
 

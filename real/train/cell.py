@@ -45,11 +45,12 @@ import torch
 
 from gyre.real.train.context import CellConfig, CellContext, build_context
 from gyre.real.train.core import CoreCell
+from gyre.real.train.fence import exit_if_stale
 from gyre.real.train.publish import publish_from_disk, save_hf_tensors
 from gyre.real.train.satellite import Interrupted, SatelliteCell
 from gyre.real.train import keys
 from gyre.real.runtime.faults import fault_pause
-from gyre.real.runtime.lifetime import die_with_parent
+from gyre.real.runtime.lifetime import die_with_parent, release_forkserver
 
 IDLE_POLL_S = 0.01  # command polling while not training (a satellite in training polls at poll_s)
 
@@ -59,6 +60,7 @@ def cell_main(cfg: CellConfig, cell: int, rank: int = 0) -> None:
     leader (rank 0) serves the driver's commands, the other ranks follow it (``train.ranks``).
     It dies with the forkserver that started it, which ends with the job (``runtime.lifetime``)."""
     die_with_parent()
+    release_forkserver()  # else this cell keeps the forkserver, and so itself, alive after the job is gone
     ctx = build_context(cfg, cell, rank)
     try:
         if rank == 0:
@@ -90,6 +92,7 @@ class CellProcess:
                 time.sleep(IDLE_POLL_S)
                 continue
             cmd = control.get(keys.command(self.ctx.cell, self.n))
+            exit_if_stale(self.ctx.cfg.workdir, self.ctx.cfg.attempt, cmd.get("attempt", 0), f"cell {self.ctx.cell}")
             op, args = cmd["op"], cmd.get("args", {})
             try:
                 result = self.handle(op, args)

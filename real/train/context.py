@@ -62,6 +62,7 @@ class CellConfig:
     crash_after: tuple[tuple[int, int], ...] = ()
     tp: int = 1  # tensor-parallel ranks per cell (one process each)
     pp: int = 1  # pipeline-parallel stages per cell: only 1 (see ``train.ranks``)
+    attempt: int = 0  # the job's attempt on its run folder; 0: unfenced (``train.fence``)
 
     def __post_init__(self) -> None:
         if self.cells < 1:

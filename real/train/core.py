@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 
 from gyre.real.train.context import CellContext
+from gyre.real.train.fence import exit_if_stale
 from gyre.real.train.membership import close_window, open_window, participating_prefix
 from gyre.real.train.state import MicroStepResult
 from gyre.real.train import keys
@@ -96,6 +97,7 @@ class CoreCell:
         deadline = time.monotonic() + ctx.cfg.timeout_s
         while not ctx.queues.drained(batch):
             self._serve_pulls(version, served)
+            exit_if_stale(ctx.cfg.workdir, ctx.cfg.attempt, who=f"cell {ctx.cell}")  # a claim moves a file
             step = queue.claim(ctx.worker)
             if step is None:
                 if time.monotonic() > deadline:

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from gyre.real.train.context import CellConfig
+from gyre.real.train.fence import write_attempt
 from gyre.real.train.membership import BatchQueues, ControlStore
 from gyre.real.train.model import LossConfig, ModelConfig
 from gyre.real.train.state import OptimConfig
@@ -65,6 +66,7 @@ class PlaneConfig:
     crash_after: tuple[tuple[int, int], ...] = ()
     tp: int = 1  # tensor-parallel ranks per cell: one process each (``train.ranks``)
     pp: int = 1  # pipeline stages per cell: only 1 is supported (``CellConfig``)
+    attempt: int = 0  # the job's attempt on its run folder, named by every command; 0: unfenced (``train.fence``)
 
 
 class Ticket:
@@ -116,6 +118,8 @@ class TrainingPlane:
 
     def start(self) -> "TrainingPlane":
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.cfg.attempt:
+            write_attempt(self.workdir, self.cfg.attempt)  # before any cell of this attempt starts
         timeout = datetime.timedelta(seconds=self.cfg.timeout_s)
         host = self.launcher.store_host if self.launcher is not None else HOST
         self._store = dist.TCPStore(host, 0, None, True, timeout=timeout, wait_for_workers=False)
@@ -145,7 +149,8 @@ class TrainingPlane:
         return CellConfig(cells=c.cells, store_port=port, queue_root=str(self.queues.root),
                           workdir=str(self.workdir), store_host=host, device=c.device, transport=c.transport,
                           model=c.model, optim=c.optim, loss=c.loss, threads=c.threads, timeout_s=c.timeout_s,
-                          record_gradients=c.record_gradients, crash_after=c.crash_after, tp=c.tp, pp=c.pp)
+                          record_gradients=c.record_gradients, crash_after=c.crash_after, tp=c.tp, pp=c.pp,
+                          attempt=c.attempt)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.cfg.start_timeout_s
@@ -176,7 +181,7 @@ class TrainingPlane:
         if not 0 <= cell < self.cfg.cells:
             raise ValueError(f"cell must be in [0, {self.cfg.cells}), got {cell!r}")
         n = self._next[cell]
-        self.control.set(keys.command(cell, n), {"op": op, "args": args})
+        self.control.set(keys.command(cell, n), {"op": op, "args": args, "attempt": self.cfg.attempt})
         self._next[cell] += 1
         return Ticket(self, cell, n, op)
 

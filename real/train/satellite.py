@@ -31,6 +31,7 @@ import os
 import time
 
 from gyre.real.train.context import FAULT_EXIT_CODE, CellContext
+from gyre.real.train.fence import exit_if_stale
 from gyre.real.train.membership import BARRED, CLOSED, JOINED, MEMBER, take_seat
 from gyre.real.train import keys
 
@@ -106,6 +107,7 @@ class SatelliteCell:
         queue, crash_point = ctx.queues.queue(batch), ctx.cfg.crash_point(ctx.cell)
         deadline = time.monotonic() + ctx.cfg.timeout_s
         while not ctx.queues.drained(batch):
+            exit_if_stale(ctx.cfg.workdir, ctx.cfg.attempt, who=f"cell {ctx.cell}")  # a claim moves a file
             step = queue.claim(ctx.worker)
             if step is None:
                 if time.monotonic() > deadline:

@@ -211,6 +211,42 @@ def test_a_folder_held_by_a_live_job_is_refused(killed_run):
     os.close(hold_run_lock(work))  # released: a kill -9 frees it the same way
 
 
+STARTING_JOB = """
+import sys, time
+from pathlib import Path
+from gyre.real.runtime.job import JobConfig
+from gyre.real.runtime.resume import open_run_folder
+work = Path(sys.argv[1])
+job = JobConfig(workdir=str(work), model_dir=str(work.parent / "tok"), preset="gyre-1", nodes=2, C_e=4, N=2, B=2,
+                steps=6, schedule={"tau": 0.0})
+lock = open_run_folder(job, None)  # the first thing JobParts.build does: no journal yet
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_folder_whose_job_is_still_starting_is_refused_as_in_use_naming_its_pid(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    work = tmp_path / "run"
+    starting = subprocess.Popen([sys.executable, "-c", STARTING_JOB, str(work)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert starting.stdout.readline().strip() == "holding"
+        assert not (work / "log").exists()  # the stage where a resume used to say "not a gyre run folder"
+        listing = sorted(work.rglob("*"))
+        with pytest.raises(ResumeError, match=f"in use by a running job \\(process {starting.pid} holds"):
+            plan_resume(work)
+        assert main(["run", "--resume", str(work)]) == 2
+        assert f"in use by a running job (process {starting.pid} holds" in capsys.readouterr().err
+        assert sorted(work.rglob("*")) == listing
+    finally:
+        starting.kill()
+        starting.wait(10)
+    with pytest.raises(ResumeError, match="not a gyre run folder"):  # released by the kill: the folder's own problem
+        plan_resume(work)
+
+
 def test_a_resume_takes_no_overrides(killed_run, capsys):
     work, _, _, _ = killed_run
     assert main(["run", "--resume", str(work), "--set", "steps=8"]) == 2
