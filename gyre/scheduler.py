@@ -76,7 +76,7 @@ from gyre import rules
 from gyre.config import SchedulerConfig
 from gyre.driver_rules import is_satellite
 from gyre.ledger import RolloutLedger
-from gyre.snapshot import GroupView, SchedulerSnapshot, read_only
+from gyre.snapshot import CounterViews, GroupView, SchedulerSnapshot, read_only
 
 
 class PolicyError(RuntimeError):
@@ -92,7 +92,7 @@ class GroupState:
     v_t: int | None = None
 
 
-class Scheduler:
+class Scheduler(CounterViews):
     def __init__(self, cfg: SchedulerConfig) -> None:
         self.cfg = cfg
         self.now: float | None = None
@@ -160,19 +160,6 @@ class Scheduler:
             ready_unclaimed=self.ready_unclaimed, training_cells=self.training_cells(),
             placements=read_only(self.placements()), stopped=self.stopped_executions(),
             groups=read_only(groups))
-
-    @property
-    def waterlevel(self) -> int:
-        return self.d - self.f
-
-    @property
-    def queued(self) -> int:
-        return self.d - self.p
-
-    @property
-    def running(self) -> int:
-        """p - f: started and not terminated (holding a slot or with a stopped harness)."""
-        return self.p - self.f
 
     @property
     def holding(self) -> int:

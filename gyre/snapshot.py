@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from gyre import roles as R
 from gyre.staleness import group_staleness
@@ -38,8 +38,35 @@ class GroupView:
         return None if self.v_t is None else group_staleness(self.v_d, self.v_t)
 
 
+class CounterViews:
+    """What the counters d, p, f and the cells' roles give, defined once for the scheduler and its
+    snapshot (both hold ``d``, ``p``, ``f`` and ``roles``)."""
+
+    d: int
+    p: int
+    f: int
+    roles: Sequence[str]
+
+    @property
+    def waterlevel(self) -> int:
+        return self.d - self.f
+
+    @property
+    def queued(self) -> int:
+        return self.d - self.p
+
+    @property
+    def running(self) -> int:
+        """p - f: started and not terminated (holding a slot or with a stopped harness)."""
+        return self.p - self.f
+
+    def switching(self) -> bool:
+        """Some cell is between roles."""
+        return any(role in (R.TO_TRAINING, R.TO_ROLLOUT) for role in self.roles)
+
+
 @dataclass(frozen=True)
-class SchedulerSnapshot:
+class SchedulerSnapshot(CounterViews):
     now: float | None
     d: int
     p: int
@@ -61,22 +88,6 @@ class SchedulerSnapshot:
     placements: Mapping[int, int]       # execution holding a slot -> engine (a cell, or SEPARATE)
     stopped: frozenset[int]             # harness stopped, evaluation pending (holding no slot)
     groups: Mapping[int, GroupView]
-
-    @property
-    def waterlevel(self) -> int:
-        return self.d - self.f
-
-    @property
-    def queued(self) -> int:
-        return self.d - self.p
-
-    @property
-    def running(self) -> int:
-        return self.p - self.f
-
-    def switching(self) -> bool:
-        """Some cell is between roles."""
-        return any(role in (R.TO_TRAINING, R.TO_ROLLOUT) for role in self.roles)
 
     def staleness(self) -> dict[int, int]:
         """Group -> v_t - v_d of every group fed so far, in group order."""
