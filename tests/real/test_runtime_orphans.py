@@ -70,6 +70,14 @@ def _pids(folder, names, timeout=60.0) -> list[int]:
     return [int(p) for n in names for p in (folder / n).read_text().split()]
 
 
+def _reap(job: subprocess.Popen, pids: list[int]) -> None:
+    """What a test leaves behind, whatever it asserted: the job, and each of its pids still alive."""
+    job.kill()
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("release", [True, False])
 def test_forkserver_cells_die_with_a_killed_job_only_when_they_release_its_pipe(tmp_path, release):
     (tmp_path / "orphan_cell.py").write_text(CELL_MODULE)
@@ -83,10 +91,7 @@ def test_forkserver_cells_die_with_a_killed_job_only_when_they_release_its_pipe(
         job.wait(10)
         assert all_gone(pids, within_s=10.0 if release else 3.0) is release  # the control: 3 s shows it stays
     finally:
-        job.kill()
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _reap(job, pids)
 
 
 PROXY_JOB = """
@@ -138,10 +143,7 @@ def test_the_proxy_dies_with_a_killed_job_even_with_a_call_held_in_it(model, tmp
         job.wait(10)
         assert all_gone(pids, within_s=15.0), (tmp_path / "proxy" / "proxy.log").read_text()[-2000:]
     finally:
-        job.kill()
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _reap(job, pids)
 
 
 PLANE_JOB = """
@@ -198,7 +200,4 @@ def test_a_killed_job_leaves_no_forkserver_cell_or_proxy(model, tmp_path):
         job.wait(10)
         assert all_gone(pids, within_s=20.0), [pid for pid in pids if alive(pid)]
     finally:
-        job.kill()
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _reap(job, pids)
