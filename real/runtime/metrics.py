@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from gyre import events as ev
+from gyre import roles as R
 from gyre.actions import SEPARATE
 from gyre.config import SchedulerConfig
 from gyre.driver_rules import CATEGORIES, breakdown_category
@@ -72,7 +73,7 @@ def category(core: Scheduler) -> str:
     a stopped harness's evaluation holds no rollout slot, so it does not count as running."""
     return breakdown_category(running=core.holding, capacity=core.capacity, training=core.batch_open,
                               publishing=core.awaiting_publish,
-                              switching=core.switching())
+                              switching=any(role in (R.TO_TRAINING, R.TO_ROLLOUT) for role in core.roles))
 
 
 class Timeline:
