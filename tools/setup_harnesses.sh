@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the real agent harnesses the proxy tests drive (tests/real/test_proxy_harnesses.py):
+# Install the real agent harnesses the proxy tests drive (tests/real/proxy/test_proxy_harnesses.py):
 # Claude Code and Codex CLI from npm into a git-ignored folder (default .harness/).
 # mini-swe-agent is a Python package and goes into the project's virtualenv instead.
 # Usage: tools/setup_harnesses.sh [DIR]

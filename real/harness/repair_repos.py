@@ -6,7 +6,7 @@ and the buggy text that replaces it, with the test ids that bug breaks
 (``module.Class.test``, as ``repair_runner`` names them). ``harness.repair``
 builds the task set from this data (the shipped ``configs/tasks/repair.jsonl``).
 
-Invariants (tests/real/test_repair_tasks.py): every snippet occurs exactly
+Invariants (tests/real/harness/test_repair_tasks.py): every snippet occurs exactly
 once in its file and its buggy text exactly once in the planted file (so the
 fix is unambiguous); on the correct sources every test passes; with the bugs
 planted exactly the declared tests fail; ``wordcount`` has two independent

@@ -51,7 +51,7 @@ from gyre.real.harness.tasks import EvaluatorFailure
 from gyre.real.harness.workspace_setup import DONE
 
 # The proxy's one id rule (gyre.real.proxy.config.ID_RULE / valid_id; the harness package never imports the
-# proxy, and tests/real/test_runtime_tasks.py checks that the two agree).
+# proxy, and tests/real/runtime/test_runtime_tasks.py checks that the two agree).
 ID_RULE = "1-128 characters of [A-Za-z0-9._:-], starting with a letter or digit"
 _PROXY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _CORE_ID = re.compile(r"[xgq][0-9]+")  # the shapes of gyre.ids (execution, group, query)

@@ -6,7 +6,7 @@ answered by tool results with matching ids, sampling values in range);
 missing field, an extreme or out-of-range value, odd Unicode (lone surrogates,
 NULs, bidi marks, chat-template tags), an unknown key. Shared by the pure
 parse tier (``tests/proxy_parse``) and the HTTP fuzz tier
-(``tests/real/test_proxy_fuzz.py``). Only ``hypothesis`` and the standard
+(``tests/real/proxy/test_proxy_fuzz.py``). Only ``hypothesis`` and the standard
 library are imported.
 """
 

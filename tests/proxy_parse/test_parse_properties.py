@@ -8,7 +8,7 @@ Properties, for bodies drawn from each API's schema, valid and subtly broken:
 - responses and stream events written for hostile model outputs (lone
   surrogates, NaN, template tags) are valid JSON in valid UTF-8.
 
-The fixed-seed short run is part of ``make check``; ``tests/real/test_proxy_fuzz.py``
+The fixed-seed short run is part of ``make check``; ``tests/real/proxy/test_proxy_fuzz.py``
 runs the same strategies against a live proxy.
 """
 

@@ -36,7 +36,7 @@ from gyre.real.harness.tasks import EvaluatorFailure, artifact_version
 from gyre.real.harness.taskset import load_taskset
 from gyre.real.harness.workspace_setup import build
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = ROOT / "configs" / "tasks" / "repair.jsonl"
 BY_NAME = {r.name: r for r in REPOS}
 

@@ -16,7 +16,7 @@ import pytest
 
 from gyre.real.runtime.job import JobConfig, load_job_config
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "cpu_demo.toml"
+DEMO = Path(__file__).resolve().parents[3] / "configs" / "cpu_demo.toml"
 
 
 def test_the_shipped_demo_loads_with_overrides():

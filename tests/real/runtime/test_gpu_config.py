@@ -23,7 +23,7 @@ import pytest
 from gyre.real.runtime.job import load_job_config, run_job
 from gyre.real.runtime.layout import GpuLayout, layout_from_table
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GPU_JOB = ROOT / "configs" / "gpu_node_qwen.toml"
 SMOKE_LAYOUT = {"gpus_per_node": 2, "tensor_parallel": 1, "pipeline_parallel": 1, "engine_tensor_parallel": 1,
                 "publication": "disk", "engine_mem_fraction": 0.2}

@@ -27,7 +27,7 @@ from gyre.real.train.bridge import model_config_from_hf
 from gyre.real.train.memory_plan import count_parameters, plan_memory
 from gyre.real.train.model import ModelConfig
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GPU_JOB = ROOT / "configs" / "gpu_node_qwen.toml"
 # Qwen2.5-7B-Instruct's config.json (the fields the bridge reads); nothing is downloaded.
 QWEN25_7B = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hypothesis_budget import examples  # noqa: E402
 
 from gyre.real.harness.plugins import resolve_class, resolve_harness  # noqa: E402
@@ -33,7 +33,7 @@ from gyre.real.proxy.config import valid_id  # noqa: E402
 from gyre.real.runtime.job import load_job_config  # noqa: E402
 from gyre.real.toy.tasks import EmitCharTask  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOY = "gyre.real.toy.tasks:EmitTokenTask"
 
 ids = st.from_regex(r"[A-Za-z][A-Za-z0-9._:-]{0,30}", fullmatch=True).filter(lambda s: id_problem(s) is None)

@@ -17,7 +17,7 @@ import torch
 
 from gyre.real.train.gpu_smoke import Row, run_checks, table, verdict
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 

@@ -34,7 +34,7 @@ try:
 except ImportError:
     from .processes import alive, all_gone, group_members, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "configs" / "cpu_demo.toml"
 
 

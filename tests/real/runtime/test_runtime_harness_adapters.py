@@ -37,7 +37,7 @@ from gyre.real.harness.runner import Budgets, ClaudeCode, Codex, HarnessRunner, 
 from gyre.trajectory.tree import TrajectoryTree
 from gyre.trajectory.tree_stats import tree_stats
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NPM_BIN = Path(os.environ.get("GYRE_HARNESS_BIN", ROOT / ".harness" / "node_modules" / ".bin"))
 CLAUDE, CODEX = NPM_BIN / "claude", NPM_BIN / "codex"
 MINI = Path(sys.executable).parent / "mini"

@@ -43,7 +43,7 @@ from gyre.real.harness.taskset import load_taskset
 from gyre.trajectory.evaluation import EvalState
 from gyre.trajectory.groups import TrajectoryBuffer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MINI = Path(sys.executable).parent / "mini"
 UNREPAIRED = "repair-spans"  # the engine proposes no edit for this one
 KEYS = {f"key-{x}": f"x{x}" for x in range(30)}

@@ -33,7 +33,7 @@ except ImportError:
     from .proxy_fixtures import (ServerThread, admin, build_tiny_qwen2, free_port, new_key, proxy_config,
                                  shared_tiny_dir, start_proxy)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SGLANG_PYTHON = Path(os.environ.get("GYRE_SGLANG_PYTHON", ROOT / ".venv-sglang" / "bin" / "python"))
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
               pytest.mark.skipif(not SGLANG_PYTHON.exists(),

@@ -103,7 +103,7 @@ try:
 except ImportError:
     from .processes import alive, all_gone, group_members, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STEPS = 30
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
 LOOPBACK_ONLY = [name for _, name in socket.if_nameindex()] == ["lo"]

@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy_parse"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "proxy_parse"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from proxy_bodies import APIS, PATHS, any_body  # noqa: E402
 from hypothesis_budget import examples  # noqa: E402

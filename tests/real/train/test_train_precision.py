@@ -29,7 +29,7 @@ from gyre.real.train.precision import TorchUpdater, make_updater
 from gyre.real.train.state import OptimConfig, TrainingState
 from gyre.real.toy.microsteps import toy_batch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BF16 = ModelConfig(dtype="bfloat16")
 FP32 = ModelConfig()
 LR = OptimConfig(lr=1e-6)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/real: proxy_fixtures.py
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))  # the driver runs this file as a script
 from proxy_fixtures import build_tiny_tokenizer, shared_tiny_dir, start_proxy_process  # noqa: E402

@@ -130,7 +130,7 @@ def _call_in_flight(url: str) -> None:
 
 
 def test_the_proxy_dies_with_a_killed_job_even_with_a_call_held_in_it(model, tmp_path):
-    tests, port = os.path.dirname(os.path.abspath(__file__)), free_port()
+    tests, port = os.path.dirname(os.path.dirname(os.path.abspath(__file__))), free_port()
     job = _job(PROXY_JOB.format(tests=tests, folder=str(tmp_path), model=str(model), port=port), tmp_path)
     pids: list[int] = []
     try:
@@ -181,7 +181,7 @@ def test_a_killed_job_leaves_no_forkserver_cell_or_proxy(model, tmp_path):
     proxy with a call in flight (what outlived a kill -9 of ``gyre run``)."""
     import json
 
-    tests, port = os.path.dirname(os.path.abspath(__file__)), free_port()
+    tests, port = os.path.dirname(os.path.dirname(os.path.abspath(__file__))), free_port()
     job = _job(PLANE_JOB.format(tests=tests, folder=str(tmp_path), model=str(model), port=port), tmp_path)
     pids: list[int] = []
     try:

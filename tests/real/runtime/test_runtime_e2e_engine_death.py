@@ -39,7 +39,7 @@ import pytest
 
 from gyre.real.engines.manager import sglang_python
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NO_VENV = f"SGLang CPU venv not found at {sglang_python()} (run tools/setup_sglang_cpu.sh)"
 STEPS = 12  # the warm-up burst's fresher groups weigh less in the staleness mean (8 steps: 1.25 of 1.5)
 # While the killed engine was the only one in the rollout role its calls have nowhere to go: the proxy holds

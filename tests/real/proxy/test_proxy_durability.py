@@ -32,7 +32,7 @@ try:
 except ImportError:
     from .proxy_fixtures import build_tiny_tokenizer, parse_sse, shared_tiny_dir, start_proxy_process, token_logprob
 
-FIXTURES = Path(__file__).with_name("proxy_fixtures.py")
+FIXTURES = Path(__file__).resolve().parents[1] / "proxy_fixtures.py"
 WORDS = "alpha beta gamma delta tests files build error fixed run read write patch".split()
 
 
