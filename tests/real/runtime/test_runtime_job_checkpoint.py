@@ -49,7 +49,7 @@ def write_job(tmp_path: Path, checkpoint: Path, extra: str = "") -> Path:
 
 def test_the_model_table_names_a_checkpoint_the_cells_load(qwen3, tmp_path):
     job = load_job_config(write_job(tmp_path, qwen3))
-    cfg = job.model_config()
+    cfg = job.model.hf_config(job.seed)
     assert (cfg.family, cfg.qk_layernorm, cfg.kv_channels, cfg.checkpoint) == ("qwen3", True, 32, str(qwen3))
 
 
