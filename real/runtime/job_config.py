@@ -119,11 +119,11 @@ class ScheduleSection:
     def __post_init__(self) -> None:
         if not isinstance(self.overrides, Mapping):
             raise ValueError(f"job field schedule must be a table of schedule fields, not {self.overrides!r}")
+        check_fields(self)
         try:
             self.scheduler()  # the presets' and the policy core's own checks name any impossible value
         except (ConfigError, TypeError) as exc:
             raise ValueError(f"schedule: {exc}") from None
-        check_fields(self)
 
     def shape(self) -> ClusterShape:
         return ClusterShape(nodes=self.nodes, nodes_per_cell=1, per_node_capacity=self.C_e, N=self.N, B=self.B)

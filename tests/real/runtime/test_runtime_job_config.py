@@ -50,7 +50,7 @@ def test_schedule_overrides_apply_on_top_of_the_preset(tmp_path):
     ("[job]\nstepz = 4\n", "unknown field(s) ['stepz']"),
     ("[job]\nisolate = 'sometimes'\n", "isolate must be one of"),
     ("[job]\nsteps = 5\n", "steps must be a positive multiple of mu = 2"),
-    ("[job]\nnodes = 0\n", "K must be >= 1"),
+    ("[job]\nnodes = 0\n", "job field nodes must be an integer >= 1, not 0"),
     ("[job]\npreset = 'gyre-9'\n", "unknown preset 'gyre-9'"),
     ("[job.schedule]\nwarp = 9\n", "schedule: "),
     ("[job.schedule]\nphi = -1.0\n", "phi must be >= 0"),
