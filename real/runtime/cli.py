@@ -1,12 +1,14 @@
 """``gyre run --config FILE``: one real run (SGLang CPU engines, proxy, harnesses, training cells).
 
-The TOML file holds a ``[job]`` table of ``runtime.job.JobConfig`` fields;
-``--set section.field=value`` overrides one of them, in the syntax ``gyre sim``
-takes too (``gyre.overrides``): ``job.<field>`` (``--set job.steps=20``, or
-``--set steps=20``), or one entry of a table: ``schedule.<SchedulerConfig
-field>`` (``--set schedule.phi=0.5``, or ``--set phi=0.5``), ``model.<key>``,
-``cluster.<key>``, ``layout.<key>``, ``harness_options.<key>``. Values are
-TOML; a bare word is text (``--set workdir=runs/x``).
+The TOML file holds a ``[job]`` table read into ``runtime.job_config.JobConfig``;
+``--set section.field=value`` overrides one field, in the syntax ``gyre sim``
+takes too (``gyre.overrides``): a section of the job's tree and its field
+(``--set training.lr=0.01``, ``--set harness.name=codex``), ``job.<key>`` for
+any ``[job]`` key (``--set job.steps=20``, or ``--set steps=20``), or one entry
+of a table: ``schedule.<SchedulerConfig field>`` (``--set schedule.phi=0.5``,
+or ``--set phi=0.5``), ``model.<key>``, ``cluster.<key>``, ``layout.<key>``,
+``harness_options.<key>`` (``set_sections``). Values are TOML; a bare word is
+text (``--set workdir=runs/x``).
 Progress (start-up phases, one line per trained step, and a bar with the
 current step, burst and cell roles on a terminal, else one ``progress:`` line
 per step: ``runtime.progress``) goes to stderr; each step's metrics are

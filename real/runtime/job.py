@@ -1,6 +1,7 @@
 """A whole real run from one TOML file: ``run_job(JobConfig) -> summary``.
 
-``JobConfig`` (frozen, loaded by ``load_job_config``) names a schedule preset
+``JobConfig`` (``runtime.job_config``: a tree of frozen sections read from the
+job file by ``load_job_config``; docs/real-backend.md#the-jobs-configuration) names a schedule preset
 of ``gyre.presets`` (Gyre, Async, Colocate or any ablation) scaled to the
 job's cluster (``nodes`` single-node cells of ``C_e`` concurrent executions,
 groups of ``N``, batches of ``B``), per-field overrides of that schedule (the
@@ -107,21 +108,22 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
     """Run ``job`` to its last step: build its parts, run, close (``runtime.job_parts``). ``progress`` gets
     one line per phase and per trained step, ``watch`` each step's metrics record (``runtime.metrics``) as
     it is written; ``resume``: a ``runtime.resume.ResumePlan`` to go on from instead of starting afresh."""
-    from gyre.formats.eventlog import replay_run
-    from gyre.real.runtime.trace import write_trace
-
     run = JobParts(job, progress or (lambda line: None), resume)
     try:
         log_dir = run.build(watch).run()
-        wired = run.wired()
-        return _summarise(job, run.cfg, wired.controller, wired.backend, log_dir, replay_run(log_dir), write_trace,
-                          run.work, run.timings, run.cells, wired.watch, run.placement, wired.proxy)
+        return _summarise(job, run, log_dir)
     finally:
         run.close()
 
 
-def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, work, timings,
-               cells=(), supervisor=None, placement=None, proxy=None) -> dict[str, Any]:
+def _summarise(job: JobConfig, run: JobParts, log_dir: Path) -> dict[str, Any]:
+    """The run's summary (``summary.json``), its trace (``trace.csv`` + ``trace.json``) and figures."""
+    from gyre.formats.eventlog import replay_run
+    from gyre.real.runtime.trace import write_trace
+
+    wired, cfg, work = run.wired(), run.cfg, run.work
+    controller, backend, supervisor, proxy = wired.controller, wired.backend, wired.watch, wired.proxy
+    cells, placement, timings, replayed = run.cells, run.placement, run.timings, replay_run(log_dir)
     m = backend.metrics
     complete: dict[int | str, list[ExecutionResult]] = {}
     for r in m.trace:
