@@ -97,9 +97,11 @@ def _is_section(value: Any) -> bool:
     return dataclasses.is_dataclass(value) and type(value).__module__ == __name__
 
 
-def _cluster_table(table: Any) -> ClusterConfig:
+def _cluster_table(table: Any) -> ClusterConfig | None:
     from gyre.real.cluster.config import cluster_from_table
 
+    if table == {}:  # an empty table (a job.json written before the tree): one machine
+        return None
     return cluster_from_table(table, check_local=False)  # this machine's interface: check_environment
 
 

@@ -105,6 +105,19 @@ def test_a_job_file_with_tables_round_trips_through_the_tree(table):
     assert job_from_table(job_to_table(job)) == job
 
 
+def test_a_job_json_written_before_the_tree_still_loads():
+    """The flat ``JobConfig`` of before wrote every field, its tables empty when unused (a resume reads it)."""
+    before = {"workdir": "runs/x", "model_dir": "tok", "preset": "gyre-1", "nodes": 2, "C_e": 2, "N": 2, "B": 2,
+              "schedule": {"tau": 0.0}, "steps": 4, "calls": 2, "max_tokens": 12, "target": "e", "lr": 0.001,
+              "seed": 0, "token_budget": 4096, "timeout_s": 900.0, "harness_timeout_s": 600.0,
+              "overall_timeout_s": 900.0, "isolate": "auto", "model": {}, "harness": "scripted",
+              "harness_options": {}, "tasks": "", "evaluator": "", "device": "cpu", "layout": {}, "tp": 1,
+              "cluster": {}, "cell_restarts": 2, "wandb": ""}
+    job = job_from_table(before)
+    assert job.cluster is None and job.layout.gpus is None and job.model.checkpoint == ""
+    assert job == job_from_table(job_to_table(job)) and job.schedule.overrides == {"tau": 0.0}
+
+
 def test_every_field_of_the_tree_has_one_place_in_the_file():
     owners = [JobConfig, *SECTIONS.values()]
     keys = [f.metadata.get("key") or f.name for owner in owners for f in dataclasses.fields(owner)
