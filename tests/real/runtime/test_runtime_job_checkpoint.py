@@ -56,11 +56,11 @@ def test_the_model_table_names_a_checkpoint_the_cells_load(qwen3, tmp_path):
 @pytest.mark.parametrize("mutate, message", [
     (lambda folder: folder / "missing", "no config.json"),
     (lambda folder: folder, "dtype must be float32 or bfloat16"),
-    (lambda folder: folder, "unknown: ['revision']"),
+    (lambda folder: folder, "unknown key(s) ['revision']"),
     (lambda folder: folder, "is not supported"),
 ])
 def test_a_checkpoint_that_cannot_load_fails_before_anything_starts(qwen3, tmp_path, mutate, message):
-    extra = {"dtype must": 'dtype = "float16"\n', "unknown:": 'revision = "main"\n'}
+    extra = {"dtype must": 'dtype = "float16"\n', "unknown key": 'revision = "main"\n'}
     folder = mutate(qwen3)
     if message == "is not supported":
         folder = tmp_path / "llama"
