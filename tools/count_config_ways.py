@@ -10,7 +10,7 @@ A way is one thing a user sets that changes what a run does:
   (``os.environ.get(NAME ...)`` or ``os.environ[NAME]``, NAME a literal or a
   module constant).
 
-It reads the job file's keys from ``job_to_table(JobConfig())`` when there is
+It reads the job file's keys from ``job_file.job_to_table(JobConfig())`` when there is
 one, else from the fields of ``JobConfig`` (its form before the tree), so the
 same script counts any revision: run it with that revision importable as ``gyre``
 (and ``--root`` its checkout).
@@ -47,7 +47,7 @@ def job_file_keys() -> list[str]:
     from gyre.real.runtime.layout import GpuLayout
 
     try:
-        from gyre.real.runtime.job_config import job_to_table
+        from gyre.real.runtime.job_file import job_to_table
 
         table: dict[str, Any] = job_to_table(JobConfig())
     except ImportError:  # the flat JobConfig of before

@@ -95,7 +95,8 @@ def set_sections() -> dict[str, list[str] | None]:
     ``harness_options``: any key). ``job`` comes first, so a bare ``FIELD`` is a ``[job]`` key when it is one."""
     from gyre.config import SchedulerConfig
     from gyre.real.cluster.config import ClusterConfig
-    from gyre.real.runtime.job_config import SECTIONS, JobConfig, job_to_table
+    from gyre.real.runtime.job_config import JobConfig
+    from gyre.real.runtime.job_file import SECTIONS, job_to_table
     from gyre.real.runtime.layout import GpuLayout
 
     entries = {"schedule": SchedulerConfig, "layout": GpuLayout, "cluster": ClusterConfig}
@@ -129,7 +130,7 @@ def _file_path(section: str, name: str) -> tuple[tuple[str, ...], Any]:
     """Where ``section.name`` of ``--set`` lives in the job file, and the default its value is checked
     against (None: any value; the field's own check judges it)."""
     from gyre.config import SchedulerConfig
-    from gyre.real.runtime.job_config import field_default, field_path
+    from gyre.real.runtime.job_file import field_default, field_path
 
     path = (name,) if section == "job" else field_path(section, name) or (section, name)
     if path[0] == "schedule":

@@ -68,7 +68,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from gyre.formats.trace_meta import TraceMeta, write_trace_meta
-from gyre.real.runtime.job_config import JobConfig, job_from_table, job_to_table
+from gyre.real.runtime.job_config import JobConfig
+from gyre.real.runtime.job_file import job_from_table, job_to_table
 from gyre.real.runtime.job_parts import ADMIN_TOKEN, ENGINE_HOLD_S, SMALL_ENGINE, CellFailed, JobParts  # noqa: F401
 
 __all__ = ["JobConfig", "CellFailed", "load_job_config", "run_job"]
@@ -79,7 +80,7 @@ if TYPE_CHECKING:
 
 def load_job_config(path: str | Path, tables: dict[str, dict[str, Any]] | None = None,
                     **overrides: Any) -> JobConfig:
-    """The ``[job]`` table of a TOML file (``runtime.job_config.job_from_table``), with ``overrides`` (whole
+    """The ``[job]`` table of a TOML file (``runtime.job_file.job_from_table``), with ``overrides`` (whole
     ``[job]`` keys) and ``tables`` (entries merged into a table: ``gyre run --set schedule.phi=0.5``),
     checked with ``check_environment``; errors name the file and the field."""
     try:

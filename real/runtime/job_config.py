@@ -10,17 +10,14 @@ micro-step, restarts), ``proxy``, ``layout`` (the device and a CUDA job's
 ``GpuLayout``), ``metrics`` and ``cluster`` (a ``ClusterConfig``, or None).
 
 Every field is read from one place of the job file: its ``key`` (a ``[job]``
-key, or ``table.key`` for the ``[model]`` table); ``job_from_table`` builds
-the tree from a file's flat ``[job]`` table and ``job_to_table`` writes it
-back (``job.json``). A new field is one line in its section (its key defaults
-to its name). ``field_path`` tells where ``section.field`` lives in the file,
-so ``gyre run --set`` takes the tree's names as well as the file's.
+key, or ``table.key`` for the ``[model]`` table), which ``runtime.job_file``
+maps both ways. A new field is one line in its section (its key defaults to
+its name).
 
 Invariants: constructors do no I/O (no file read, no import of a named
 class, no tokenizer) and refuse an impossible value with ValueError naming the
 field as the job file spells it (``job field tp ...``); every field has the
-type of its default (an int passes for a float); ``job_to_table`` then
-``job_from_table`` gives back an equal job. What the fields name (files,
+type of its default (an int passes for a float). What the fields name (files,
 classes, the network interface) is checked by each section's ``build`` and by
 ``JobConfig.check_environment``, which do the I/O.
 """
@@ -297,7 +294,7 @@ class JobConfig:
     def __post_init__(self) -> None:
         """What needs two sections (or a section and the run's fields): no file read, no import."""
         for f in fields(self):
-            cls = _section_class(f)
+            cls = section_class(f)
             if cls is not None and not isinstance(getattr(self, f.name), cls):
                 raise ValueError(f"job section {f.name} must be a {cls.__name__}, not {getattr(self, f.name)!r}")
         check_fields(self)
@@ -358,89 +355,7 @@ class JobConfig:
         return self
 
 
-def _section_class(f: dataclasses.Field[Any]) -> type | None:
+def section_class(f: dataclasses.Field[Any]) -> type | None:
+    """The section class a ``JobConfig`` field holds (None: one of the run's own fields, or ``cluster``)."""
     factory = f.default_factory
     return factory if isinstance(factory, type) and factory.__module__ == __name__ else None
-
-
-SECTIONS: dict[str, type] = {f.name: cls for f in fields(JobConfig) if (cls := _section_class(f)) is not None}
-
-
-def job_from_table(table: Mapping[str, Any]) -> JobConfig:
-    """The tree from a job file's flat ``[job]`` table (with ``model``/``cluster`` tables in it); an unknown
-    key, a value of the wrong type or an impossible one raises ValueError naming it."""
-    if not isinstance(table, Mapping):
-        raise ValueError(f"the [job] table must be a table, not {table!r}")
-    claimed: dict[str, set[str]] = {}
-    values = {name: _read(cls, table, claimed) for name, cls in SECTIONS.items()}
-    top = {f.name: _read_field(f, table, claimed) for f in fields(JobConfig) if f.name not in SECTIONS}
-    _refuse_unknown(table, claimed)
-    values.update({name: value for name, value in top.items() if value is not dataclasses.MISSING})
-    return JobConfig(**values)
-
-
-def _read(cls: type, table: Mapping[str, Any], claimed: dict[str, set[str]]) -> Any:
-    found = {f.name: _read_field(f, table, claimed) for f in fields(cls)}
-    return cls(**{name: value for name, value in found.items() if value is not dataclasses.MISSING})
-
-
-def _read_field(f: dataclasses.Field[Any], table: Mapping[str, Any], claimed: dict[str, set[str]]) -> Any:
-    outer, dot, inner = file_key(f).partition(".")
-    claimed.setdefault(outer, set()).add(inner)
-    holder = table.get(outer) if dot else table
-    if dot and holder is not None and not isinstance(holder, Mapping):
-        raise ValueError(f"[{outer}] must be a table, not {holder!r}")
-    key = inner if dot else outer
-    if holder is None or key not in holder:
-        return dataclasses.MISSING
-    parse = f.metadata.get("table")
-    return parse(holder[key]) if parse is not None else holder[key]
-
-
-def _refuse_unknown(table: Mapping[str, Any], claimed: dict[str, set[str]]) -> None:
-    unknown = sorted(set(table) - set(claimed))
-    if unknown:
-        raise ValueError(f"unknown field(s) {unknown}; known: {sorted(claimed)}")
-    for outer, inner in claimed.items():
-        if "" not in inner and isinstance(table.get(outer), Mapping):
-            extra = sorted(set(table[outer]) - inner)
-            if extra:
-                raise ValueError(f"[{outer}]: unknown key(s) {extra}; known: {sorted(inner)}")
-
-
-def job_to_table(job: JobConfig) -> dict[str, Any]:
-    """The job as its file's flat ``[job]`` table (``job_from_table`` reads it back to an equal job)."""
-    out: dict[str, Any] = {}
-    for owner in (job, *(getattr(job, name) for name in SECTIONS)):
-        for f in fields(owner):
-            if f.name in SECTIONS and owner is job:
-                continue
-            value = getattr(owner, f.name)
-            if f.metadata.get("table") is not None:
-                if value is None:
-                    continue
-                value = dataclasses.asdict(value)
-            outer, dot, inner = file_key(f).partition(".")
-            if dot:
-                out.setdefault(outer, {})[inner] = value
-            else:
-                out[outer] = dict(value) if isinstance(value, Mapping) else value
-    return out
-
-
-def field_path(section: str, name: str) -> tuple[str, ...] | None:
-    """Where the tree's ``section.name`` lives in the job file (None: ``name`` is no field of ``section``)."""
-    cls = SECTIONS.get(section)
-    for f in fields(cls) if cls is not None else ():
-        if f.name == name:
-            return tuple(file_key(f).split("."))
-    return None
-
-
-def field_default(path: tuple[str, ...]) -> Any:
-    """The default of the field the job file holds at ``path`` (None: a table entry, or no such field)."""
-    for owner in (JobConfig, *SECTIONS.values()):
-        for f in fields(owner):
-            if tuple(file_key(f).split(".")) == path and f.name not in SECTIONS:
-                return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    return None

@@ -92,7 +92,7 @@ class ResumeError(ValueError):
 
 def save_job(job, work: Path) -> Path:
     """Write ``work/job.json``: the job's fields, with its paths made absolute (a resume may run elsewhere)."""
-    from gyre.real.runtime.job_config import job_to_table
+    from gyre.real.runtime.job_file import job_to_table
 
     data = job_to_table(job)  # the job file's own keys: job_from_table reads it back
     for name in ("workdir", "model_dir", "tasks"):
@@ -195,7 +195,7 @@ class ResumePlan:
 
 def plan_resume(run_dir: str | os.PathLike) -> ResumePlan:
     """The plan to resume the run in ``run_dir`` (module docstring); ResumeError names what is wrong."""
-    from gyre.real.runtime.job_config import job_from_table
+    from gyre.real.runtime.job_file import job_from_table
 
     work = Path(run_dir).resolve()
     if not work.is_dir():

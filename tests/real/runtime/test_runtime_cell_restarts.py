@@ -12,7 +12,7 @@ from gyre.real.runtime import cli
 from gyre.real.runtime import job as job_module
 from gyre.real.runtime import resume as resume_module
 from gyre.real.runtime.job import CellFailed
-from gyre.real.runtime.job_config import job_from_table
+from gyre.real.runtime.job_file import job_from_table
 
 
 def _run_with(monkeypatch, tmp_path, failures: int, restarts: int) -> tuple[int, list, list]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gyre.real.runtime.job import JobConfig, load_job_config
-from gyre.real.runtime.job_config import job_from_table
+from gyre.real.runtime.job_file import job_from_table
 
 DEMO = Path(__file__).resolve().parents[3] / "configs" / "cpu_demo.toml"
 

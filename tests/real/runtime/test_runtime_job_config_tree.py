@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from gyre.overrides import OverrideError, parse_assignments
 from gyre.real.runtime.cli import job_overrides, set_sections
-from gyre.real.runtime.job_config import SECTIONS, JobConfig, field_default, job_from_table, job_to_table
+from gyre.real.runtime.job_config import JobConfig
+from gyre.real.runtime.job_file import SECTIONS, field_default, job_from_table, job_to_table
 
 ROOT = Path(__file__).resolve().parents[3]
 SCALARS = {key: value for key, value in job_to_table(JobConfig()).items() if not isinstance(value, dict)}

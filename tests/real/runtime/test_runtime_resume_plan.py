@@ -28,7 +28,7 @@ from gyre import events as ev
 from gyre.cli import main
 from gyre.formats.journal import JournalLog
 from gyre.real.runtime.job import JobConfig
-from gyre.real.runtime.job_config import job_from_table
+from gyre.real.runtime.job_file import job_from_table
 from gyre.real.runtime.resume import (ResumeError, hold_run_lock, open_run_folder, plan_resume, prepare_folder,
                                       save_job)
 from gyre.real.train.checkpoint import MANIFEST, complete_checkpoints
@@ -215,7 +215,7 @@ def test_a_folder_held_by_a_live_job_is_refused(killed_run):
 STARTING_JOB = """
 import sys, time
 from pathlib import Path
-from gyre.real.runtime.job_config import job_from_table
+from gyre.real.runtime.job_file import job_from_table
 from gyre.real.runtime.resume import open_run_folder
 work = Path(sys.argv[1])
 job = job_from_table(dict(workdir=str(work), model_dir=str(work.parent / "tok"), preset="gyre-1", nodes=2, C_e=4,
