@@ -137,7 +137,7 @@ def _summarise(job: JobConfig, run: JobParts, log_dir: Path) -> dict[str, Any]:
     staleness = m.staleness()
     curve = [statistics.fmean(m.rewards[v]) for v in sorted(m.rewards)]
     finished = [o for x, o in m.outcomes.items()]
-    summary = {
+    summary: dict[str, Any] = {
         "steps": controller.core.version, "published": controller.core.published, "bursts": controller.core.burst,
         "replay_identical": replayed == controller.log.actions, "actions": len(controller.log.actions),
         "events": len(controller.log.rows),

@@ -40,6 +40,7 @@ from gyre.real.runtime.proxy_process import ProxyProcess
 
 if TYPE_CHECKING:
     from gyre.real.cluster.placement import Placement
+    from gyre.real.runtime.job_config import JobConfig
     from gyre.real.runtime.restore import ResumeWiring
     from gyre.real.runtime.resume import ResumePlan
     from gyre.real.train.plane import TrainingPlane
@@ -70,7 +71,7 @@ class Wired:
 
 
 class JobParts:
-    def __init__(self, job, say: Callable[[str], None], resume: ResumePlan | None = None) -> None:
+    def __init__(self, job: JobConfig, say: Callable[[str], None], resume: ResumePlan | None = None) -> None:
         self.job, self.say, self.resume = job, say, resume
         self.cfg, self.work = job.scheduler(), Path(job.workdir)
         self.layout = job.gpu_layout() if job.layout.device == "cuda" else None
