@@ -25,6 +25,7 @@ classes, the network interface) is checked by each section's ``build`` and by
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -85,6 +86,8 @@ def _type_problem(value: Any, default: Any, minimum: float | None) -> str:
         return "a number" + (f" >= {minimum:g}" if minimum is not None else "")
     if isinstance(default, str) and not isinstance(value, str):
         return "text"
+    if numeric and not math.isfinite(value):
+        return "a finite number"
     if minimum is not None and value < minimum:
         return ("an integer" if isinstance(default, int) else "a number") + f" >= {minimum:g}"
     return ""

@@ -82,6 +82,13 @@ def test_a_number_below_its_least_value_is_refused_naming_its_field(key):
     assert key in str(info.value)
 
 
+@pytest.mark.parametrize("key, value", [("lr", float("nan")), ("timeout_s", float("inf")),
+                                        ("harness_timeout_s", float("nan"))])
+def test_a_number_that_is_not_finite_is_refused_naming_its_field(key, value):
+    with pytest.raises(ValueError, match=f"job field {key} must be a finite number"):
+        job_from_table({key: value})
+
+
 @settings(max_examples=40, deadline=None)
 @given(table=st.fixed_dictionaries({}, optional=VALID))
 def test_a_job_file_round_trips_through_the_tree(table):
