@@ -46,6 +46,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import logging
@@ -57,6 +58,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from gyre.trajectory.records import ModelCall
+from gyre.real.store.durable import SYSTEM_DISK, Disk
 from gyre.real.store.group_commit import GroupCommit
 from gyre.real.store.tito_log import ExecutionStore
 from gyre.trajectory.tool_calls import ToolCallCache
@@ -310,13 +312,16 @@ class KeyRegistry:
     File shape: ``{"version": 2, "keys": {digest: execution_id}, "revoked": [digest]}``.
     A version-1 file (plain ``{key: execution_id}``) is converted on load; entries
     whose execution id breaks ``config.ID_RULE`` are dropped with a warning, so one
-    bad entry never breaks the proxy for everyone.
+    bad entry never breaks the proxy for everyone. ``disk`` (``store.durable.Disk``)
+    writes the file: a full one fails the change, which then changes nothing.
     """
 
     def __init__(self, path: str | os.PathLike, static: Mapping[str, str],
-                 make_key: Callable[[], str] = lambda: "gyre-" + secrets.token_urlsafe(24)) -> None:
+                 make_key: Callable[[], str] = lambda: "gyre-" + secrets.token_urlsafe(24),
+                 disk: Disk = SYSTEM_DISK) -> None:
         self.path = Path(path)
         self.make_key = make_key
+        self.disk = disk
         self._dynamic, self._revoked = self._load()
         self._static = {key_digest(k): e for k, e in static.items()}
         self._rebuild()
@@ -353,9 +358,13 @@ class KeyRegistry:
         data = json.dumps({"version": 2, "keys": keys, "revoked": sorted(revoked)}, indent=1, sort_keys=True)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                os.fchmod(handle.fileno(), 0o600)
-                handle.write(data)
+            try:
+                os.fchmod(fd, 0o600)
+                blob = data.encode()
+                if self.disk.pwrite(fd, blob, 0) != len(blob):
+                    raise OSError(errno.ENOSPC, f"short write to {tmp}")
+            finally:
+                os.close(fd)
             os.replace(tmp, self.path)
         except OSError:
             tmp.unlink(missing_ok=True)

@@ -9,7 +9,9 @@ gets this one ``BackendContext``.
 Invariants: ``spawn`` keeps every task until it ends and files a task's
 exception under ``errors`` (or ``errors_after_stop`` once the run is over);
 ``report`` goes to the controller bound last; every time a part reads comes
-from ``clock``.
+from ``clock``; ``send_to_cell`` numbers a plane command on the loop (a
+cell's commands run in the order the actions were applied) and writes it to
+the control store on another thread, so a slow store never stalls the loop.
 """
 
 from __future__ import annotations
@@ -78,6 +80,12 @@ class BackendContext:
 
     def report(self, kind, **fields) -> None:
         self.controller.report(kind, **fields)
+
+    def send_to_cell(self, cell: int, op: str, **args: Any) -> Any:
+        """Send plane command ``op`` to ``cell``: numbered now, written off the loop; its ``Ticket``."""
+        ticket, write = self.parts.plane.prepare(cell, op, **args)
+        self.spawn(asyncio.to_thread(write))
+        return ticket
 
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)

@@ -57,7 +57,7 @@ class BatchFeed:
         self._step_sent: dict[int, float] = {}
 
     def start(self, a: act.StartBatch) -> None:
-        ticket = self.ctx.parts.plane.send(0, "step", version=a.version, final=a.final)
+        ticket = self.ctx.send_to_cell(0, "step", version=a.version, final=a.final)
         self._step_sent[a.version] = self.ctx.clock()
         self.ctx.spawn(self._await_step(a.version, ticket))
         self.packed, self.wanted, self.open = 0, 0, a.version

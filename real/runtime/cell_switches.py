@@ -15,8 +15,9 @@ State it owns (``snapshot()`` / ``restore()``): ``members`` (cells in the
 training role: the group-ask rule counts them) and ``rollout_ready`` (cells
 whose engine takes work now).
 
-Invariants: every plane command is sent on the loop thread when its action
-is applied (per-cell command order = action order); an engine leaves
+Invariants: every plane command is numbered on the loop thread when its action
+is applied (per-cell command order = action order) and written to the control
+store off the loop (``BackendContext.send_to_cell``); an engine leaves
 training only after the newest published checkpoint is loaded into it; no
 blocking engine or plane call runs on the event loop.
 """
@@ -51,7 +52,7 @@ class CellSwitches:
             self.ctx.metrics.in_flight_at_transition.append(self._running())
             self.ctx.spawn(self.to_training(a.cell))
         else:
-            ticket = self.ctx.parts.plane.send(a.cell, "leave_training")
+            ticket = self.ctx.send_to_cell(a.cell, "leave_training")
             self.ctx.spawn(self.to_rollout(a.cell, ticket))
 
     async def to_training(self, cell: int) -> None:
@@ -63,7 +64,7 @@ class CellSwitches:
         engines = self.ctx.parts.engines
         await self.engine_ops(name, "training", engines.quiesce, engines.release_memory)  # idle: cannot race
         satellite = is_satellite(self.ctx.cfg, cell)
-        ticket = self.ctx.parts.plane.send(cell, "enter_training", **({"hold": True} if satellite else {}))
+        ticket = self.ctx.send_to_cell(cell, "enter_training", **({"hold": True} if satellite else {}))
         await asyncio.to_thread(ticket.result)
         self.ctx.metrics.transitions.append({"cell": cell, "role": "training", "wait_idle_s": t_idle - t0,
                                              "total_s": self.ctx.clock() - t0})
@@ -75,7 +76,7 @@ class CellSwitches:
     def _release_hold(self, cell: int) -> None:
         """The core kept ``cell`` in training (no BeginTransition back): it may join steps now."""
         if cell in self.members:
-            self.ctx.parts.plane.send(cell, "join")
+            self.ctx.send_to_cell(cell, "join")
 
     async def to_rollout(self, cell: int, ticket) -> None:
         t0, name = self.ctx.clock(), self.ctx.parts.engine_names[cell]

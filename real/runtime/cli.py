@@ -1,12 +1,14 @@
 """``gyre run --config FILE``: one real run (SGLang CPU engines, proxy, harnesses, training cells).
 
-The TOML file holds a ``[job]`` table of ``runtime.job.JobConfig`` fields;
-``--set section.field=value`` overrides one of them, in the syntax ``gyre sim``
-takes too (``gyre.overrides``): ``job.<field>`` (``--set job.steps=20``, or
-``--set steps=20``), or one entry of a table: ``schedule.<SchedulerConfig
-field>`` (``--set schedule.phi=0.5``, or ``--set phi=0.5``), ``model.<key>``,
-``cluster.<key>``, ``layout.<key>``, ``harness_options.<key>``. Values are
-TOML; a bare word is text (``--set workdir=runs/x``).
+The TOML file holds a ``[job]`` table read into ``runtime.job_config.JobConfig``;
+``--set section.field=value`` overrides one field, in the syntax ``gyre sim``
+takes too (``gyre.overrides``): a section of the job's tree and its field
+(``--set training.lr=0.01``, ``--set harness.name=codex``), ``job.<key>`` for
+any ``[job]`` key (``--set job.steps=20``, or ``--set steps=20``), or one entry
+of a table: ``schedule.<SchedulerConfig field>`` (``--set schedule.phi=0.5``,
+or ``--set phi=0.5``), ``model.<key>``, ``cluster.<key>``, ``layout.<key>``,
+``harness_options.<key>`` (``set_sections``). Values are TOML; a bare word is
+text (``--set workdir=runs/x``).
 Progress (start-up phases, one line per trained step, and a bar with the
 current step, burst and cell roles on a terminal, else one ``progress:`` line
 per step: ``runtime.progress``) goes to stderr; each step's metrics are
@@ -86,37 +88,55 @@ def run(args: argparse.Namespace) -> int:
     return _run(job)
 
 
-TABLE_KEYS = {"model": ("checkpoint", "dtype"), "cluster": None, "layout": None, "harness_options": None}
+def set_sections() -> dict[str, list[str] | None]:
+    """What ``--set SECTION.FIELD`` names: ``job`` (any ``[job]`` key, as the file spells it), each section
+    of the job's tree (``runtime.job_config``) with its fields, and the entries of the file's tables
+    (``schedule``: SchedulerConfig fields; ``layout``: GpuLayout's; ``cluster``: ClusterConfig's;
+    ``harness_options``: any key). ``job`` comes first, so a bare ``FIELD`` is a ``[job]`` key when it is one."""
+    from gyre.config import SchedulerConfig
+    from gyre.real.cluster.config import ClusterConfig
+    from gyre.real.runtime.job_config import JobConfig
+    from gyre.real.runtime.job_file import SECTIONS, job_to_table
+    from gyre.real.runtime.layout import GpuLayout
+
+    entries = {"schedule": SchedulerConfig, "layout": GpuLayout, "cluster": ClusterConfig}
+    sections: dict[str, list[str] | None] = {"job": [*job_to_table(JobConfig()), "layout", "cluster"]}
+    for name in (*SECTIONS, "cluster"):
+        own = [f.name for f in dataclasses.fields(SECTIONS[name])] if name in SECTIONS else []
+        table = entries.get(name)
+        sections[name] = own + [f.name for f in dataclasses.fields(table) if f.name not in own] if table else own
+    sections["harness_options"] = None
+    return sections
 
 
 def job_overrides(items: list[str]) -> tuple[dict, dict[str, dict]]:
-    """``--set`` assignments as whole ``JobConfig`` fields and entries of its tables (``load_job_config``)."""
-    from gyre.config import SchedulerConfig
+    """``--set`` assignments as whole ``[job]`` keys and entries of its tables (``load_job_config``), each
+    value checked against its field's type; errors name the flag and the field."""
     from gyre.overrides import check_type, parse_assignments, toml_value
-    from gyre.real.runtime.job import JobConfig
 
-    job = {f.name: _default(f) for f in dataclasses.fields(JobConfig)}
-    schedule = {f.name: None if f.default is dataclasses.MISSING else f.default
-                for f in dataclasses.fields(SchedulerConfig)}
     fields: dict[str, Any] = {}
     tables: dict[str, dict[str, Any]] = {}
-    for a in parse_assignments("--set", items, {"job": list(job), "schedule": list(schedule), **TABLE_KEYS}):
-        value = toml_value(a)
-        if a.section == "job":
-            fields[a.field] = check_type(a, value, job[a.field])
+    for a in parse_assignments("--set", items, set_sections()):
+        path, default = _file_path(a.section, a.field)
+        value = check_type(a, toml_value(a), default)
+        if len(path) == 1:
+            fields[path[0]] = value
         else:
-            default = schedule.get(a.field) if a.section == "schedule" else None
-            tables.setdefault(a.section, {})[a.field] = check_type(a, value, default)
+            tables.setdefault(path[0], {})[path[1]] = value
     return fields, tables
 
 
-def _default(field: dataclasses.Field[Any]) -> Any:
-    """A ``JobConfig`` field's default value (``--set`` checks a value's type against it)."""
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    raise TypeError(f"JobConfig.{field.name} has no default: --set needs one to check a value against")
+def _file_path(section: str, name: str) -> tuple[tuple[str, ...], Any]:
+    """Where ``section.name`` of ``--set`` lives in the job file, and the default its value is checked
+    against (None: any value; the field's own check judges it)."""
+    from gyre.config import SchedulerConfig
+    from gyre.real.runtime.job_file import field_default, field_path
+
+    path = (name,) if section == "job" else field_path(section, name) or (section, name)
+    if path[0] == "schedule":
+        defaults = {f.name: f.default for f in dataclasses.fields(SchedulerConfig)}
+        return path, None if defaults.get(path[1]) is dataclasses.MISSING else defaults.get(path[1])
+    return path, field_default(path)
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -147,18 +167,18 @@ def _run(job, plan=None) -> int:
     terminate_on_sigterm()  # `kill PID` stops engines, cells and harnesses in order, as Ctrl-C does
     display = RunDisplay(job.steps, sys.stderr)  # a bar on a terminal, plain lines otherwise
     try:
-        for restart in range(job.cell_restarts + 1):
+        for restart in range(job.training.cell_restarts + 1):
             try:
                 summary = job_module.run_job(job, progress=display.line, watch=display.record, resume=plan)
                 break
             except CellFailed as exc:  # the cell comes back: the whole job resumes from its last checkpoint
-                if restart == job.cell_restarts:
+                if restart == job.training.cell_restarts:
                     raise
                 plan = plan_resume(job.workdir)
                 job = plan.job
                 print(f"gyre run: {exc}; resuming at version {plan.version} from "
                       f"{plan.checkpoint.name if plan.checkpoint else 'the start'} (restart {restart + 1} of "
-                      f"{job.cell_restarts})", file=sys.stderr)
+                      f"{job.training.cell_restarts})", file=sys.stderr)
     except ResumeError as exc:  # a work folder a live job holds (nothing wiped or moved), or a resume that cannot go on
         print(f"gyre run: error: {exc}", file=sys.stderr)
         return 2

@@ -30,17 +30,17 @@ from typing import TYPE_CHECKING, Callable, Hashable
 
 from gyre.actions import SEPARATE
 from gyre.real.engines.manager import HOST, EngineManager, EngineSpec, free_port
-from gyre.real.harness.runner import Budgets, HarnessRunner
+from gyre.real.harness.runner import HarnessRunner
 from gyre.real.harness.taskset import TaskSet
 from gyre.real.runtime.backend import Parts, RealBackend
 from gyre.real.runtime.controller import Controller
 from gyre.real.runtime.engine_watch import EngineWatch
 from gyre.real.runtime.metrics import LiveMetrics
 from gyre.real.runtime.proxy_process import ProxyProcess
-from gyre.real.toy.tiny_model import build_tiny_tokenizer
 
 if TYPE_CHECKING:
     from gyre.real.cluster.placement import Placement
+    from gyre.real.runtime.job_config import JobConfig
     from gyre.real.runtime.restore import ResumeWiring
     from gyre.real.runtime.resume import ResumePlan
     from gyre.real.train.plane import TrainingPlane
@@ -71,10 +71,10 @@ class Wired:
 
 
 class JobParts:
-    def __init__(self, job, say: Callable[[str], None], resume: ResumePlan | None = None) -> None:
+    def __init__(self, job: JobConfig, say: Callable[[str], None], resume: ResumePlan | None = None) -> None:
         self.job, self.say, self.resume = job, say, resume
         self.cfg, self.work = job.scheduler(), Path(job.workdir)
-        self.layout = job.gpu_layout() if job.device == "cuda" else None
+        self.layout = job.gpu_layout() if job.layout.device == "cuda" else None
         self.names = {c: f"e{c}" for c in range(self.cfg.static_train_cells, self.cfg.K)}  # static: no engine
         if self.cfg.C_s > 0:
             self.names[SEPARATE] = "sep"
@@ -117,21 +117,21 @@ class JobParts:
 
     def _model(self):
         """The tokenizer's folder and the cells' model: a Hugging Face checkpoint, or the tiny toy model."""
-        model_cfg = self.job.model_config()
-        if model_cfg is not None:  # a Hugging Face checkpoint: the cells load it, its tokenizer serves
-            folder = Path(self.job.model["checkpoint"])
-            self.say(f"model: {model_cfg.family} checkpoint {folder} ({model_cfg.dtype})")
-            return folder, model_cfg
-        self.say(f"building the tiny tokenizer in {self.job.model_dir}")
-        return build_tiny_tokenizer(Path(self.job.model_dir)), self.job.toy_model_config()
+        model = self.job.model
+        if not model.checkpoint:
+            self.say(f"building the tiny tokenizer in {model.model_dir}")
+        tokenizer, model_cfg = model.build(self.job.seed)
+        if model.checkpoint:  # a Hugging Face checkpoint: the cells load it, its tokenizer serves
+            self.say(f"model: {model_cfg.family} checkpoint {tokenizer} ({model_cfg.dtype})")
+        return tokenizer, model_cfg
 
     def _tasks(self):
         for line in self.layout.describe(self.cfg.K) if self.layout is not None else ():
             self.say(line)
-        tasks, adapter = self.job.task_source(), self.job.harness_adapter()
+        tasks, adapter = self.job.tasks.build(self.job.seed), self.job.harness.build()
         if isinstance(tasks, TaskSet):  # each execution's process builds its task's workspace first
             adapter = tasks.harness(adapter)
-            self.say(f"task set {self.job.tasks}: {len(tasks.specs)} tasks, evaluator {self.job.evaluator}, "
+            self.say(f"task set {self.job.tasks.path}: {len(tasks.specs)} tasks, evaluator {self.job.tasks.evaluator}, "
                      f"harness {adapter.name}")
         return tasks, adapter
 
@@ -141,25 +141,24 @@ class JobParts:
         from gyre.real.train.state import OptimConfig
 
         job, cfg, tp = self.job, self.cfg, self.job.cell_tp()
-        plane = self.plane = TrainingPlane(PlaneConfig(cells=cfg.K, model=model_cfg, optim=OptimConfig(lr=job.lr),
-                                               timeout_s=300.0, device=job.device, tp=tp,
-                                               pp=self.layout.pipeline_parallel if self.layout else 1,
-                                               attempt=running_attempt(self.resume)),
-                                   self.work / PLANE_DIR)
+        plane_cfg = PlaneConfig(cells=cfg.K, model=model_cfg, optim=OptimConfig(lr=job.training.lr), timeout_s=300.0,
+                                device=job.layout.device, tp=tp, pp=self.layout.pipeline_parallel if self.layout else 1,
+                                attempt=running_attempt(self.resume))
+        plane = self.plane = TrainingPlane(plane_cfg, self.work / PLANE_DIR)
         engines = self.engines = EngineManager(self.work / "engine-logs")
-        if job.cluster:  # one placement group per cell on the Ray cluster (real.cluster)
+        if job.cluster is not None:  # one placement group per cell on the Ray cluster (real.cluster)
             from gyre.real.cluster.placement import Placement
 
-            cluster = job.cluster_config()
+            cluster = job.cluster
             self.say(f"placing {cfg.K} cells on the Ray cluster at {cluster.address}")
             by_cell: dict[Hashable, str] = dict(self.names.items())  # Placement.open: keys of any hashable type
             placement = self.placement = Placement(cluster, progress=self.say).open(cells=cfg.K, tp=tp,
                                                                                     engines=by_cell)
             plane.launcher = engines.launcher = placement
-        self.say(f"schedule {job.preset}: K={cfg.K} cells, C_s={cfg.C_s}, phi={cfg.phi}, mu={cfg.mu}, "
+        self.say(f"schedule {job.schedule.preset}: K={cfg.K} cells, C_s={cfg.C_s}, phi={cfg.phi}, mu={cfg.mu}, "
                  f"{cfg.granularity} transitions, streaming {'on' if cfg.streaming else 'off'}")
         self.say(f"starting {cfg.K} training cells of {tp} rank{'s' if tp > 1 else ''} each (Megatron-core, "
-                 f"{job.device})")
+                 f"{job.layout.device})")
         plane.start()
         self.cells = [plane.call(c, "info") for c in range(cfg.K)]  # each cell's leader: role, tp, pid
         (self.work / "cells.json").write_text(json.dumps({str(c): i for c, i in enumerate(self.cells)}, default=str))
@@ -189,7 +188,7 @@ class JobParts:
         config = ProxyConfig(model_path=str(model), records_dir=str(self.work / "records"), admin_token=ADMIN_TOKEN,
                              engines=tuple(ProxyEngine(id=n, url=engines.engines[n].url)
                                            for n in self.names.values()),
-                             port=free_port(), fsync=False, limits=Limits(default_max_tokens=self.job.max_tokens),
+                             port=free_port(), fsync=False, limits=Limits(default_max_tokens=self.job.proxy.max_tokens),
                              retry=RetryPolicy(hold_s=ENGINE_HOLD_S))
         proxy = self.proxy = ProxyProcess(config, self.work / "proxy", progress=self.say).start()
         self.proxy_url = f"http://127.0.0.1:{config.port}"
@@ -202,21 +201,20 @@ class JobParts:
 
         job, work, cfg = self.job, self.work, self.cfg
         runner = HarnessRunner(work / "executions", self.proxy_url, adapter,
-                               Budgets(harness_timeout_s=job.harness_timeout_s,
-                                       overall_timeout_s=job.overall_timeout_s), isolate=job.isolate,
+                               job.harness.budgets(), isolate=job.harness.isolate,
                                hide=[work / "records", work / "records" / "keys.json",  # records, key digests
                                      work / "attempts",  # and what a resume moved aside (runtime.resume)
                                      work / "proxy"])  # the proxy's config holds the admin token
         parts = Parts(proxy_url=self.proxy_url, admin_token=ADMIN_TOKEN, engines=engines,
                       engine_names=self.names, plane=plane, runner=runner, records_dir=work / "records",
                       checkpoint_dir=work / "checkpoints", task=tasks, watch=engine_watch)
-        backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget, progress=self.say,
+        backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.training.token_budget, progress=self.say,
                               steps=job.steps)
         engine_watch.serve(backend)  # from here on a dead engine comes back with the newest weights
         controller = Controller(cfg, backend, **controller_parts(self.resume, work / "log"))
         backend.bind(controller)
         redone = None if self.resume is None else self.resume.version + 1  # the first redone step
-        live = LiveMetrics(cfg, work, self.names, log=self.say, watch=watch, wandb=job.wandb,
+        live = LiveMetrics(cfg, work, self.names, log=self.say, watch=watch, wandb=job.metrics.wandb,
                            purge_step=redone).bind(controller, backend)
         backend.set_hooks(on_step=live.on_step)  # metrics.jsonl + tb/, one record per step
         wiring = ResumeWiring(self.resume, controller, backend, work=work, tp=job.cell_tp(), seed=job.seed)

@@ -119,7 +119,7 @@ def plan_lines(job) -> list[str]:
     """What ``gyre run --dry-run`` prints: each cell's GPUs, each rank's device and collective backend, each
     engine's arguments, and the memory plan (a CPU job: its cells and ranks)."""
     cells = job.scheduler().K
-    if job.device != "cuda":
+    if job.layout.device != "cuda":
         return [f"device cpu: {cells} cells x {job.cell_tp()} rank(s), gloo; SGLang CPU engines"]
     layout = job.gpu_layout()
     lines = layout.describe(cells)
@@ -127,22 +127,22 @@ def plan_lines(job) -> list[str]:
         gpus = layout.cell_gpus(cell)
         lines.append(f"cell {cell}: ranks on " + ", ".join(f"cuda:{g}" for g in gpus) + " (nccl); engine e"
                      f"{cell}: sglang {' '.join(layout.engine_args(cell))}")
-    return lines + layout.memory_plan(job.model_config(), job.token_budget).lines()
+    return lines + layout.memory_plan(job.model.hf_config(job.seed), job.training.token_budget).lines()
 
 
 def preflight(job, *, device_check: bool = True) -> None:
     """ValueError, one line, when ``job`` (``runtime.job.JobConfig``) cannot start: a CUDA layout whose memory
     plan does not fit, or a CUDA job whose cells would run on this machine and it lacks the GPUs
     (``train.cpu_compat.device_problem``; a Ray-placed job's ranks check on their nodes)."""
-    if job.device != "cuda":
+    if job.layout.device != "cuda":
         return
     layout = job.gpu_layout()
-    problem = layout.memory_plan(job.model_config(), job.token_budget).problem()
+    problem = layout.memory_plan(job.model.hf_config(job.seed), job.training.token_budget).problem()
     if problem:
         raise ValueError(f"job layout: {problem}; see docs/gpu.md, \"Memory plan\"")
-    if device_check and not job.cluster:
+    if device_check and job.cluster is None:
         from gyre.real.train.cpu_compat import device_problem
 
-        problem = device_problem(job.device, layout.gpus_per_cell * job.nodes)
+        problem = device_problem(job.layout.device, layout.gpus_per_cell * job.schedule.nodes)
         if problem:
             raise ValueError(f"job device: {problem}")

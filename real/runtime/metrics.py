@@ -9,7 +9,7 @@ record, written while the run goes on:
   nested fields as ``breakdown_s/rollout_full``, ``engine_load/e0``), flushed
   per step. TensorBoard needs the ``tensorboard`` package; without it only
   the JSON lines are written (said once through ``log``);
-- with ``wandb = "offline"`` in the job file (``JobConfig.wandb``): the same
+- with ``wandb = "offline"`` in the job file (``JobConfig.metrics.wandb``): the same
   scalars to a Weights & Biases run in offline mode under ``RUN_DIR/wandb/``
   (nothing leaves the machine; ``wandb sync`` uploads it later). Needs the
   ``wandb`` package (extra ``[wandb]``); without it the run says so once and

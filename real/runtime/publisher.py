@@ -43,9 +43,9 @@ class Publisher:
         parts = self.ctx.parts
         skip = parts.watch.unavailable() if parts.watch is not None else set()  # dead: revived later
         names = [n for n in (parts.engine_names[c] for c in sorted(self._rollout_ready())) if n not in skip]
-        ticket = parts.plane.send(0, "publish", version=a.version,
-                                  endpoints=[parts.engines.engines[n].url for n in names],
-                                  directory=str(parts.checkpoint_dir))
+        ticket = self.ctx.send_to_cell(0, "publish", version=a.version,
+                                       endpoints=[parts.engines.engines[n].url for n in names],
+                                       directory=str(parts.checkpoint_dir))
         self.publishing = self.ctx.spawn(self._await_publish(a.version, ticket, names))
 
     async def _await_publish(self, version: int, ticket, names: list[str]) -> None:

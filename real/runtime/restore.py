@@ -57,6 +57,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Callable
 
 from gyre import actions as act
 from gyre import events as ev
@@ -79,22 +80,26 @@ class Checkpointer:
         self.root, self.plane, self.controller, self.backend = Path(root), plane, controller, backend
         self.tp, self.seed = tp, seed
         self.written: list[int] = []
+        # listed here, before the run: the loop never waits on the disk (a resumed run's own checkpoints)
+        self.complete = {v for v, _, _ in complete_checkpoints(self.root)}
 
     def __call__(self, version: int) -> None:
-        if any(v == version for v, _, _ in complete_checkpoints(self.root)):
+        """Checkpoint the core cell at ``version``'s burst end: the command is numbered now (before the
+        Publish that follows it); the folder is made, and the command written, off the loop."""
+        if version in self.complete:
             return  # a resumed run re-applying its checkpoint's outstanding Publish
         core = self.controller.core.snapshot()
         manifest = {"format": 1, "version": version, "events": len(self.controller.log),
                     "published": core.published, "burst": core.burst, "now": core.now, "tp": self.tp,
                     "cells": self.controller.cfg.K, "seed": self.seed, "written_unix_s": time.time()}
         tmp = self.root / f".{checkpoint_name(version)}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         measured = json.dumps(dataclasses.asdict(self.backend.metrics))  # as of P exactly; written off the loop
-        ticket = self.plane.send(0, "save_checkpoint", folder=str(tmp))
-        self.backend.ctx.spawn(self._finish(ticket, tmp, manifest, measured))
+        ticket, send = self.plane.prepare(0, "save_checkpoint", folder=str(tmp))
+        self.complete.add(version)
+        self.backend.ctx.spawn(self._finish(ticket, send, tmp, manifest, measured))
 
-    async def _finish(self, ticket, tmp: Path, manifest: dict, measured: str) -> None:
+    async def _finish(self, ticket, send: Callable[[], None], tmp: Path, manifest: dict, measured: str) -> None:
+        await asyncio.to_thread(_fresh_folder, tmp, send)
         await asyncio.to_thread((tmp / METRICS).write_text, measured)
         await asyncio.to_thread(ticket.result, 600.0)
         self.controller.log.sync()  # events[0:P] are on disk before the manifest names P
@@ -104,6 +109,13 @@ class Checkpointer:
             await asyncio.to_thread(shutil.rmtree, older)
         self.backend.progress(f"checkpoint {final.name}: version {manifest['version']}, "
                               f"events[0:{manifest['events']}]")
+
+
+def _fresh_folder(folder: Path, then: Callable[[], None]) -> None:
+    """An empty ``folder`` (whatever a killed attempt left there removed), then ``then()``."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    then()
 
 
 def restore_parts(plan: ResumePlan, backend) -> None:

@@ -62,7 +62,6 @@ journal's end or whose published weights are gone.
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import json
 import os
@@ -93,11 +92,13 @@ class ResumeError(ValueError):
 
 def save_job(job, work: Path) -> Path:
     """Write ``work/job.json``: the job's fields, with its paths made absolute (a resume may run elsewhere)."""
-    data = dataclasses.asdict(job)
+    from gyre.real.runtime.job_file import job_to_table
+
+    data = job_to_table(job)  # the job file's own keys: job_from_table reads it back
     for name in ("workdir", "model_dir", "tasks"):
         if data[name]:
             data[name] = str(Path(data[name]).resolve())
-    if isinstance(data["model"], dict) and isinstance(data["model"].get("checkpoint"), str):
+    if data["model"]["checkpoint"]:
         data["model"] = dict(data["model"], checkpoint=str(Path(data["model"]["checkpoint"]).resolve()))
     path = work / JOB_FILE
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -194,7 +195,7 @@ class ResumePlan:
 
 def plan_resume(run_dir: str | os.PathLike) -> ResumePlan:
     """The plan to resume the run in ``run_dir`` (module docstring); ResumeError names what is wrong."""
-    from gyre.real.runtime.job import JobConfig
+    from gyre.real.runtime.job_file import job_from_table
 
     work = Path(run_dir).resolve()
     if not work.is_dir():
@@ -207,7 +208,7 @@ def plan_resume(run_dir: str | os.PathLike) -> ResumePlan:
     if (work / "summary.json").is_file():
         raise ResumeError(f"{run_dir} is a finished run (summary.json is written): nothing to resume")
     try:
-        job = JobConfig(**dict(json.loads((work / JOB_FILE).read_text()), workdir=str(work))).check_environment()
+        job = job_from_table(dict(json.loads((work / JOB_FILE).read_text()), workdir=str(work))).check_environment()
     except (ValueError, TypeError) as exc:
         raise ResumeError(f"{run_dir}/{JOB_FILE}: {exc}") from None
     try:

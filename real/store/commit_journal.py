@@ -45,7 +45,7 @@ import zlib
 from pathlib import Path
 from typing import Callable, Iterable
 
-from gyre.real.store.durable import fill_zeros, fsync_path
+from gyre.real.store.durable import SYSTEM_DISK, Disk, fill_zeros, fsync_path
 
 JOURNAL_NAME = ".commit-journal"  # in the records folder; not a ``.tito`` log, so not an execution
 HEAD_MAGIC = b"GYJH"
@@ -65,8 +65,9 @@ class Journal:
     """The commit journal of one records folder; see the module invariants. Not thread-safe:
     one writer (the group commit's) uses it at a time."""
 
-    def __init__(self, root: str | os.PathLike, *, capacity: int = CAPACITY) -> None:
+    def __init__(self, root: str | os.PathLike, *, capacity: int = CAPACITY, disk: Disk = SYSTEM_DISK) -> None:
         self.path = Path(root) / JOURNAL_NAME
+        self.disk = disk  # its writes and syncs, and a replay's (durable.Disk)
         self.capacity = capacity
         self.epoch = 0
         self._fd: int | None = None
@@ -92,14 +93,14 @@ class Journal:
                 if path not in fds:
                     created |= not path.exists()
                     fds[path] = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-                os.pwrite(fds[path], frame, offset)
+                self.disk.pwrite(fds[path], frame, offset)
             for fd in fds.values():
-                os.fsync(fd)
+                self.disk.fsync(fd)
         finally:
             for fd in fds.values():
                 os.close(fd)
         if created:
-            fsync_path(self.path.parent)
+            fsync_path(self.path.parent, self.disk)
         return list(fds)
 
     def start_epoch(self) -> None:
@@ -107,8 +108,8 @@ class Journal:
         self._open()
         self._reserve(_HEAD.size)  # a new journal: its first space, so the header lands in synced zeros
         self.epoch += 1
-        os.pwrite(self._fd, _HEAD.pack(HEAD_MAGIC, self.epoch, _head_crc(self.epoch)), 0)
-        os.fdatasync(self._fd)
+        self.disk.pwrite(self._fd, _HEAD.pack(HEAD_MAGIC, self.epoch, _head_crc(self.epoch)), 0)
+        self.disk.fdatasync(self._fd)
         self._end = _HEAD.size
 
     def fits(self, entries: Iterable[tuple[str, int, bytes]]) -> bool:
@@ -120,10 +121,10 @@ class Journal:
         """Write ``(execution_id, log offset, frame)`` entries in one write and sync them."""
         blob = b"".join(_entry(self.epoch, *entry) for entry in entries)
         self._reserve(self._end + len(blob))
-        written = os.pwrite(self._fd, blob, self._end)
+        written = self.disk.pwrite(self._fd, blob, self._end)
         if written != len(blob):  # pragma: no cover - regular files write fully
             raise OSError(f"short write to {self.path}: {written} of {len(blob)} bytes")
-        os.fdatasync(self._fd)
+        self.disk.fdatasync(self._fd)
         self._end += written
 
     def close(self) -> None:
@@ -145,7 +146,7 @@ class Journal:
             self._fd = fd
             self._allocated = os.fstat(self._fd).st_size
             if created:
-                fsync_path(self.path.parent)
+                fsync_path(self.path.parent, self.disk)
 
     def _reserve(self, end: int) -> None:
         """Zeros written and synced (size included) up to at least ``end``."""
@@ -153,7 +154,7 @@ class Journal:
             return
         target = max(end, min(max(MIN_SPACE, 2 * self._allocated), max(self.capacity, end)))
         try:
-            fill_zeros(self._fd, self._allocated, target)
+            fill_zeros(self._fd, self._allocated, target, self.disk)
         except OSError as exc:  # e.g. a disk smaller than the space asked for: named, with the file
             raise OSError(exc.errno, f"cannot reserve {target} bytes for the commit journal "
                                      f"({exc.strerror or exc})", str(self.path)) from None

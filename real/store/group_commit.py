@@ -73,7 +73,7 @@ class GroupCommit:
         self._syncers = ThreadPoolExecutor(max_workers=sync_threads, thread_name_prefix="gyre-fsync")
         self._dirty: dict[str, RecordLog] = {}  # logs written during the journal's current epoch
         store.close()  # the replay writes the files themselves: open logs are reopened after it
-        self.journal = Journal(store.root, capacity=journal_capacity)
+        self.journal = Journal(store.root, capacity=journal_capacity, disk=store.disk)
         store.root.mkdir(parents=True, exist_ok=True)
         self.journal.replay(store.path_for)  # synced by the replay itself
         self.journal.start_epoch()
@@ -170,7 +170,7 @@ class GroupCommit:
                 os.truncate(path, offset)
             except OSError:
                 try:
-                    fsync_path(path)
+                    fsync_path(path, self.store.disk)
                 except OSError:
                     pass  # the disk refuses both: the journal, on that same disk, refuses every batch too
 

@@ -61,7 +61,7 @@ from typing import Iterator
 
 import numpy as np
 
-from gyre.real.store.durable import fill_zeros, fsync_path
+from gyre.real.store.durable import SYSTEM_DISK, Disk, fill_zeros, fsync_path
 from gyre.trajectory.records import ModelCall, RecordError
 
 MAGIC = b"GYR1"
@@ -147,8 +147,10 @@ class RecordLog:
     """Appends records of one execution to one file; see the module invariants."""
 
     def __init__(self, path: str | os.PathLike, execution_id: str, *, fsync: bool = False,
-                 delta_window: int = 4, min_shared: int = 64, preallocate: bool | None = None) -> None:
+                 delta_window: int = 4, min_shared: int = 64, preallocate: bool | None = None,
+                 disk: Disk = SYSTEM_DISK) -> None:
         self.path = Path(path)
+        self.disk = disk  # its writes and syncs (durable.Disk)
         self.execution_id = execution_id
         self.fsync = fsync
         self.preallocate = fsync if preallocate is None else preallocate
@@ -180,7 +182,7 @@ class RecordLog:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
         self._allocated = self._end
         if created and self.fsync:
-            fsync_path(self.path.parent)  # the new log's directory entry
+            fsync_path(self.path.parent, self.disk)  # the new log's directory entry
         return self
 
     def append(self, call: ModelCall) -> None:
@@ -193,9 +195,9 @@ class RecordLog:
         """Force every frame written so far to disk (``fdatasync``: see the module invariants), through
         the path when the log was closed meanwhile."""
         if self._fd is not None:
-            os.fdatasync(self._fd)
+            self.disk.fdatasync(self._fd)
         elif self.path.exists():
-            fsync_path(self.path)
+            fsync_path(self.path, self.disk)
 
     def reserve(self, room: int) -> None:
         """Make sure at least ``room`` bytes of synced zeros follow the last frame (durable logs only).
@@ -207,7 +209,7 @@ class RecordLog:
         if self._fd is None:
             self.open()
         target = self._end + room + min(max(MIN_ROOM, self._end), MAX_ROOM)
-        fill_zeros(self._fd, self._allocated, target)
+        fill_zeros(self._fd, self._allocated, target, self.disk)
         self._allocated = target
 
     def write(self, call: ModelCall) -> tuple[int, bytes]:
@@ -223,7 +225,7 @@ class RecordLog:
         self.reserve(len(frame))
         offset = self._end
         try:
-            written = os.pwrite(self._fd, frame, offset)
+            written = self.disk.pwrite(self._fd, frame, offset)
             if written != len(frame):  # a full disk: part of the frame went out
                 raise OSError(errno.ENOSPC, f"short write: {written} of {len(frame)} bytes", str(self.path))
         except OSError:
@@ -242,7 +244,7 @@ class RecordLog:
         """Remove whatever part of a failed frame reached the file at ``offset`` (best effort)."""
         try:
             if self._allocated > offset:  # reserved zeros: put them back (no new space needed)
-                os.pwrite(self._fd, bytes(min(size, self._allocated - offset)), offset)
+                self.disk.pwrite(self._fd, bytes(min(size, self._allocated - offset)), offset)
             else:
                 os.ftruncate(self._fd, offset)
         except OSError:
@@ -279,9 +281,11 @@ class RecordLog:
 class ExecutionStore:
     """A directory of per-execution logs named ``<execution_id>.tito``."""
 
-    def __init__(self, root: str | os.PathLike, *, fsync: bool = False, preallocate: bool | None = None) -> None:
+    def __init__(self, root: str | os.PathLike, *, fsync: bool = False, preallocate: bool | None = None,
+                 disk: Disk = SYSTEM_DISK) -> None:
         self.root = Path(root)
         self.fsync = fsync
+        self.disk = disk  # every log's writes and syncs, and the group commit's journal's (durable.Disk)
         self.preallocate = preallocate  # passed to each ``RecordLog`` (None: as ``fsync``)
         self._logs: dict[str, RecordLog] = {}
 
@@ -296,7 +300,7 @@ class ExecutionStore:
         if log is None:
             self.root.mkdir(parents=True, exist_ok=True)
             log = RecordLog(self.path_for(execution_id), execution_id, fsync=self.fsync,
-                            preallocate=self.preallocate).open()
+                            preallocate=self.preallocate, disk=self.disk).open()
             self._logs[execution_id] = log
         return log
 

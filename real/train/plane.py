@@ -34,6 +34,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch.distributed as dist
 
@@ -178,12 +179,20 @@ class TrainingPlane:
             time.sleep(0.01)
 
     def send(self, cell: int, op: str, **args) -> Ticket:
+        ticket, write = self.prepare(cell, op, **args)
+        write()
+        return ticket
+
+    def prepare(self, cell: int, op: str, **args) -> tuple[Ticket, Callable[[], None]]:
+        """A command numbered now (a cell runs its commands in this order) and the write that sends it:
+        a call to the control store, which an event loop makes on another thread. The cell runs command n
+        only after n - 1, whatever order the writes land in."""
         if not 0 <= cell < self.cfg.cells:
             raise ValueError(f"cell must be in [0, {self.cfg.cells}), got {cell!r}")
         n = self._next[cell]
-        self.control.set(keys.command(cell, n), {"op": op, "args": args, "attempt": self.cfg.attempt})
         self._next[cell] += 1
-        return Ticket(self, cell, n, op)
+        command = {"op": op, "args": args, "attempt": self.cfg.attempt}
+        return Ticket(self, cell, n, op), lambda: self.control.set(keys.command(cell, n), command)
 
     def call(self, cell: int, op: str, *, timeout: float | None = None, **args) -> dict:
         return self.send(cell, op, **args).result(timeout)

@@ -91,19 +91,17 @@ def test_without_satellite_moves_the_satellite_costs_are_left_to_the_core_values
     assert costs.get("satellite_to_training_s", 2.0) == pytest.approx(2.0, abs=1e-5)
 
 
-def test_a_core_that_never_left_training_takes_the_satellites_rollout_cost(tmp_path, monkeypatch):
-    """A core unit that stays in training all run has no training -> rollout sample (seen in a 16-step run)."""
-    import gyre.analysis.calibrate as calibration
-
-    measured = calibration._transition_times
-
-    def core_never_left(cfg, tl, cuts=()):
-        times = measured(cfg, tl, cuts)
-        times.pop((False, "rollout"))
-        return times
-
-    monkeypatch.setattr(calibration, "_transition_times", core_never_left)
-    costs = calibrate(_run_folder(tmp_path))
+def test_a_core_that_never_left_training_takes_the_satellites_rollout_cost(tmp_path):
+    """A core unit that stays in training all run has no training -> rollout sample (seen in a 16-step run):
+    here the run's log ends just before the core's first return to rollout, the satellites' already done."""
+    run = _run_folder(tmp_path)
+    log = run / "log" / "events.csv"
+    rows = log.read_text().splitlines()
+    cut = next(i for i, row in enumerate(rows) if row.split(",")[1] == "transition_done"
+               and row.split(",")[6:8] == ["0", "rollout"])
+    assert any(row.split(",")[1] == "transition_done" and row.endswith(",rollout,") for row in rows[:cut])
+    log.write_text("\n".join(rows[:cut]) + "\n")
+    costs = calibrate(run)
     assert costs["to_rollout_s"] == pytest.approx(TRANSITIONS["satellite_to_rollout_s"], abs=1e-5)
     assert costs["to_training_s"] == pytest.approx(TRANSITIONS["to_training_s"], abs=1e-5)
 

@@ -138,6 +138,10 @@ class PlaneDouble:
             self._join(cell, 0.0)
 
     # ---- commands ------------------------------------------------------------------
+    def prepare(self, cell: int, op: str, **args: Any) -> tuple[VirtualTicket, Callable[[], None]]:
+        """As the real plane's: here the command takes effect at once, and its write does nothing."""
+        return self.send(cell, op, **args), lambda: None
+
     def send(self, cell: int, op: str, **args: Any) -> VirtualTicket:
         self.sent.append((self.loop.time(), cell, op))
         ticket = VirtualTicket(op)

@@ -47,15 +47,15 @@ def job_file(tmp_path: Path, cluster: str) -> Path:
 def test_a_cluster_table_loads_beside_the_job(tmp_path):
     job = load_job_config(job_file(tmp_path, 'address = "10.1.2.3:6379"\ninterface = "lo"\n'
                                              'cell_resource = "gyre_cell"\n'))
-    assert job.cluster_config() == ClusterConfig(address="10.1.2.3:6379", interface="lo", cell_resource="gyre_cell")
-    assert load_job_config(DEMO).cluster_config() is None  # a single-machine run
+    assert job.cluster == ClusterConfig(address="10.1.2.3:6379", interface="lo", cell_resource="gyre_cell")
+    assert load_job_config(DEMO).cluster is None  # a single-machine run
 
 
 def test_the_command_line_address_overrides_the_tables_and_keeps_its_other_keys(tmp_path):
     path = job_file(tmp_path, 'address = "10.1.2.3:6379"\ninterface = "lo"\n')
     job = load_job_config(path, cluster={"address": "head.example:6380"})
-    assert (job.cluster_config().address, job.cluster_config().interface) == ("head.example:6380", "lo")
-    assert load_job_config(DEMO, cluster={"address": "auto"}).cluster_config().address == "auto"
+    assert (job.cluster.address, job.cluster.interface) == ("head.example:6380", "lo")
+    assert load_job_config(DEMO, cluster={"address": "auto"}).cluster.address == "auto"
 
 
 @pytest.mark.parametrize("table, message", [
@@ -91,7 +91,7 @@ def test_checking_a_cluster_table_imports_no_ray(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         from gyre.real.runtime.job import load_job_config
-        load_job_config({str(path)!r}).cluster_config()
+        load_job_config({str(path)!r}).cluster
         print(sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")))
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -17,6 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gyre.real.store.durable import Disk
+
 try:
     from proxy_fixtures import ScriptedEngine, ServerThread, build_tiny_tokenizer, shared_tiny_dir, start_proxy
     from proxy_fixtures import proxy_config
@@ -131,13 +133,14 @@ def test_a_stray_directory_in_the_records_folder_is_reported_not_a_500(stack):
         (stack["records"] / "stray.tito").rmdir()
 
 
-def test_minting_a_key_on_a_full_disk_is_a_507_and_registers_nothing(stack, monkeypatch):
-    keys = stack["server"].keys
-
-    def full(*args, **kwargs):
+class FullDisk(Disk):
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(keys, "_save", full)
+
+def test_minting_a_key_on_a_full_disk_is_a_507_and_registers_nothing(stack, monkeypatch):
+    keys = stack["server"].keys
+    monkeypatch.setattr(keys, "disk", FullDisk())  # the key file's disk (KeyRegistry's seam) is full
     for path, body in (("/admin/executions", {"execution_id": "full-disk"}),
                        ("/admin/executions/start", {"executions": [{"execution_id": "full-disk"}]})):
         status, payload, kind = admin_call(stack, "POST", path, json.dumps(body).encode())

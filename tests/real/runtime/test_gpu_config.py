@@ -55,15 +55,15 @@ def test_the_placeholder_checkpoint_is_named_until_filled():
 def test_the_gpu_job_loads_and_lays_out_one_node(checkpoint):
     job = load_job_config(GPU_JOB, model={"checkpoint": str(checkpoint), "dtype": "bfloat16"})
     layout = job.gpu_layout()
-    assert (job.device, job.nodes, layout.gpus_per_cell, layout.gpus_per_node) == ("cuda", 2, 4, 8)
-    assert [layout.cell_gpus(c) for c in range(job.nodes)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert (job.layout.device, job.schedule.nodes, layout.gpus_per_cell, layout.gpus_per_node) == ("cuda", 2, 4, 8)
+    assert [layout.cell_gpus(c) for c in range(job.schedule.nodes)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert layout.engine_args(1)[:4] == ("--tp-size", "4", "--base-gpu-id", "4")
-    assert layout.runnable_problem() is None and job.cell_tp() == 4 and job.tp == 1
-    model = job.model_config()
+    assert layout.runnable_problem() is None and job.cell_tp() == 4 and job.training.tp == 1
+    model = job.model.hf_config(job.seed)
     assert (model.family, model.dtype, model.num_layers, model.num_query_groups, model.tie_embeddings) == (
         "qwen2", "bfloat16", 28, 4, False)
-    assert job.harness_adapter().name == "mini-swe-agent"
-    assert len(job.task_source().specs) == 4 and job.scheduler().K == 2
+    assert job.harness.build().name == "mini-swe-agent"
+    assert len(job.tasks.build(job.seed).specs) == 4 and job.scheduler().K == 2
 
 
 def test_the_smoke_version_is_runnable_and_a_pipeline_layout_is_refused_before_anything_starts(checkpoint, tmp_path):

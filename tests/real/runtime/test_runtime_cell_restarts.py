@@ -11,11 +11,12 @@ import pytest
 from gyre.real.runtime import cli
 from gyre.real.runtime import job as job_module
 from gyre.real.runtime import resume as resume_module
-from gyre.real.runtime.job import CellFailed, JobConfig
+from gyre.real.runtime.job import CellFailed
+from gyre.real.runtime.job_file import job_from_table
 
 
 def _run_with(monkeypatch, tmp_path, failures: int, restarts: int) -> tuple[int, list, list]:
-    job = JobConfig(workdir=str(tmp_path / "run"), cell_restarts=restarts)
+    job = job_from_table(dict(workdir=str(tmp_path / "run"), cell_restarts=restarts))
     runs, plans = [], []
 
     def run_job(job, progress=None, watch=None, resume=None):

@@ -363,6 +363,9 @@ class Plane:
         self.sent.append((cell, op, fields))
         return self.ticket
 
+    def prepare(self, cell, op, **fields):  # as TrainingPlane.prepare: the command, and its write (none here)
+        return self.send(cell, op, **fields), lambda: None
+
 
 def publishing_backend(tmp_path, manager, ticket, admin_calls=None):
     """A backend whose proxy admin API answers at once (``admin_calls`` gets each call's path)."""
@@ -452,7 +455,8 @@ def test_stop_ends_the_queue_watcher_of_a_batch_the_run_never_trained(tmp_path):
             pass
 
     queues = SimpleNamespace(queue=lambda version: SimpleNamespace(ready_count=lambda: 0))
-    plane = SimpleNamespace(send=lambda cell, op, **fields: StepTicket(), abandon=abandoned.set, queues=queues)
+    plane = SimpleNamespace(prepare=lambda cell, op, **fields: (StepTicket(), lambda: None), abandon=abandoned.set,
+                            queues=queues)
     parts = SimpleNamespace(engine_names={0: "e0"}, plane=plane, runner=Runner(), records_dir=tmp_path / "records",
                             watch=None, proxy_url="http://127.0.0.1:9", admin_token="-")  # no admin call made
     cfg = SchedulerConfig(K=1, C_e=8, C_s=0, N=2, B=1, phi=0.0, mu=1, granularity="global")

@@ -49,18 +49,18 @@ def write_job(tmp_path: Path, checkpoint: Path, extra: str = "") -> Path:
 
 def test_the_model_table_names_a_checkpoint_the_cells_load(qwen3, tmp_path):
     job = load_job_config(write_job(tmp_path, qwen3))
-    cfg = job.model_config()
+    cfg = job.model.hf_config(job.seed)
     assert (cfg.family, cfg.qk_layernorm, cfg.kv_channels, cfg.checkpoint) == ("qwen3", True, 32, str(qwen3))
 
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda folder: folder / "missing", "no config.json"),
     (lambda folder: folder, "dtype must be float32 or bfloat16"),
-    (lambda folder: folder, "unknown: ['revision']"),
+    (lambda folder: folder, "unknown key(s) ['revision']"),
     (lambda folder: folder, "is not supported"),
 ])
 def test_a_checkpoint_that_cannot_load_fails_before_anything_starts(qwen3, tmp_path, mutate, message):
-    extra = {"dtype must": 'dtype = "float16"\n', "unknown:": 'revision = "main"\n'}
+    extra = {"dtype must": 'dtype = "float16"\n', "unknown key": 'revision = "main"\n'}
     folder = mutate(qwen3)
     if message == "is not supported":
         folder = tmp_path / "llama"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gyre.real.runtime.job import JobConfig, load_job_config
+from gyre.real.runtime.job_file import job_from_table
 
 DEMO = Path(__file__).resolve().parents[3] / "configs" / "cpu_demo.toml"
 
@@ -23,7 +24,7 @@ def test_the_shipped_demo_loads_with_overrides():
     job = load_job_config(DEMO, steps=4, workdir="elsewhere")
     cfg = job.scheduler()
     assert (cfg.K, cfg.N, cfg.B, cfg.mu, job.steps, job.workdir) == (3, 4, 2, 2, 4, "elsewhere")
-    assert (job.preset, cfg.granularity, cfg.streaming, cfg.tau, cfg.phi) == ("gyre-1", "fine", True, 0.0, 1.0)
+    assert (job.schedule.preset, cfg.granularity, cfg.streaming, cfg.tau, cfg.phi) == ("gyre-1", "fine", True, 0.0, 1.0)
     assert cfg.predicted_staleness == pytest.approx(1.5)
 
 
@@ -34,7 +35,7 @@ def test_the_shipped_demo_loads_with_overrides():
     ("C1", {"K": 3, "C_s": 8, "granularity": "coarse", "streaming": False}),
 ])
 def test_a_preset_scales_to_the_jobs_cells(preset, expected):
-    cfg = JobConfig(preset=preset, nodes=4, C_e=8, N=2, B=2, steps=6).scheduler()
+    cfg = job_from_table(dict(preset=preset, nodes=4, C_e=8, N=2, B=2, steps=6)).scheduler()
     assert {k: getattr(cfg, k) for k in expected} == expected
 
 
@@ -49,15 +50,15 @@ def test_schedule_overrides_apply_on_top_of_the_preset(tmp_path):
     ("[job]\nstepz = 4\n", "unknown field(s) ['stepz']"),
     ("[job]\nisolate = 'sometimes'\n", "isolate must be one of"),
     ("[job]\nsteps = 5\n", "steps must be a positive multiple of mu = 2"),
-    ("[job]\nnodes = 0\n", "K must be >= 1"),
+    ("[job]\nnodes = 0\n", "job field nodes must be an integer >= 1, not 0"),
     ("[job]\npreset = 'gyre-9'\n", "unknown preset 'gyre-9'"),
     ("[job.schedule]\nwarp = 9\n", "schedule: "),
     ("[job.schedule]\nphi = -1.0\n", "phi must be >= 0"),
     ("[job]\nschedule = 3\n", "schedule must be a table"),
     ("[job\nK = 2\n", "job configuration"),
     ("[job]\nharness_timeout_s = 100.0\noverall_timeout_s = 50.0\n", "harness_timeout_s <= overall_timeout_s"),
-    ("[job]\ncell_restarts = -1\n", "cell_restarts must be an integer >= 0"),
-    ("[job]\ncell_restarts = true\n", "cell_restarts must be an integer >= 0"),
+    ("[job]\ncell_restarts = -1\n", "job field cell_restarts must be an integer >= 0, not -1"),
+    ("[job]\ncell_restarts = true\n", "job field cell_restarts must be an integer >= 0, not True"),
     ("[job]\nwandb = \"online\"\n", "wandb must be \"offline\" or"),
     ("[job]\nwandb = true\n", "wandb must be \"offline\" or"),
 ])
@@ -75,7 +76,7 @@ def test_a_missing_file_is_named(tmp_path):
 
 
 def test_defaults_are_a_valid_job():
-    assert JobConfig().scheduler().K == 2 and JobConfig().preset == "gyre-1"
+    assert JobConfig().scheduler().K == 2 and JobConfig().schedule.preset == "gyre-1"
 
 
 def test_gyre_run_refuses_a_bad_override_before_starting_anything(capsys):
@@ -90,14 +91,14 @@ def test_tp_reaches_the_job_and_a_default_job_has_one_rank_cells(model, tmp_path
     path = tmp_path / "job.toml"
     path.write_text(f"[job]\nmodel_dir = '{model}'\ntp = 2\n")
     job = load_job_config(path)
-    assert (job.tp, job.cell_tp(), JobConfig().cell_tp()) == (2, 2, 1)
-    assert job.toy_model_config().vocab_size % 2 == 0
+    assert (job.training.tp, job.cell_tp(), JobConfig().cell_tp()) == (2, 2, 1)
+    assert job.model.toy_config(job.seed).vocab_size % 2 == 0
 
 
 @pytest.mark.parametrize("value, message", [
-    ("0", "job field tp must be a positive integer, not 0"),
-    ("'2'", "job field tp must be a positive integer, not '2'"),
-    ("true", "job field tp must be a positive integer, not True"),
+    ("0", "job field tp must be an integer >= 1, not 0"),
+    ("'2'", "job field tp must be an integer >= 1, not '2'"),
+    ("true", "job field tp must be an integer >= 1, not True"),
     ("4", "training cells of tp = 4 ranks: model num_query_groups = 2 is not divisible by tp = 4"),
     ("3", "training cells of tp = 3 ranks: model num_attention_heads = 4 is not divisible by tp = 3"),
 ])
@@ -113,8 +114,8 @@ def test_a_tp_the_vocabulary_cannot_split_is_named(model, tmp_path):
     """An odd vocabulary cannot split over two ranks (heads, query groups and FFN of the toy model can)."""
     from gyre.real.train.model import ModelConfig
 
-    odd = JobConfig(model_dir=str(model)).toy_model_config().vocab_size | 1
-    job = JobConfig(model_dir=str(model), tp=2)
+    odd = job_from_table(dict(model_dir=str(model))).model.toy_config(0).vocab_size | 1
+    job = job_from_table(dict(model_dir=str(model), tp=2))
     with pytest.raises(ValueError, match=f"model vocab_size = {odd} is not divisible by tp = 2"):
         job.check_cells(ModelConfig(vocab_size=odd))
     job.check_cells(ModelConfig(vocab_size=odd + 1))  # an even one can
@@ -149,7 +150,7 @@ def test_a_job_is_built_without_io_and_checked_against_what_it_names(tmp_path):
     """The constructor reads no file: a task set that is not there fails at ``check_environment``
     (which ``load_job_config`` runs), naming it."""
     missing = tmp_path / "no-tasks.jsonl"
-    job = JobConfig(tasks=str(missing), evaluator="gyre.real.toy.tasks:EmitCharTask")
+    job = job_from_table(dict(tasks=str(missing), evaluator="gyre.real.toy.tasks:EmitCharTask"))
     with pytest.raises(ValueError, match="no-tasks.jsonl"):
         job.check_environment()
     path = tmp_path / "job.toml"

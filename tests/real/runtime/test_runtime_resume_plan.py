@@ -28,6 +28,7 @@ from gyre import events as ev
 from gyre.cli import main
 from gyre.formats.journal import JournalLog
 from gyre.real.runtime.job import JobConfig
+from gyre.real.runtime.job_file import job_from_table
 from gyre.real.runtime.resume import (ResumeError, hold_run_lock, open_run_folder, plan_resume, prepare_folder,
                                       save_job)
 from gyre.real.train.checkpoint import MANIFEST, complete_checkpoints
@@ -83,8 +84,8 @@ def instant_world(cfg, stop):
 
 
 def job(work: Path) -> JobConfig:
-    return JobConfig(workdir=str(work), model_dir=str(work.parent / "tok"), preset="gyre-1", nodes=2, C_e=4,
-                     N=2, B=2, steps=6, schedule={"tau": 0.0})
+    return job_from_table(dict(workdir=str(work), model_dir=str(work.parent / "tok"), preset="gyre-1", nodes=2,
+                               C_e=4, N=2, B=2, steps=6, schedule={"tau": 0.0}))
 
 
 def checkpoint(work: Path, version: int, events: int, manifest: bool = True) -> Path:
@@ -214,11 +215,11 @@ def test_a_folder_held_by_a_live_job_is_refused(killed_run):
 STARTING_JOB = """
 import sys, time
 from pathlib import Path
-from gyre.real.runtime.job import JobConfig
+from gyre.real.runtime.job_file import job_from_table
 from gyre.real.runtime.resume import open_run_folder
 work = Path(sys.argv[1])
-job = JobConfig(workdir=str(work), model_dir=str(work.parent / "tok"), preset="gyre-1", nodes=2, C_e=4, N=2, B=2,
-                steps=6, schedule={"tau": 0.0})
+job = job_from_table(dict(workdir=str(work), model_dir=str(work.parent / "tok"), preset="gyre-1", nodes=2, C_e=4,
+                          N=2, B=2, steps=6, schedule={"tau": 0.0}))
 lock = open_run_folder(job, None)  # the first thing JobParts.build does: no journal yet
 print("holding", flush=True)
 time.sleep(120)

@@ -210,9 +210,9 @@ def test_a_bad_harness_evaluator_or_task_set_fails_at_load(tmp_path, body, messa
 
 def test_the_shipped_repair_job_loads_with_its_task_set():
     job = load_job_config(ROOT / "configs" / "repair_cpu.toml")
-    assert job.harness_adapter() == ScriptedHarness(calls=3, compact_every=0, subagent_at=())
-    taskset = job.task_source()
+    assert job.harness.build() == ScriptedHarness(calls=3, compact_every=0, subagent_at=())
+    taskset = job.tasks.build(job.seed)
     assert [s.task_id for s in taskset.specs] == ["repair-textkit", "repair-statkit", "repair-spans",
                                                   "repair-wordcount"]
     assert type(taskset.evaluators["repair-spans"]).__name__ == "RepairEvaluator"
-    assert isinstance(load_job_config(ROOT / "configs" / "cpu_demo.toml").task_source(), EmitCharTask)
+    assert isinstance(load_job_config(ROOT / "configs" / "cpu_demo.toml").tasks.build(0), EmitCharTask)

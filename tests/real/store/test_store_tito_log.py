@@ -7,8 +7,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -16,6 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre.trajectory.records import ModelCall, RecordError
+from gyre.real.store.commit_journal import HEAD_MAGIC, JOURNAL_NAME
+from gyre.real.store.durable import Disk
 from gyre.real.store.tito_log import ExecutionStore, RecordLog, TornTailWarning, encode_frame, read_records
 
 
@@ -188,14 +193,14 @@ def test_writer_killed_mid_stream_loses_at_most_the_record_being_written(tmp_pat
     assert all(issubclass(w.category, TornTailWarning) for w in caught)
 
 
-def commit_all(group, calls):
-    """Submit ``calls`` at once; returns {request_id: error or None} once every ``done`` ran."""
-    import threading
-
+def commit_all(group, calls, on_done: Callable[[ModelCall], None] = lambda call: None):
+    """Submit ``calls`` at once; returns {request_id: error or None} once every ``done`` ran (each
+    acknowledgement first told to ``on_done``)."""
     results, finished = {}, threading.Event()
 
     def done_for(call):
         def done(error):
+            on_done(call)
             results[call.request_id] = error
             if len(results) == len(calls):
                 finished.set()
@@ -207,85 +212,99 @@ def commit_all(group, calls):
     return results
 
 
-def test_group_commit_acknowledges_only_after_the_journal_sync_of_its_batch(tmp_path, monkeypatch):
+class WatchedDisk(Disk):
+    """The store's disk (``durable.Disk``, the seam its classes take): every write and sync is logged as
+    (call, file name, data, thread) in ``events`` (shared with the test's own marks); ``fail`` may turn
+    one into an OSError, as a full or broken disk would, and ``hold`` may keep one waiting."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self.fail: Callable[[str, str, bytes], OSError | None] = lambda call, name, data: None
+        self.hold: Callable[[str, str, bytes], None] = lambda call, name, data: None
+
+    def _do(self, call: str, fd: int, data: bytes, then: Callable[[], Any]) -> Any:
+        name = Path(os.readlink(f"/proc/self/fd/{fd}")).name
+        self.hold(call, name, data)
+        error = self.fail(call, name, data)
+        if error is not None:
+            raise error
+        result = then()
+        self.events.append((call, name, bytes(data), threading.current_thread().name))
+        return result
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        return self._do("pwrite", fd, data, lambda: super(WatchedDisk, self).pwrite(fd, data, offset))
+
+    def fdatasync(self, fd: int) -> None:
+        self._do("sync", fd, b"", lambda: super(WatchedDisk, self).fdatasync(fd))
+
+    def fsync(self, fd: int) -> None:
+        self._do("sync", fd, b"", lambda: super(WatchedDisk, self).fsync(fd))
+
+    def entries(self) -> list[tuple]:
+        """The commit journal's entry writes (not its header, nor the zeros it reserves)."""
+        return [e for e in self.events if e[:2] == ("pwrite", JOURNAL_NAME) and any(e[2])
+                and not e[2].startswith(HEAD_MAGIC)]
+
+
+def test_group_commit_acknowledges_only_after_the_journal_sync_of_its_batch(tmp_path):
     """Between a record's write into its log and its acknowledgement lies the synced journal write
-    of the same frame (log, offset); one journal write per batch, however many logs it touched, and
-    no log sync until the checkpoint at ``close``."""
-    from gyre.real.store.commit_journal import Journal
+    of the same frame; one journal write per batch, however many logs it touched, and no log sync
+    until the checkpoint at ``close``."""
     from gyre.real.store.group_commit import GroupCommit
 
-    events = []
-    real_write, real_append, real_sync = RecordLog.write, Journal.append, RecordLog.sync
-
-    def write(self, call):
-        offset, frame = real_write(self, call)
-        events.append(("write", call.request_id, (call.execution_id, offset, frame)))
-        return offset, frame
-
-    monkeypatch.setattr(RecordLog, "write", write)
-    monkeypatch.setattr(Journal, "append", lambda self, entries: (real_append(self, entries),
-                                                                  events.append(("journal", list(entries)))))
-    monkeypatch.setattr(RecordLog, "sync", lambda self: (real_sync(self), events.append(("sync", self.execution_id))))
-    store = ExecutionStore(tmp_path, fsync=True, preallocate=False)
+    disk = WatchedDisk()
+    store = ExecutionStore(tmp_path, fsync=True, preallocate=False, disk=disk)
     group = GroupCommit(store)
     calls = [record(i, execution=f"e{i % 3}") for i in range(30)]
-    original = group.submit
-    group.submit = lambda call, done: original(call, lambda error: (events.append(("done", call.request_id)),
-                                                                    done(error)))
-    results = commit_all(group, calls)
-    assert not [e for e in events if e[0] == "sync"]
+    results = commit_all(group, calls, on_done=lambda call: disk.events.append(("done", call.request_id)))
+    assert not [e for e in disk.events if e[0] == "sync" and e[1].endswith(".tito")]
     group.close()
     assert results == {c.request_id: None for c in calls}
-    for call in calls:
-        (written, entry), = [(i, e[2]) for i, e in enumerate(events) if e[:2] == ("write", call.request_id)]
-        acked = events.index(("done", call.request_id))
-        assert any(e[0] == "journal" and entry in e[1] for e in events[written:acked]), call.request_id
-    journaled = [e for e in events if e[0] == "journal"]
-    assert len(journaled) == group.batches and sum(len(e[1]) for e in journaled) == 30
-    assert {e[1] for e in events if e[0] == "sync"} == {"e0", "e1", "e2"} and group.checkpoints == 1
+    writes = {e: iter(i for i, ev in enumerate(disk.events) if ev[:2] == ("pwrite", f"{e}.tito"))
+              for e in ("e0", "e1", "e2")}
+    entries = disk.entries()
+    for call in calls:  # a log's frames are written in the order of its calls (read back below)
+        written = next(writes[call.execution_id])
+        frame, acked = disk.events[written][2], disk.events.index(("done", call.request_id))
+        journaled = [i for i in range(written, acked) if disk.events[i] in entries and frame in disk.events[i][2]]
+        assert journaled and ("sync", JOURNAL_NAME, b"") in [e[:3] for e in disk.events[journaled[0]:acked]], call
+    assert len(disk.entries()) == group.batches
+    synced_logs = {e[1] for e in disk.events if e[0] == "sync" and e[1].endswith(".tito")}
+    assert synced_logs == {"e0.tito", "e1.tito", "e2.tito"} and group.checkpoints == 1
     for e in ("e0", "e1", "e2"):
         assert store.read(e) == [c for c in calls if c.execution_id == e]
 
 
-def test_group_commit_reports_failures_to_exactly_their_records(tmp_path, monkeypatch):
+def test_group_commit_reports_failures_to_exactly_their_records(tmp_path):
     """A failed log write fails its record only; a failed journal write or sync fails every record
     of its batch and cuts their frames off their logs; a failed checkpoint sync fails the batch that
     needed it and retires nothing."""
-    from gyre.real.store.commit_journal import Journal
     from gyre.real.store.group_commit import GroupCommit
 
-    store = ExecutionStore(tmp_path, fsync=True, preallocate=False)
+    disk = WatchedDisk()
+    store = ExecutionStore(tmp_path, fsync=True, preallocate=False, disk=disk)
     group = GroupCommit(store)
     assert commit_all(group, [record(0, "ok"), record(1, "bad")]) == {"r0": None, "r1": None}
-    real_write, real_append, real_sync = RecordLog.write, Journal.append, RecordLog.sync
 
-    def failing_write(self, call):
-        if self.execution_id == "bad":
-            raise OSError(5, "Input/output error")
-        return real_write(self, call)
-
-    monkeypatch.setattr(RecordLog, "write", failing_write)
+    disk.fail = lambda call, name, data: OSError(5, "Input/output error") if name == "bad.tito" else None
     results = commit_all(group, [record(2, "ok"), record(3, "bad"), record(0, "ok")])  # r0: a duplicate id
     assert results["r2"] is None
     assert isinstance(results["r3"], OSError)
     assert isinstance(results["r0"], RecordError) and "already" in str(results["r0"])
-    monkeypatch.setattr(RecordLog, "write", real_write)
 
-    def failing_append(self, entries):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(Journal, "append", failing_append)
+    disk.fail = lambda call, name, data: OSError(28, "No space left on device") if name == JOURNAL_NAME else None
     done, error = group.commit_here(record(4, "ok"))
     assert done and isinstance(error, OSError) and "No space" in str(error)
-    monkeypatch.setattr(Journal, "append", real_append)
+    disk.fail = lambda call, name, data: None
     assert group.commit_here(record(5, "ok")) == (True, None)
 
     group.journal.capacity = 1  # every later batch needs a checkpoint first
-    monkeypatch.setattr(RecordLog, "sync", lambda self: (_ for _ in ()).throw(OSError(5, "EIO")))
+    disk.fail = lambda call, name, data: OSError(5, "EIO") if call == "sync" and name.endswith(".tito") else None
     epoch = group.journal.epoch
     done, error = group.commit_here(record(6, "ok"))
     assert done and isinstance(error, OSError) and group.journal.epoch == epoch
-    monkeypatch.setattr(RecordLog, "sync", real_sync)
+    disk.fail = lambda call, name, data: None
     assert group.commit_here(record(7, "ok")) == (True, None) and group.journal.epoch == epoch + 1
     group.close()
     assert [r.request_id for r in store.read("ok")] == ["r0", "r2", "r5", "r7"]  # failed ones cut off
@@ -293,31 +312,26 @@ def test_group_commit_reports_failures_to_exactly_their_records(tmp_path, monkey
         group.submit(record(9, "ok"), lambda error: None)
 
 
-def test_commit_here_commits_on_the_callers_thread_only_while_the_writer_is_idle(tmp_path, monkeypatch):
+def test_commit_here_commits_on_the_callers_thread_only_while_the_writer_is_idle(tmp_path):
     """Idle writer: the record is written, journaled and acknowledged on the calling thread before
     ``commit_here`` returns. Writer busy with a batch: nothing happens and the caller is told so;
     the writer takes no batch while a ``commit_here`` runs."""
-    import threading
-
-    from gyre.real.store.commit_journal import Journal
     from gyre.real.store.group_commit import GroupCommit
 
-    appends, release, appending = [], threading.Event(), threading.Event()
-    real_append = Journal.append
+    release, appending = threading.Event(), threading.Event()
+    disk = WatchedDisk()
 
-    def append(self, entries):
-        appends.append(([e[0] for e in entries], threading.current_thread().name))
-        if any(e[0] == "slow" for e in entries):
+    def hold(call, name, data):  # the journal write of execution "slow" waits for the test
+        if name == JOURNAL_NAME and b"slow" in data:
             appending.set()
             assert release.wait(20)
-        real_append(self, entries)
 
-    monkeypatch.setattr(Journal, "append", append)
-    store = ExecutionStore(tmp_path, fsync=True)
+    disk.hold = hold
+    store = ExecutionStore(tmp_path, fsync=True, disk=disk)
     group = GroupCommit(store)
     assert group.commit_here(record(0, "e1")) == (True, None)
-    assert appends == [(["e1"], threading.current_thread().name)] and group.here == 1
-    assert store.read("e1") == [record(0, "e1")]
+    assert [e[3] for e in disk.entries()] == [threading.current_thread().name] and group.here == 1
+    assert b"e1" in disk.entries()[0][2] and store.read("e1") == [record(0, "e1")]
 
     acked = threading.Event()
     group.submit(record(1, "slow"), lambda error: acked.set())
@@ -328,8 +342,6 @@ def test_commit_here_commits_on_the_callers_thread_only_while_the_writer_is_idle
     assert group.commit_here(record(3, "e1")) == (True, None)
     group.close()
     assert [r.request_id for r in store.read("e1")] == ["r0", "r3"] and group.here == 2
-    with pytest.raises(RecordError, match="closed"):
-        group.commit_here(record(9, "e1"))
 
 
 @settings(max_examples=40, deadline=None)
@@ -377,21 +389,21 @@ def test_commit_here_and_submit_mixed_from_many_threads_acknowledge_every_record
 
 # -- preallocated space (durable logs) -----------------------------------------------------------
 
-def test_a_durable_log_writes_frames_into_synced_zeros_without_growing_the_file(tmp_path, monkeypatch):
+def test_a_durable_log_writes_frames_into_synced_zeros_without_growing_the_file(tmp_path):
     """Frames land inside the reserved zero tail (no size change, so ``fdatasync`` has no metadata to
     commit); the file grows only when the room runs out; a clean close leaves exactly the frames."""
     from gyre.real.store import tito_log
 
-    synced = []
-    monkeypatch.setattr(tito_log.os, "fdatasync", lambda fd: synced.append(fd))
+    disk = WatchedDisk()
     path = tmp_path / "e1.tito"
-    log = RecordLog(path, "e1", fsync=True).open()
+    log = RecordLog(path, "e1", fsync=True, disk=disk).open()
     log.append(record(0))
     size = path.stat().st_size
     assert size >= tito_log.MIN_ROOM
     for i in range(1, 20):
         log.append(record(i))
-    assert path.stat().st_size == size and len(synced) == 20
+    synced = [e for e in disk.events if e[:2] == ("sync", "e1.tito")]
+    assert path.stat().st_size == size and len(synced) == 21  # the zeros reserved once, then each frame
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a zero tail is not a torn tail
         assert read_records(path) == [record(i) for i in range(20)]
@@ -486,32 +498,38 @@ def test_kill_9_of_a_durable_writer_loses_nothing_it_acknowledged(tmp_path, atte
 
 @pytest.mark.parametrize("preallocate", [False, True])
 @pytest.mark.parametrize("how", ["short", "raises"])
-def test_a_write_that_fails_part_way_leaves_no_torn_tail(tmp_path, monkeypatch, preallocate, how):
-    """A full disk mid-frame (issue 32): the partial frame is taken back, so readers see the intact
-    records without a torn-tail warning and the log takes the next record."""
-    import gyre.real.store.tito_log as tito_log
+class FullDisk(Disk):
+    """A disk that fills up in the middle of the next frame once ``full`` is set: half the frame reaches
+    the file, then the write comes back short or raises ENOSPC; zeros (reserved space) still go out."""
 
-    path = tmp_path / "e1.tito"
-    log = RecordLog(path, "e1", preallocate=preallocate).open()
-    for i in range(3):
-        log.append(record(i))
-    real_pwrite = os.pwrite
-    failed: list[int] = []
+    def __init__(self, how: str) -> None:
+        self.how, self.full, self.failed = how, False, []
 
-    def full_disk(fd, data, offset):
-        if failed or not any(data):  # zeros (reserved space, taken back) and writes after the failure
-            return real_pwrite(fd, data, offset)
-        failed.append(offset)
-        real_pwrite(fd, data[:len(data) // 2], offset)  # half the frame reaches the file
-        if how == "short":
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        if not self.full or not any(data):
+            return super().pwrite(fd, data, offset)
+        self.full = False
+        self.failed.append(offset)
+        super().pwrite(fd, data[:len(data) // 2], offset)
+        if self.how == "short":
             return len(data) // 2
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(tito_log.os, "pwrite", full_disk)
+
+@pytest.mark.parametrize("preallocate", [False, True])
+@pytest.mark.parametrize("how", ["short", "raises"])
+def test_a_write_that_fails_part_way_leaves_no_torn_tail(tmp_path, preallocate, how):
+    """A full disk mid-frame (issue 32): the partial frame is taken back, so readers see the intact
+    records without a torn-tail warning and the log takes the next record."""
+    disk = FullDisk(how)
+    path = tmp_path / "e1.tito"
+    log = RecordLog(path, "e1", preallocate=preallocate, disk=disk).open()
+    for i in range(3):
+        log.append(record(i))
+    disk.full = True
     with pytest.raises(OSError):
         log.append(record(3))
-    monkeypatch.setattr(tito_log.os, "pwrite", real_pwrite)
-    assert failed
+    assert disk.failed
     with warnings.catch_warnings():
         warnings.simplefilter("error", TornTailWarning)
         assert [r.request_id for r in read_records(path)] == [record(i).request_id for i in range(3)]

@@ -73,12 +73,12 @@ def test_qwen25_7b_has_its_published_size_and_its_terms_scale_with_tp(checkpoint
 
 def test_the_shipped_job_fits_and_four_cells_of_tp2_are_refused(checkpoint):
     job = load_job_config(GPU_JOB, model={"checkpoint": str(checkpoint), "dtype": "bfloat16"})
-    plan = job.gpu_layout().memory_plan(job.model_config(), job.token_budget)
+    plan = job.gpu_layout().memory_plan(job.model.hf_config(job.seed), job.training.token_budget)
     assert plan.problem() is None and plan.training_gib < 80 and plan.rollout_gib < 80, plan.lines()
     wide = load_job_config(GPU_JOB, model={"checkpoint": str(checkpoint), "dtype": "bfloat16"}, nodes=4,
                            layout={"tensor_parallel": 2, "engine_tensor_parallel": 2, "gpu_memory_gib": 80,
                                    "engine_mem_fraction": 0.35})
-    problem = wide.gpu_layout().memory_plan(wide.model_config(), wide.token_budget).problem()
+    problem = wide.gpu_layout().memory_plan(wide.model.hf_config(wide.seed), wide.training.token_budget).problem()
     assert problem.startswith("training needs 143.2 GiB per GPU, the GPU has 80.0 (weights 7.1 + grads 7.1 + "
                               "accumulator 28.4 + masters 14.2 + main grads 14.2 + adam 28.4 + activations")
 
