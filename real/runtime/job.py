@@ -76,7 +76,7 @@ from gyre.real.harness.runner import Budgets
 from gyre.real.harness.sandbox import ISOLATE_MODES
 from gyre.real.harness.taskset import load_taskset
 from gyre.real.runtime.job_parts import ADMIN_TOKEN, ENGINE_HOLD_S, SMALL_ENGINE, CellFailed, JobParts  # noqa: F401
-from gyre.real.runtime.layout import layout_from_table
+from gyre.real.runtime.layout import PUBLICATIONS, layout_from_table
 from gyre.real.runtime.metrics import WANDB_MODES
 from gyre.real.toy.tasks import EmitCharTask
 from gyre.real.toy.tiny_model import build_tiny_tokenizer
@@ -117,6 +117,7 @@ class JobConfig:
     cluster: dict[str, Any] = dataclasses.field(default_factory=dict)  # the [cluster] table: real.cluster.config
     cell_restarts: int = 2     # a run whose training cell died resumes itself this often (gyre run: CellFailed)
     wandb: str = ""            # "offline": metrics also to an offline W&B run in WORKDIR/wandb (runtime.metrics)
+    publication: str = "auto"  # disk | memory | auto (memory on cuda, disk on cpu: publication_route)
 
     def __post_init__(self) -> None:
         """Checks that need nothing but the fields (no file read, no import, no tokenizer): a job can be
@@ -143,6 +144,8 @@ class JobConfig:
                              f"(\"module:Class\"), got tasks={self.tasks!r}, evaluator={self.evaluator!r}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"job field device must be cpu or cuda, not {self.device!r}")
+        if self.publication not in PUBLICATIONS:
+            raise ValueError(f"job field publication must be one of {PUBLICATIONS}, not {self.publication!r}")
         if self.device == "cuda":
             self.gpu_layout()
         elif self.layout:
@@ -169,6 +172,13 @@ class JobConfig:
         if self.cell_tp() > 1:  # the model must split over the cell's ranks; CellConfig's check names what cannot
             self.check_cells(self.model_config() or self.toy_model_config())
         return self
+
+    def publication_route(self) -> str:
+        """How new weights reach the engines: ``publication``, or for ``auto`` the path measured faster where
+        it works (docs/gpu.md#publication-from-memory): from memory on CUDA, from disk on CPU."""
+        if self.publication != "auto":
+            return self.publication
+        return "memory" if self.device == "cuda" else "disk"
 
     def cluster_config(self):
         """The checked ``ClusterConfig`` of the ``[cluster]`` table (None: a single-machine run)."""

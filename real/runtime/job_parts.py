@@ -209,7 +209,9 @@ class JobParts:
                                      work / "proxy"])  # the proxy's config holds the admin token
         parts = Parts(proxy_url=self.proxy_url, admin_token=ADMIN_TOKEN, engines=engines,
                       engine_names=self.names, plane=plane, runner=runner, records_dir=work / "records",
-                      checkpoint_dir=work / "checkpoints", task=tasks, watch=engine_watch)
+                      checkpoint_dir=work / "checkpoints", task=tasks, watch=engine_watch,
+                      publication=job.publication_route(),
+                      engine_tp=self.layout.engine_tensor_parallel if self.layout is not None else 1)
         backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget, progress=self.say,
                               steps=job.steps)
         engine_watch.serve(backend)  # from here on a dead engine comes back with the newest weights

@@ -6,9 +6,8 @@ GPUs). ``GpuLayout`` gives each cell ``tensor_parallel x pipeline_parallel``
 consecutive GPUs of the node (cell ``c`` trains on ``cuda:c`` when it
 has one GPU: ``train.cpu_compat.prepare_device``), and its engine the cell's GPUs with
 ``--tp-size engine_tensor_parallel`` (one engine per cell: the backend routes
-an execution to its cell's engine). ``publication`` names how new weights
-reach the engines: ``"disk"`` (the bridge's Hugging Face export, then the
-engines' load from disk; the path the CPU build also runs).
+an execution to its cell's engine). How new weights reach the engines is the
+job's ``publication`` (``PUBLICATIONS``; ``runtime.job.JobConfig``), not a layout field.
 
 Invariants (``check``): every count is a positive integer; the cells fill at
 most ``gpus_per_node`` GPUs, no GPU holds two cells; an engine's tensor-parallel size equals its
@@ -36,7 +35,7 @@ from typing import Any, Mapping
 
 from gyre.real.runtime.tables import from_table
 
-PUBLICATIONS = ("disk",)
+PUBLICATIONS = ("auto", "disk", "memory")  # JobConfig.publication: auto = memory on cuda, disk on cpu
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +44,6 @@ class GpuLayout:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     engine_tensor_parallel: int = 1
-    publication: str = "disk"
     engine_mem_fraction: float = 0.3  # SGLang --mem-fraction-static: the rest stays for the training cell
     gpu_memory_gib: float = 80.0  # memory of one GPU, for the memory plan
     memory_saver: bool = True  # engines start with --enable-memory-saver (release frees their memory)
@@ -59,8 +57,6 @@ class GpuLayout:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"layout.{name} must be a positive integer, not {value!r}")
-        if self.publication not in PUBLICATIONS:
-            raise ValueError(f"layout.publication must be one of {PUBLICATIONS}, not {self.publication!r}")
         if not isinstance(self.gpu_memory_gib, (int, float)) or self.gpu_memory_gib <= 0:
             raise ValueError(f"layout.gpu_memory_gib must be a positive number, not {self.gpu_memory_gib!r}")
         if not 0 < self.engine_mem_fraction < 1:

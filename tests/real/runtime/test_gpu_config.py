@@ -26,7 +26,7 @@ from gyre.real.runtime.layout import GpuLayout, layout_from_table
 ROOT = Path(__file__).resolve().parents[3]
 GPU_JOB = ROOT / "configs" / "gpu_node_qwen.toml"
 SMOKE_LAYOUT = {"gpus_per_node": 2, "tensor_parallel": 1, "pipeline_parallel": 1, "engine_tensor_parallel": 1,
-                "publication": "disk", "engine_mem_fraction": 0.2}
+                "engine_mem_fraction": 0.2}
 
 
 # Qwen2.5-7B-Instruct's config.json (the fields the bridge reads); loading a job reads only this file.
@@ -58,6 +58,7 @@ def test_the_gpu_job_loads_and_lays_out_one_node(checkpoint):
     assert (job.device, job.nodes, layout.gpus_per_cell, layout.gpus_per_node) == ("cuda", 2, 4, 8)
     assert [layout.cell_gpus(c) for c in range(job.nodes)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert layout.engine_args(1)[:4] == ("--tp-size", "4", "--base-gpu-id", "4")
+    assert job.publication_route() == "memory"
     assert layout.runnable_problem() is None and job.cell_tp() == 4 and job.tp == 1
     model = job.model_config()
     assert (model.family, model.dtype, model.num_layers, model.num_query_groups, model.tie_embeddings) == (
@@ -99,7 +100,7 @@ def test_the_layouts_tp_must_split_the_checkpoint(checkpoint, overrides, message
     ({"gpus_per_node": 8, "tensor_parallel": 4}, 4, "4 cells x 4 GPUs = 16 GPUs, more than layout.gpus_per_node = 8"),
     ({"tensor_parallel": 2, "engine_tensor_parallel": 1}, 2, "engine_tensor_parallel = 1 must equal the cell's 2"),
     ({"tensor_parallel": 0}, 1, "layout.tensor_parallel must be a positive integer"),
-    ({"publication": "nccl"}, 1, "layout.publication must be one of"),
+    ({"publication": "memory"}, 1, "layout: unknown key(s) ['publication']"),  # a job field, not a layout one
     ({"gpus": 8}, 1, "layout: unknown key(s) ['gpus']"),
     ({"gpus_per_node": 2, "tensor_parallel": 4, "engine_tensor_parallel": 4}, 1, "does not fit on a node of 2"),
 ])
@@ -113,3 +114,15 @@ def test_a_pipeline_cell_counts_all_its_gpus():
     layout = GpuLayout(gpus_per_node=8, tensor_parallel=2, pipeline_parallel=2, engine_tensor_parallel=4)
     layout.check(2)
     assert layout.cell_gpus(1) == [4, 5, 6, 7] and len(layout.describe(2)) == 2
+
+
+def test_publication_auto_takes_the_path_measured_faster_and_a_bad_one_is_named(checkpoint):
+    from gyre.real.runtime.job import JobConfig
+
+    cuda = {"device": "cuda", "preset": "gyre-1", "model": {"checkpoint": str(checkpoint)}, "layout": SMOKE_LAYOUT}
+    assert JobConfig(**cuda).publication_route() == "memory"  # NCCL from memory (docs/gpu.md)
+    assert JobConfig().publication_route() == "disk"  # on CPU the page cache makes disk faster (bench)
+    assert JobConfig(publication="memory").publication_route() == "memory"
+    assert JobConfig(**cuda, publication="disk").publication_route() == "disk"
+    with pytest.raises(ValueError, match="job field publication must be one of"):
+        JobConfig(publication="nccl")
