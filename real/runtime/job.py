@@ -155,9 +155,6 @@ class JobConfig:
         if self.device == "cuda" and self.tp not in (1, self.cell_tp()):
             raise ValueError(f"job field tp = {self.tp} disagrees with layout.tensor_parallel = {self.cell_tp()}: "
                              f"on device = \"cuda\" a cell's ranks are the layout's; leave tp out")
-        if self.cluster and self.device == "cuda":
-            raise ValueError("[cluster] places CPU jobs only so far: a CUDA job's [job.layout] numbers the GPUs "
-                             "of one node; run it without [cluster]")
 
     def check_environment(self) -> JobConfig:
         """What the fields name, looked at before anything starts (files read, classes imported, the tiny
@@ -234,7 +231,7 @@ class JobConfig:
         if self.scheduler().C_s > 0:
             raise ValueError(f"preset {self.preset!r} keeps a separate rollout pool, which [job.layout] "
                              f"gives no GPUs; choose a preset without one on device = \"cuda\"")
-        return layout_from_table(self.layout, self.nodes)
+        return layout_from_table(self.layout, self.nodes, placed=bool(self.cluster))
 
     def model_config(self):
         """The cells' ``ModelConfig`` from the [model] checkpoint (None: the tiny toy model)."""

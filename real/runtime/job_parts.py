@@ -153,8 +153,9 @@ class JobParts:
             cluster = job.cluster_config()
             self.say(f"placing {cfg.K} cells on the Ray cluster at {cluster.address}")
             by_cell: dict[Hashable, str] = dict(self.names.items())  # Placement.open: keys of any hashable type
+            gpus = self.layout.gpus_per_cell if self.layout is not None else 0  # a CUDA job's cells hold their GPUs
             placement = self.placement = Placement(cluster, progress=self.say).open(cells=cfg.K, tp=tp,
-                                                                                    engines=by_cell)
+                                                                                    engines=by_cell, gpus=gpus)
             plane.launcher = engines.launcher = placement
         self.say(f"schedule {job.preset}: K={cfg.K} cells, C_s={cfg.C_s}, phi={cfg.phi}, mu={cfg.mu}, "
                  f"{cfg.granularity} transitions, streaming {'on' if cfg.streaming else 'off'}")
@@ -174,7 +175,8 @@ class JobParts:
             plane.send(cell, "enter_training").result()
         for cell, name in self.names.items():
             host, port = self.placement.engine_endpoint(name) if self.placement is not None else (HOST, free_port())
-            extra = SMALL_ENGINE if self.layout is None else self.layout.engine_args(cell)
+            extra = SMALL_ENGINE if self.layout is None else self.layout.engine_args(
+                cell, placed=self.placement is not None)
             engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=port, host=host,
                                            cpu=self.layout is None, extra_args=extra))
         self.say(f"starting {len(self.names)} SGLang CPU engines ({', '.join(self.names.values())})")

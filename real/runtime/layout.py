@@ -1,4 +1,4 @@
-"""Where a CUDA job's cells and engines sit on one GPU node: the ``[job.layout]`` table.
+"""Where a CUDA job's cells and engines sit on its GPU nodes: the ``[job.layout]`` table.
 
 A job on ``device = "cuda"`` has ``nodes`` cells (Gyre's cells: each one a
 training cell and, when it serves rollouts, one SGLang engine on the same
@@ -9,8 +9,15 @@ has one GPU: ``train.cpu_compat.prepare_device``), and its engine the cell's GPU
 an execution to its cell's engine). How new weights reach the engines is the
 job's ``publication`` (``PUBLICATIONS``; ``runtime.job.JobConfig``), not a layout field.
 
-Invariants (``check``): every count is a positive integer; the cells fill at
-most ``gpus_per_node`` GPUs, no GPU holds two cells; an engine's tensor-parallel size equals its
+On one node (no ``[cluster]``) the cells fill at most ``gpus_per_node`` GPUs. On a
+Ray cluster (``placed``) each cell is one placement group holding its GPUs on one
+node (``cluster.placement``), its node agent makes exactly those GPUs visible
+(``CUDA_VISIBLE_DEVICES``), so the cell sees them as 0 .. gpus_per_cell - 1 and rank r
+selects ``cuda:r`` (``train.context.CellConfig.local_gpu``), its engine ``--base-gpu-id 0``;
+the cells may then need more GPUs than one node has.
+
+Invariants (``check``): every count is a positive integer; a cell fits a node; unplaced, the
+cells fill at most ``gpus_per_node`` GPUs, no GPU holds two cells; an engine's tensor-parallel size equals its
 cell's GPU count; ``runnable_problem`` names what this build cannot start
 (pipeline-parallel cells: a cell's step runs forward/backward per micro-step,
 not Megatron's pipeline schedule, which needs CUDA even to allocate; see
@@ -52,7 +59,9 @@ class GpuLayout:
     def gpus_per_cell(self) -> int:
         return self.tensor_parallel * self.pipeline_parallel
 
-    def check(self, cells: int) -> None:
+    def check(self, cells: int, *, placed: bool = False) -> None:
+        """ValueError naming the first impossible field; ``placed``: each cell gets its own node's GPUs from
+        a Ray cluster (``[cluster]``), so only one cell has to fit a node, not all of them together."""
         for name in ("gpus_per_node", "tensor_parallel", "pipeline_parallel", "engine_tensor_parallel"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -64,20 +73,24 @@ class GpuLayout:
         if self.gpus_per_cell > self.gpus_per_node:
             raise ValueError(f"a cell of tensor_parallel x pipeline_parallel = {self.gpus_per_cell} GPUs does not "
                              f"fit on a node of {self.gpus_per_node}")
-        if cells * self.gpus_per_cell > self.gpus_per_node:
+        if not placed and cells * self.gpus_per_cell > self.gpus_per_node:
             raise ValueError(f"{cells} cells x {self.gpus_per_cell} GPUs = {cells * self.gpus_per_cell} GPUs, more "
-                             f"than layout.gpus_per_node = {self.gpus_per_node}")
+                             f"than layout.gpus_per_node = {self.gpus_per_node} (a [cluster] table spreads cells "
+                             f"over several nodes)")
         if self.engine_tensor_parallel != self.gpus_per_cell:
             raise ValueError(f"layout.engine_tensor_parallel = {self.engine_tensor_parallel} must equal the cell's "
                              f"{self.gpus_per_cell} GPUs (one engine per cell)")
 
-    def cell_gpus(self, cell: int) -> list[int]:
-        first = cell * self.gpus_per_cell
+    def cell_gpus(self, cell: int, *, placed: bool = False) -> list[int]:
+        """The CUDA device indices cell ``cell`` sees on its node: a block of the one node's GPUs, or, when
+        placed on a Ray cluster, 0 .. gpus_per_cell - 1 of the GPUs its node agent made visible."""
+        first = 0 if placed else cell * self.gpus_per_cell
         return list(range(first, first + self.gpus_per_cell))
 
-    def engine_args(self, cell: int) -> tuple[str, ...]:
+    def engine_args(self, cell: int, *, placed: bool = False) -> tuple[str, ...]:
         """SGLang arguments that put cell ``cell``'s engine on its GPUs."""
-        return ("--tp-size", str(self.engine_tensor_parallel), "--base-gpu-id", str(self.cell_gpus(cell)[0]),
+        return ("--tp-size", str(self.engine_tensor_parallel), "--base-gpu-id",
+                str(self.cell_gpus(cell, placed=placed)[0]),
                 "--mem-fraction-static", str(self.engine_mem_fraction), "--skip-server-warmup",
                 *(("--enable-memory-saver",) if self.memory_saver else ()))
 
@@ -104,10 +117,10 @@ class GpuLayout:
                 f"engine e{c} TP {self.engine_tensor_parallel}" for c in range(cells)]
 
 
-def layout_from_table(table: Mapping[str, Any], cells: int) -> GpuLayout:
+def layout_from_table(table: Mapping[str, Any], cells: int, *, placed: bool = False) -> GpuLayout:
     """The ``[job.layout]`` table as a checked ``GpuLayout``; unknown keys are named."""
     layout = from_table(GpuLayout, table, "layout")
-    layout.check(cells)
+    layout.check(cells, placed=placed)
     return layout
 
 
@@ -117,12 +130,13 @@ def plan_lines(job) -> list[str]:
     cells = job.scheduler().K
     if job.device != "cuda":
         return [f"device cpu: {cells} cells x {job.cell_tp()} rank(s), gloo; SGLang CPU engines"]
-    layout = job.gpu_layout()
+    layout, placed = job.gpu_layout(), bool(job.cluster)
     lines = layout.describe(cells)
+    where = "its node's visible " if placed else ""
     for cell in range(cells):
-        gpus = layout.cell_gpus(cell)
-        lines.append(f"cell {cell}: ranks on " + ", ".join(f"cuda:{g}" for g in gpus) + " (nccl); engine e"
-                     f"{cell}: sglang {' '.join(layout.engine_args(cell))}")
+        gpus = layout.cell_gpus(cell, placed=placed)
+        lines.append(f"cell {cell}: ranks on {where}" + ", ".join(f"cuda:{g}" for g in gpus) + " (nccl; gloo on a "
+                     f"node without CUDA); engine e{cell}: sglang {' '.join(layout.engine_args(cell, placed=placed))}")
     return lines + layout.memory_plan(job.model_config(), job.token_budget).lines()
 
 
