@@ -10,6 +10,9 @@ its environment and SGLang arguments. The backend is NCCL where the node has
 CUDA and gloo where it has none (a CUDA job there would stop at its ranks' device
 check; the line says so).
 
+A layout this build cannot run (``runtime.layout.GpuLayout.runnable_problem``) is
+not placed: its plan (``runtime.layout.plan_lines``) is all there is.
+
 Invariants: no rank, engine, control store or proxy starts; every placement
 group and agent it made is released before it returns, also when placing fails
 (``PlacementError``, naming what the cluster lacks).
@@ -26,6 +29,8 @@ def placed_plan_lines(job: Any) -> list[str]:
 
     parts = JobParts(job, lambda line: None)  # only its plan: cells, engine names and layout; starts nothing
     tp, layout = job.cell_tp(), parts.layout
+    if layout is not None and layout.runnable_problem():
+        return [f"not placed on the cluster: {layout.runnable_problem()}"]
     placement = Placement(job.cluster_config())
     try:
         placement.open(cells=parts.cfg.K, tp=tp, engines=dict(parts.names.items()),

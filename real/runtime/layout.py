@@ -14,7 +14,9 @@ Ray cluster (``placed``) each cell is one placement group holding its GPUs on on
 node (``cluster.placement``), its node agent makes exactly those GPUs visible
 (``CUDA_VISIBLE_DEVICES``), so the cell sees them as 0 .. gpus_per_cell - 1 and rank r
 selects ``cuda:r`` (``train.context.CellConfig.local_gpu``), its engine ``--base-gpu-id 0``;
-the cells may then need more GPUs than one node has.
+the cells may then need more GPUs than one node has. A cell of ``nodes_per_cell`` > 1
+whole nodes (the paper's cells of 48 nodes) is planned, one line per node, its TP groups
+as data-parallel replicas with an engine each, but not run (``runnable_problem``).
 
 Invariants (``check``): every count is a positive integer; a cell fits a node; unplaced, the
 cells fill at most ``gpus_per_node`` GPUs, no GPU holds two cells; an engine's tensor-parallel size equals its
@@ -54,15 +56,23 @@ class GpuLayout:
     engine_mem_fraction: float = 0.3  # SGLang --mem-fraction-static: the rest stays for the training cell
     gpu_memory_gib: float = 80.0  # memory of one GPU, for the memory plan
     memory_saver: bool = True  # engines start with --enable-memory-saver (release frees their memory)
+    nodes_per_cell: int = 1  # > 1: a cell of whole nodes, TP groups as data-parallel replicas (planned, not run)
 
     @property
     def gpus_per_cell(self) -> int:
+        """The GPUs of one model replica (a TP x PP group); a single-node cell is one replica."""
         return self.tensor_parallel * self.pipeline_parallel
+
+    @property
+    def data_parallel(self) -> int:
+        """Model replicas per cell: 1, or for a cell of whole nodes every replica on its GPUs."""
+        return 1 if self.nodes_per_cell == 1 else self.nodes_per_cell * self.gpus_per_node // self.gpus_per_cell
 
     def check(self, cells: int, *, placed: bool = False) -> None:
         """ValueError naming the first impossible field; ``placed``: each cell gets its own node's GPUs from
         a Ray cluster (``[cluster]``), so only one cell has to fit a node, not all of them together."""
-        for name in ("gpus_per_node", "tensor_parallel", "pipeline_parallel", "engine_tensor_parallel"):
+        for name in ("gpus_per_node", "tensor_parallel", "pipeline_parallel", "engine_tensor_parallel",
+                     "nodes_per_cell"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"layout.{name} must be a positive integer, not {value!r}")
@@ -73,7 +83,10 @@ class GpuLayout:
         if self.gpus_per_cell > self.gpus_per_node:
             raise ValueError(f"a cell of tensor_parallel x pipeline_parallel = {self.gpus_per_cell} GPUs does not "
                              f"fit on a node of {self.gpus_per_node}")
-        if not placed and cells * self.gpus_per_cell > self.gpus_per_node:
+        if self.nodes_per_cell > 1 and self.gpus_per_node % self.gpus_per_cell:
+            raise ValueError(f"a cell of {self.nodes_per_cell} nodes takes them whole: its replicas of "
+                             f"{self.gpus_per_cell} GPUs must divide a node's {self.gpus_per_node}")
+        if not placed and self.nodes_per_cell == 1 and cells * self.gpus_per_cell > self.gpus_per_node:
             raise ValueError(f"{cells} cells x {self.gpus_per_cell} GPUs = {cells * self.gpus_per_cell} GPUs, more "
                              f"than layout.gpus_per_node = {self.gpus_per_node} (a [cluster] table spreads cells "
                              f"over several nodes)")
@@ -103,7 +116,11 @@ class GpuLayout:
                            tokens=tokens, memory_saver=self.memory_saver)
 
     def runnable_problem(self) -> str | None:
-        """None when this build can start the layout; else why not (pipeline-parallel cells)."""
+        """None when this build can start the layout; else why not (pipeline-parallel or multi-node cells)."""
+        if self.nodes_per_cell > 1:
+            return (f"nodes_per_cell = {self.nodes_per_cell}: a cell of several nodes is planned (gyre run "
+                    f"--dry-run) but not run: a cell's ranks form one tensor-parallel group with one engine, "
+                    f"without data parallelism inside a cell; use single-node cells and more of them")
         if self.pipeline_parallel > 1:
             return (f"pipeline_parallel = {self.pipeline_parallel}: pipeline-parallel cells are not supported (a "
                     f"cell's step runs forward/backward per micro-step, not Megatron's pipeline schedule, which "
@@ -115,6 +132,24 @@ class GpuLayout:
         """One line per cell: its GPUs and its engine."""
         return [f"cell {c}: GPUs {self.cell_gpus(c)} (TP {self.tensor_parallel} x PP {self.pipeline_parallel}), "
                 f"engine e{c} TP {self.engine_tensor_parallel}" for c in range(cells)]
+
+
+    def node_lines(self, cells: int) -> list[str]:
+        """A cell of whole nodes, one line per node: its ranks, their local ranks and its engines."""
+        per_node, replicas = self.gpus_per_node, self.gpus_per_node // self.gpus_per_cell
+        lines = [f"{cells} cells x {self.nodes_per_cell} nodes x {per_node} GPUs = "
+                 f"{cells * self.nodes_per_cell * per_node} GPUs; a cell: TP {self.tensor_parallel} x PP "
+                 f"{self.pipeline_parallel} x DP {self.data_parallel}, one engine TP {self.engine_tensor_parallel} "
+                 f"per replica"]
+        for cell in range(cells):
+            for node in range(self.nodes_per_cell):
+                first = (cell * self.nodes_per_cell + node) * per_node  # global rank of the node's first GPU
+                engines = ", ".join(f"e{cell}.{node * replicas + k} on cuda:{k * self.gpus_per_cell}-"
+                                    f"{(k + 1) * self.gpus_per_cell - 1}" for k in range(replicas))
+                lines.append(f"cell {cell} node {node} (job node {cell * self.nodes_per_cell + node}): ranks "
+                             f"{first}-{first + per_node - 1} on cuda:0-{per_node - 1} (LOCAL_RANK 0-{per_node - 1}, "
+                             f"CUDA_VISIBLE_DEVICES 0-{per_node - 1}); engines {engines}")
+        return lines
 
 
 def layout_from_table(table: Mapping[str, Any], cells: int, *, placed: bool = False) -> GpuLayout:
@@ -131,13 +166,16 @@ def plan_lines(job) -> list[str]:
     if job.device != "cuda":
         return [f"device cpu: {cells} cells x {job.cell_tp()} rank(s), gloo; SGLang CPU engines"]
     layout, placed = job.gpu_layout(), bool(job.cluster)
+    plan = layout.memory_plan(job.model_config(), job.token_budget).lines()
+    if layout.nodes_per_cell > 1:
+        return layout.node_lines(cells) + plan + [f"not runnable: {layout.runnable_problem()}"]
     lines = layout.describe(cells)
     where = "its node's visible " if placed else ""
     for cell in range(cells):
         gpus = layout.cell_gpus(cell, placed=placed)
         lines.append(f"cell {cell}: ranks on {where}" + ", ".join(f"cuda:{g}" for g in gpus) + " (nccl; gloo on a "
                      f"node without CUDA); engine e{cell}: sglang {' '.join(layout.engine_args(cell, placed=placed))}")
-    return lines + layout.memory_plan(job.model_config(), job.token_budget).lines()
+    return lines + plan
 
 
 def preflight(job, *, device_check: bool = True) -> None:
