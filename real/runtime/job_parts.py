@@ -126,7 +126,7 @@ class JobParts:
         return build_tiny_tokenizer(Path(self.job.model_dir)), self.job.toy_model_config()
 
     def _tasks(self):
-        for line in self.layout.describe(self.cfg.K) if self.layout is not None else ():
+        for line in self.layout.describe(self.cfg.K, placed=bool(self.job.cluster)) if self.layout is not None else ():
             self.say(line)
         tasks, adapter = self.job.task_source(), self.job.harness_adapter()
         if isinstance(tasks, TaskSet):  # each execution's process builds its task's workspace first

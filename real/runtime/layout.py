@@ -128,10 +128,11 @@ class GpuLayout:
                     f"over tensor_parallel GPUs instead")
         return None
 
-    def describe(self, cells: int) -> list[str]:
+    def describe(self, cells: int, *, placed: bool = False) -> list[str]:
         """One line per cell: its GPUs and its engine."""
-        return [f"cell {c}: GPUs {self.cell_gpus(c)} (TP {self.tensor_parallel} x PP {self.pipeline_parallel}), "
-                f"engine e{c} TP {self.engine_tensor_parallel}" for c in range(cells)]
+        where = " of its node" if placed else ""
+        return [f"cell {c}: GPUs {self.cell_gpus(c, placed=placed)}{where} (TP {self.tensor_parallel} x PP "
+                f"{self.pipeline_parallel}), engine e{c} TP {self.engine_tensor_parallel}" for c in range(cells)]
 
 
     def node_lines(self, cells: int) -> list[str]:
@@ -169,7 +170,7 @@ def plan_lines(job) -> list[str]:
     plan = layout.memory_plan(job.model_config(), job.token_budget).lines()
     if layout.nodes_per_cell > 1:
         return layout.node_lines(cells) + plan + [f"not runnable: {layout.runnable_problem()}"]
-    lines = layout.describe(cells)
+    lines = layout.describe(cells, placed=placed)
     where = "its node's visible " if placed else ""
     for cell in range(cells):
         gpus = layout.cell_gpus(cell, placed=placed)

@@ -168,3 +168,4 @@ def test_cells_beyond_one_node_are_refused_unless_a_cluster_places_them(checkpoi
     job = JobConfig(device="cuda", preset="gyre-1", nodes=4, model={"checkpoint": str(checkpoint)}, layout=table,
                     cluster={"address": "10.0.0.1:6379"})
     assert job.gpu_layout().engine_args(3, placed=True)[:4] == ("--tp-size", "4", "--base-gpu-id", "0")
+    assert job.gpu_layout().describe(4, placed=True)[3].startswith("cell 3: GPUs [0, 1, 2, 3] of its node (TP 4")
