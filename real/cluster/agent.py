@@ -17,6 +17,13 @@ Each process gets the node's environment without the ``OMP_NUM_THREADS=1`` Ray
 puts in actors (a process started by ``gyre run`` on one machine does not get
 it either), plus ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` when the cluster
 names an interface (so torch.distributed binds that interface, never a guess).
+An agent of a CUDA job's cell holds the cell's GPUs (``gpus``; Ray gives it their
+ids, logical GPUs included: ``ray start --num-gpus=N``) and shows its processes
+exactly those: ``CUDA_VISIBLE_DEVICES`` = the ids in Ray's order for every rank
+and the engine, and ``LOCAL_RANK`` = r for rank r, which selects ``cuda:r``
+(``train.context.CellConfig.local_gpu``; never the global rank). ``placed_env``
+answers those environments (and whether the node has CUDA: NCCL there, gloo
+otherwise), for ``gyre run --dry-run`` and the tests.
 
 ``wait(key)`` blocks until the process ends and answers its exit status
 (negative: the signal), so the driver learns of a death without polling;
@@ -54,8 +61,9 @@ RAY_SET = ("OMP_NUM_THREADS",)  # Ray sets these in every actor; processes start
 class NodeAgent:
     """Launches and owns processes on one node; see the module docstring."""
 
-    def __init__(self, interface: str = "", cwd: str = "") -> None:
+    def __init__(self, interface: str = "", cwd: str = "", gpus: int = 0) -> None:
         self.interface = interface
+        self.gpus = _granted_gpus() if gpus else []  # this cell's GPU ids on this node, in Ray's order
         self.cwd = cwd if cwd and Path(cwd).is_dir() else None
         self.procs: dict[str, subprocess.Popen] = {}
         self.groups: set[str] = set()  # keys of processes that lead their own process group (engines)
@@ -78,7 +86,7 @@ class NodeAgent:
         import ray
 
         return {"node_id": ray.get_runtime_context().get_node_id(), "address": self.address(),
-                "hostname": socket.gethostname(), "agent_pid": os.getpid()}
+                "hostname": socket.gethostname(), "agent_pid": os.getpid(), "gpus": list(self.gpus)}
 
     def free_port(self) -> int:
         """A TCP port free right now on this node's address (an engine binds it next)."""
@@ -89,16 +97,29 @@ class NodeAgent:
     # ---- launching ----------------------------------------------------------------------------
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in RAY_SET}
-        if self.interface:
-            env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.interface
-        return dict(env, **(extra or {}))
+        return {**env, **(extra or {}), **self.placed()}  # the cell's GPUs win over any inherited ones
+
+    def placed(self, rank: int | None = None) -> dict[str, str]:
+        """What this agent adds to a process's environment: the interface to bind, the cell's GPUs, and a
+        rank's ``LOCAL_RANK`` (``rank`` None: the engine)."""
+        env = {"GLOO_SOCKET_IFNAME": self.interface, "NCCL_SOCKET_IFNAME": self.interface} if self.interface else {}
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
+            if rank is not None:
+                env["LOCAL_RANK"] = str(rank)
+        return env
+
+    def placed_env(self, tp: int) -> dict[str, Any]:
+        """The environments of this cell's ``tp`` ranks and its engine, the GPUs, and whether CUDA is here."""
+        return {"gpus": list(self.gpus), "cuda": cuda_present(), "engine": self.placed(),
+                "ranks": [self.placed(rank) for rank in range(tp)]}
 
     def start_rank(self, key: str, cfg: Any, cell: int, rank: int, log_path: str) -> int:
         """Start rank ``rank`` of ``cell`` (``train.cell.cell_main``); returns its pid."""
         argv = [sys.executable, "-m", "gyre.real.cluster.rank_main"]
         payload = pickle.dumps((cfg, cell, rank))
-        return self.launcher.submit(self._popen, key, argv, self.env({"PYTHONUNBUFFERED": "1"}), log_path,
-                                    payload, False).result()
+        env = self.env({"PYTHONUNBUFFERED": "1", **self.placed(rank)})
+        return self.launcher.submit(self._popen, key, argv, env, log_path, payload, False).result()
 
     def start_engine(self, key: str, spec: Any, python: str, log_path: str) -> int:
         """Start SGLang engine ``spec`` exactly as ``EngineManager.launch`` does; returns the reaper's pid."""
@@ -168,3 +189,15 @@ class NodeAgent:
             return self.procs[key]
         except KeyError:
             raise KeyError(f"node agent: no process {key!r} (known: {sorted(self.procs)})") from None
+
+
+def _granted_gpus() -> list[str]:
+    """The GPU ids Ray gave this actor (its ``num_gpus``), as ``CUDA_VISIBLE_DEVICES`` spells them."""
+    import ray
+
+    return [str(gpu) for gpu in ray.get_gpu_ids()]
+
+
+def cuda_present() -> bool:
+    """Whether this node has an NVIDIA driver (NCCL can run); no torch import, no CUDA call."""
+    return Path("/dev/nvidiactl").exists() or Path("/proc/driver/nvidia/version").exists()

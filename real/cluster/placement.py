@@ -6,9 +6,18 @@ training plane's control store) runs on the head node. For each cell it
 creates one ``STRICT_PACK`` placement group, so the cell's ranks and its
 SGLang engine share a node:
 
-    bundle 0        {CPU: rank_cpus, cell_resource: 1}   rank 0 (the cell's leader) and the node agent
+    bundle 0        {CPU: rank_cpus, cell_resource: 1,    rank 0 (the cell's leader) and the node agent
+                     GPU: gpus (a CUDA job's cells)}
     bundle 1..tp-1  {CPU: rank_cpus}                      the cell's other ranks
     last bundle     {CPU: engine_cpus}                    its SGLang engine (cells that serve rollouts)
+
+A CUDA job's cell asks for its ``gpus`` GPUs in bundle 0, and its node agent
+holds them (``num_gpus``): Ray gives the agent those GPUs' ids, the agent makes
+exactly them visible to the cell's ranks and its engine (``CUDA_VISIBLE_DEVICES``,
+``LOCAL_RANK``: ``cluster.agent``), which share them in turn (training, then
+rollout), so the engine's bundle asks for none. ``ray start --num-gpus=N`` declares
+N logical GPUs on a node with or without real ones, which is how the tests place
+GPU cells on a machine without a GPU.
 
 plus a group of one engine bundle for a separate rollout pool's engine. In
 each group a ``cluster.agent.NodeAgent`` actor starts the processes on its
@@ -123,6 +132,7 @@ class Group:
     node_id: str
     address: str
     hostname: str
+    gpus: tuple[str, ...] = ()  # the node's GPU ids Ray gave this group (CUDA_VISIBLE_DEVICES of its processes)
 
 
 class Placement:
@@ -139,9 +149,9 @@ class Placement:
         self._connected = False
 
     # ---- opening -------------------------------------------------------------------------------
-    def open(self, *, cells: int, tp: int, engines: dict[Hashable, str]) -> "Placement":
-        """Connect, place ``cells`` cells of ``tp`` ranks; ``engines`` maps a cell (int) to its engine id,
-        any other key (a separate pool) to an engine in a group of its own."""
+    def open(self, *, cells: int, tp: int, engines: dict[Hashable, str], gpus: int = 0) -> "Placement":
+        """Connect, place ``cells`` cells of ``tp`` ranks (and ``gpus`` GPUs each, for a CUDA job); ``engines``
+        maps a cell (int) to its engine id, any other key (a separate pool) to an engine in a group of its own."""
         import ray
 
         try:
@@ -153,10 +163,10 @@ class Placement:
         try:
             self._check_head()
             homes = engine_homes(cells, engines)
-            groups = {f"cell{c}": self._bundles(tp, engine=c in engines) for c in range(cells)}
+            groups = {f"cell{c}": self._bundles(tp, engine=c in engines, gpus=gpus) for c in range(cells)}
             groups.update({home: [{"CPU": self.config.engine_cpus}]
                            for home in homes.values() if home not in groups})
-            placed = self._place(groups)
+            placed = self._place(groups, gpus={f"cell{c}": gpus for c in range(cells)})
             self.cells = {c: placed[f"cell{c}"] for c in range(cells)}
             self.engine_groups = {name: placed[home] for name, home in homes.items()}
         except BaseException:
@@ -179,12 +189,13 @@ class Placement:
             else ray.util.get_node_ip_address()
         self.head = {"node_id": here, "address": self.store_host}
 
-    def _bundles(self, tp: int, *, engine: bool) -> list[dict[str, float]]:
+    def _bundles(self, tp: int, *, engine: bool, gpus: int = 0) -> list[dict[str, float]]:
         c = self.config
-        first = {"CPU": c.rank_cpus, **({c.cell_resource: 1} if c.cell_resource else {})}
+        first = {"CPU": c.rank_cpus, **({c.cell_resource: 1} if c.cell_resource else {}),
+                 **({"GPU": gpus} if gpus else {})}
         return [first] + [{"CPU": c.rank_cpus} for _ in range(tp - 1)] + ([{"CPU": c.engine_cpus}] if engine else [])
 
-    def _place(self, groups: dict[str, list[dict[str, float]]]) -> dict[str, Group]:
+    def _place(self, groups: dict[str, list[dict[str, float]]], gpus: dict[str, int]) -> dict[str, Group]:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -200,20 +211,20 @@ class Placement:
                                  f"(each asks for {[groups[n] for n in waiting]}, STRICT_PACK: one node each); "
                                  f"the cluster has {ray.available_resources()} available")
         actor = ray.remote(NodeAgent)
-        agents = {name: actor.options(num_cpus=0, max_concurrency=64, scheduling_strategy=
-                                      PlacementGroupSchedulingStrategy(placement_group=pg,
-                                                                       placement_group_bundle_index=0))
-                  .remote(self.config.interface, os.getcwd()) for name, pg in pgs.items()}
+        agents = {name: actor.options(num_cpus=0, num_gpus=gpus.get(name, 0), max_concurrency=64,
+                                      scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                          placement_group=pg, placement_group_bundle_index=0))
+                  .remote(self.config.interface, os.getcwd(), gpus=gpus.get(name, 0)) for name, pg in pgs.items()}
         self._agents = list(agents.values())
         nodes = dict(zip(agents, ray.get([a.node.remote() for a in agents.values()],
                                          timeout=self.config.start_timeout_s)))
         return {name: Group(name, pgs[name], agents[name], nodes[name]["node_id"], nodes[name]["address"],
-                            nodes[name]["hostname"]) for name in pgs}
+                            nodes[name]["hostname"], tuple(nodes[name]["gpus"])) for name in pgs}
 
     # ---- what the plane and the engine manager call ------------------------------------------------
     def cell_config(self, cfg: Any) -> Any:
         """The plane's ``CellConfig`` with the head's store address and each cell's node address."""
-        return dataclasses.replace(cfg, store_host=self.store_host,
+        return dataclasses.replace(cfg, store_host=self.store_host, placed=True,
                                    cell_hosts=tuple(self.cells[c].address for c in range(len(self.cells))),
                                    workdir=str(Path(cfg.workdir).resolve()),
                                    queue_root=str(Path(cfg.queue_root).resolve()))
@@ -250,6 +261,7 @@ class Placement:
         processes its agent started (name -> pid; an engine's name carries its engine id)."""
         return {"head": dict(self.head), "driver": "head",
                 "cells": {c: {"node_id": g.node_id, "address": g.address, "hostname": g.hostname,
+                              **({"gpus": list(g.gpus)} if g.gpus else {}),
                               "processes": dict(self.started.get(g.name, {}))} for c, g in self.cells.items()},
                 "engines": {e: {"node_id": g.node_id, "address": g.address} for e, g in self.engine_groups.items()}}
 
@@ -259,8 +271,19 @@ class Placement:
                  f"({self.head.get('address')}); {len(self.cells)} cells on {len(nodes)} node(s)"]
         for c, g in self.cells.items():
             engine = [e for e, eg in self.engine_groups.items() if eg is g]
-            lines.append(f"cell {c}: node {g.node_id[:8]} ({g.address}){', engine ' + engine[0] if engine else ''}")
+            gpus = f", GPUs {','.join(g.gpus)} of its node" if g.gpus else ""
+            lines.append(f"cell {c}: node {g.node_id[:8]} ({g.address}){gpus}"
+                         f"{', engine ' + engine[0] if engine else ''}")
         return lines
+
+    def environments(self, tp: int) -> dict[int, dict[str, Any]]:
+        """What each cell's agent gives its processes (``cluster.agent.NodeAgent.placed_env``): per cell,
+        ``ranks`` (one environment per rank) and ``engine``, and whether the node has CUDA."""
+        import ray
+
+        answers = ray.get([g.agent.placed_env.remote(tp) for g in self.cells.values()],
+                          timeout=self.config.start_timeout_s)
+        return dict(zip(self.cells, answers))
 
     def close(self) -> None:
         """Kill every process the agents started, then the agents and groups; disconnect. Idempotent."""

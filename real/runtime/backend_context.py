@@ -45,6 +45,8 @@ class Parts:
     checkpoint_dir: Path
     task: Any                         # has .task(task_id) and .evaluate(execution_id, workspace)
     watch: Any = None                 # runtime.engine_watch.EngineWatch (dead engines revived), or None
+    publication: str = "disk"         # how weights reach the engines: "disk" or "memory" (JobConfig.publication)
+    engine_tp: int = 1                # each engine's tensor-parallel ranks (its weight-update group members)
 
 
 @dataclass

@@ -78,6 +78,14 @@ def run(args: argparse.Namespace) -> int:
         if args.dry_run:
             print("\n".join(plan_lines(job)))
         preflight(job, device_check=not args.dry_run)  # no CUDA, or a plan that cannot fit: one line, nothing started
+        if args.dry_run and job.cluster is not None:  # each cell and process placed for real, printed, released
+            from gyre.real.cluster.dry_run import placed_plan_lines
+            from gyre.real.cluster.placement import PlacementError
+
+            try:
+                print("\n".join(placed_plan_lines(job)))
+            except PlacementError as exc:
+                raise ValueError(f"placement: {exc}") from None
         if args.dry_run:
             return 0
     except ValueError as exc:

@@ -34,7 +34,7 @@ from gyre.config import ConfigError, SchedulerConfig
 from gyre.presets import ClusterShape, build_preset
 from gyre.real.harness.runner import Budgets
 from gyre.real.harness.sandbox import ISOLATE_MODES
-from gyre.real.runtime.layout import GpuLayout
+from gyre.real.runtime.layout import PUBLICATIONS, GpuLayout
 from gyre.real.runtime.metrics import WANDB_MODES
 from gyre.real.runtime.tables import from_table
 
@@ -260,12 +260,22 @@ class ProxySection:
 class LayoutSection:
     device: str = "cpu"  # cpu | cuda (cuda needs the [job.layout] table's GPUs)
     gpus: GpuLayout | None = spec(None, key="layout", table=_layout_table)  # runtime.layout
+    publication: str = "auto"  # disk | memory | auto (memory on cuda, disk on cpu: publication_route)
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"job field device must be cpu or cuda, not {self.device!r}")
         if self.device == "cpu" and self.gpus is not None:
             raise ValueError("job field layout applies to device = \"cuda\" only")
+        if self.publication not in PUBLICATIONS:
+            raise ValueError(f"job field publication must be one of {PUBLICATIONS}, not {self.publication!r}")
+
+    def publication_route(self) -> str:
+        """How new weights reach the engines: ``publication``, or for ``auto`` the path measured faster where
+        it works (docs/gpu.md#publication-from-memory): from memory on CUDA, from disk on CPU."""
+        if self.publication != "auto":
+            return self.publication
+        return "memory" if self.device == "cuda" else "disk"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -310,9 +320,6 @@ class JobConfig:
         if self.layout.device == "cuda" and self.training.tp not in (1, self.cell_tp()):
             raise ValueError(f"job field tp = {self.training.tp} disagrees with layout.tensor_parallel = "
                              f"{self.cell_tp()}: on device = \"cuda\" a cell's ranks are the layout's; leave tp out")
-        if self.cluster is not None and self.layout.device == "cuda":
-            raise ValueError("[cluster] places CPU jobs only so far: a CUDA job's [job.layout] numbers the GPUs "
-                             "of one node; run it without [cluster]")
 
     def scheduler(self) -> SchedulerConfig:
         return self.schedule.scheduler()
@@ -329,7 +336,7 @@ class JobConfig:
             raise ValueError(f"preset {self.schedule.preset!r} keeps a separate rollout pool, which [job.layout] "
                              f"gives no GPUs; choose a preset without one on device = \"cuda\"")
         layout = self.layout.gpus or GpuLayout()
-        layout.check(self.schedule.nodes)
+        layout.check(self.schedule.nodes, placed=self.cluster is not None)
         return layout
 
     def check_cells(self, model: ModelConfig) -> None:

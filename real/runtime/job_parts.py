@@ -126,7 +126,8 @@ class JobParts:
         return tokenizer, model_cfg
 
     def _tasks(self):
-        for line in self.layout.describe(self.cfg.K) if self.layout is not None else ():
+        placed = self.job.cluster is not None
+        for line in self.layout.describe(self.cfg.K, placed=placed) if self.layout is not None else ():
             self.say(line)
         tasks, adapter = self.job.tasks.build(self.job.seed), self.job.harness.build()
         if isinstance(tasks, TaskSet):  # each execution's process builds its task's workspace first
@@ -152,8 +153,9 @@ class JobParts:
             cluster = job.cluster
             self.say(f"placing {cfg.K} cells on the Ray cluster at {cluster.address}")
             by_cell: dict[Hashable, str] = dict(self.names.items())  # Placement.open: keys of any hashable type
+            gpus = self.layout.gpus_per_cell if self.layout is not None else 0  # a CUDA job's cells hold their GPUs
             placement = self.placement = Placement(cluster, progress=self.say).open(cells=cfg.K, tp=tp,
-                                                                                    engines=by_cell)
+                                                                                    engines=by_cell, gpus=gpus)
             plane.launcher = engines.launcher = placement
         self.say(f"schedule {job.schedule.preset}: K={cfg.K} cells, C_s={cfg.C_s}, phi={cfg.phi}, mu={cfg.mu}, "
                  f"{cfg.granularity} transitions, streaming {'on' if cfg.streaming else 'off'}")
@@ -173,7 +175,8 @@ class JobParts:
             plane.send(cell, "enter_training").result()
         for cell, name in self.names.items():
             host, port = self.placement.engine_endpoint(name) if self.placement is not None else (HOST, free_port())
-            extra = SMALL_ENGINE if self.layout is None else self.layout.engine_args(cell)
+            extra = SMALL_ENGINE if self.layout is None else self.layout.engine_args(
+                cell, placed=self.placement is not None)
             engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=port, host=host,
                                            cpu=self.layout is None, extra_args=extra))
         self.say(f"starting {len(self.names)} SGLang CPU engines ({', '.join(self.names.values())})")
@@ -207,7 +210,9 @@ class JobParts:
                                      work / "proxy"])  # the proxy's config holds the admin token
         parts = Parts(proxy_url=self.proxy_url, admin_token=ADMIN_TOKEN, engines=engines,
                       engine_names=self.names, plane=plane, runner=runner, records_dir=work / "records",
-                      checkpoint_dir=work / "checkpoints", task=tasks, watch=engine_watch)
+                      checkpoint_dir=work / "checkpoints", task=tasks, watch=engine_watch,
+                      publication=job.layout.publication_route(),
+                      engine_tp=self.layout.engine_tensor_parallel if self.layout is not None else 1)
         backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.training.token_budget, progress=self.say,
                               steps=job.steps)
         engine_watch.serve(backend)  # from here on a dead engine comes back with the newest weights

@@ -2,10 +2,11 @@
 
 ``Publish(v)`` first runs ``on_burst_end(v)`` (the resume checkpoint is sent
 to the core cell while it still holds exactly version v: ``runtime.restore``),
-then sends ``publish`` to the core cell: an HF checkpoint of v loaded
-(``update_weights_from_disk``) into every rollout engine taking work that the
-engine watch does not report down (a dead one is revived with the newest
-weights). When an engine dies while the core cell loads the checkpoint into
+then sends ``publish`` to the core cell: version v swapped into every rollout
+engine taking work that the engine watch does not report down (a dead one is
+revived with the newest weights), from memory or from disk as the job's
+``publication`` says (``Parts.publication``; ``train.cell``), and an HF
+checkpoint of v written either way. When an engine dies while the core cell loads the checkpoint into
 it, the publisher loads it into the engines still alive itself. Then the
 proxy learns the policy version and ``PublishDone`` is reported.
 
@@ -45,7 +46,8 @@ class Publisher:
         names = [n for n in (parts.engine_names[c] for c in sorted(self._rollout_ready())) if n not in skip]
         ticket = self.ctx.send_to_cell(0, "publish", version=a.version,
                                        endpoints=[parts.engines.engines[n].url for n in names],
-                                       directory=str(parts.checkpoint_dir))
+                                       directory=str(parts.checkpoint_dir), route=parts.publication,
+                                       engine_tp=parts.engine_tp)
         self.publishing = self.ctx.spawn(self._await_publish(a.version, ticket, names))
 
     async def _await_publish(self, version: int, ticket, names: list[str]) -> None:
@@ -55,7 +57,8 @@ class Publisher:
         except Exception as exc:  # an engine died while the cell loaded the checkpoint into it: load the rest here
             answer = await self._publish_past_dead_engine(version, names, exc)
         self.latest = (version, answer["path"])
-        self.ctx.metrics.publishes.append({"version": version, "engines": n, "wall_s": self.ctx.clock() - t0})
+        self.ctx.metrics.publishes.append({"version": version, "engines": n, "wall_s": self.ctx.clock() - t0,
+                                           **{k: answer[k] for k in ("route", "swap_s", "write_s") if k in answer}})
         await self.proxy.call("POST", "/admin/policy_version", {"version": version})
         self.ctx.report(ev.PublishDone, version=version)
 

@@ -12,7 +12,7 @@ are answered as ``reply/{cell}/{n}``, in order. A handler that fails answers
 | join            | satellite  | end the hold: join steps from now on                          |
 | leave_training  | all        | offload training state (idempotent)                           |
 | step            | core       | ``CoreCell.step(version, batch, final)``; answers its report  |
-| publish         | core       | HF checkpoint + ``/update_weights_from_disk`` on each engine  |
+| publish         | core       | weights to each engine, from memory or disk; HF checkpoint    |
 | dump / load     | all / core | write weights (and the last reduced gradient) / load weights  |
 |                 |            | (per rank: rank r > 0 of a TP cell uses ``{path}.rank{r}``)   |
 | save_checkpoint | core       | every rank writes weights + Adam + RNG (``train.checkpoint``) |
@@ -80,6 +80,7 @@ class CellProcess:
         self.role = "rollout"
         self.next_version = 0  # a satellite never joins a step older than this
         self.held = False  # in training but not joining steps yet (enter_training(hold=True))
+        self.memory = None  # train.publish_memory.MemoryRoute once a publication goes from memory
 
     def serve(self) -> None:
         control = self.ctx.control
@@ -167,14 +168,41 @@ class CellProcess:
         fault_pause("step", version, self.ctx.log)
         return self.core.step(version, version if batch is None else batch, final)
 
-    def publish(self, version: int, endpoints: list[str], directory: str, timeout: float = 120.0) -> dict:
+    def publish(self, version: int, endpoints: list[str], directory: str, timeout: float = 120.0,
+                route: str = "disk", engine_tp: int = 1) -> dict:
+        """Version ``version`` to ``endpoints``: from memory (``route = "memory"``: the engines pause only for
+        the swap) or from disk; either way the checkpoint is written (engines coming back load it, resumes)."""
         self._require_core("publish")
         fault_pause("publish", version, self.ctx.log)
         tensors = self.ctx.ranks.run("export")  # full HF tensors, TP shards gathered
+        swap_s = self._publish_from_memory(endpoints, tensors, version, engine_tp) if route == "memory" else None
+        used = "disk" if swap_s is None else "memory"
+        t0 = time.perf_counter()
         path = save_hf_tensors(directory, tensors, self.ctx.cfg.model, version)
-        answers = publish_from_disk(endpoints, path, version, timeout=timeout)
-        self.ctx.log.info("published version %d from %s to %d engines", version, path, len(endpoints))
-        return {"path": str(path), "answers": answers}
+        write_s = time.perf_counter() - t0
+        answers: list[dict] = []
+        if swap_s is None:
+            t0 = time.perf_counter()
+            answers = publish_from_disk(endpoints, path, version, timeout=timeout)
+            swap_s = time.perf_counter() - t0
+        self.ctx.log.info("published version %d to %d engines from %s (%.3f s swap, %.3f s write)", version,
+                          len(endpoints), used, swap_s, write_s)
+        return {"path": str(path), "answers": answers, "route": used, "swap_s": swap_s, "write_s": write_s}
+
+    def _publish_from_memory(self, endpoints: list[str], tensors: dict, version: int, engine_tp: int) -> float | None:
+        """The swap's seconds, or None: this publication goes through the disk (memory refused, or it failed)."""
+        from gyre.real.train.publish import PublishError
+        from gyre.real.train.publish_memory import MemoryRoute
+
+        if self.memory is None:
+            self.memory = MemoryRoute(self.ctx.cfg.host_of(0), self.ctx.log)
+        try:
+            return self.memory.publish({url: engine_tp for url in endpoints}, list(tensors.items()), version,
+                                       self.ctx.state.device)
+        except (PublishError, RuntimeError) as exc:  # an engine died mid-swap: the disk path names it
+            self.ctx.log.warning("publication of version %d from memory failed (%s); from disk instead", version,
+                                 exc)
+            return None
 
     def dump(self, path: str, hf: bool = False) -> dict:
         """Each rank writes its shard (rank r > 0 to ``{path}.rank{r}``); with ``hf`` the leader also writes

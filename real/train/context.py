@@ -63,6 +63,9 @@ class CellConfig:
     tp: int = 1  # tensor-parallel ranks per cell (one process each)
     pp: int = 1  # pipeline-parallel stages per cell: only 1 (see ``train.ranks``)
     attempt: int = 0  # the job's attempt on its run folder; 0: unfenced (``train.fence``)
+    # ranks started by a node agent that shows each rank only its cell's GPUs (``cluster.agent``:
+    # CUDA_VISIBLE_DEVICES): rank r uses visible GPU r; else cell c's ranks use GPUs c*tp .. c*tp+tp-1
+    placed: bool = False
 
     def __post_init__(self) -> None:
         if self.cells < 1:
@@ -91,6 +94,12 @@ class CellConfig:
     def host_of(self, cell: int) -> str:
         """The address cell ``cell``'s Mooncake endpoint listens on: its node's."""
         return self.cell_hosts[cell] if self.cell_hosts else self.store_host
+
+    def local_gpu(self, cell: int, rank: int) -> int:
+        """The CUDA device index rank ``rank`` of ``cell`` selects on its node: its rank in the cell when
+        placed (the agent made the cell's GPUs visible, in order), else the cell's block of the node's GPUs
+        (``runtime.layout.GpuLayout.cell_gpus``). Never the global rank, which runs past a node's GPUs."""
+        return rank if self.placed else cell * self.tp + rank
 
     def crash_point(self, cell: int) -> int | None:
         return dict(self.crash_after).get(cell)
@@ -133,7 +142,7 @@ def _logger(workdir: Path, cell: int, rank: int = 0) -> logging.Logger:
 def build_context(cfg: CellConfig, cell: int, rank: int = 0) -> CellContext:
     """Everything rank ``rank`` of a cell needs, built once at process start (module docstring: order)."""
     global_rank = cell * cfg.tp + rank
-    setup = prepare_device(cfg.device, local_rank=global_rank, threads=cfg.threads)
+    setup = prepare_device(cfg.device, local_rank=cfg.local_gpu(cell, rank), threads=cfg.threads)
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     store = dist.TCPStore(cfg.store_host, cfg.store_port, None, False, timeout=timeout)
     dist.init_process_group(setup.backend, store=dist.PrefixStore("gyre-pg", store), rank=global_rank,

@@ -145,10 +145,10 @@ def engine_memory_row(checkpoint: str, work: Path) -> Row:
 
 def bursts_row(checkpoint: str, work: Path, gpus: int) -> Row:
     layout = (f"{{gpus_per_node = {gpus}, tensor_parallel = 1, pipeline_parallel = 1, engine_tensor_parallel = 1, "
-              f"publication = \"disk\", engine_mem_fraction = 0.2, gpu_memory_gib = 80}}")
+              f"engine_mem_fraction = 0.2, gpu_memory_gib = 80}}")
     sets = [f'workdir="{work / "run"}"', f"nodes={min(gpus, 2)}", "steps=4", "C_e=4", "N=4", "B=2",
             "max_tokens=64", "token_budget=2048", "timeout_s=1800.0", 'harness="scripted"',
-            "harness_options={calls = 2}", f"layout={layout}",
+            "harness_options={calls = 2}", f"layout={layout}", 'publication="memory"',
             f'model={{checkpoint = "{checkpoint}", dtype = "bfloat16"}}']
     command = [sys.executable, "-m", "gyre.cli", "run", "--config", str(ROOT / "configs/gpu_node_qwen.toml")]
     for item in sets:
@@ -159,8 +159,9 @@ def bursts_row(checkpoint: str, work: Path, gpus: int) -> Row:
         return Row("two bursts", f"gyre run exited {done.returncode}", False)
     s = json.loads(summary.read_text())
     publish = [round(p["wall_s"], 2) for p in s.get("publishes", [])]
-    ok = s["published"] >= s["steps"] and s["replay_identical"]
-    return Row("two bursts", f"published {s['published']}/{s['steps']} in {publish} s, reward per step "
+    routes = sorted({p.get("route", "?") for p in s.get("publishes", [])})
+    ok = s["published"] >= s["steps"] and s["replay_identical"] and routes == ["memory"]
+    return Row("two bursts", f"published {s['published']}/{s['steps']} in {publish} s from {routes}, reward per step "
                f"{[round(r, 3) for r in s['reward_curve']]}, trend {s.get('reward_trend')}", ok)
 
 

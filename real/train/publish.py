@@ -52,6 +52,10 @@ class PublishError(RuntimeError):
     """An engine refused or could not be reached; the message names the engine and its answer."""
 
 
+class EngineUnreachable(PublishError):
+    """No answer at all from an engine (dead, or not up yet), as opposed to a refusal."""
+
+
 def qwen2_config(cfg: ModelConfig) -> dict:
     """``config.json`` of a published checkpoint (``train.bridge.hf_config_dict``; the name is historical)."""
     return hf_config_dict(cfg)
@@ -127,7 +131,7 @@ def post_json(url: str, payload: dict, timeout: float) -> dict:
     except urllib.error.HTTPError as err:
         raise PublishError(f"{url} answered {err.code}: {err.read()[:500]!r}") from err
     except (urllib.error.URLError, OSError) as err:
-        raise PublishError(f"{url} unreachable: {err}") from err
+        raise EngineUnreachable(f"{url} unreachable: {err}") from err
     if body.get("success") is False:
         raise PublishError(f"{url} refused: {body.get('message')!r}")
     return body

@@ -26,7 +26,7 @@ from gyre.real.runtime.layout import GpuLayout, layout_from_table
 ROOT = Path(__file__).resolve().parents[3]
 GPU_JOB = ROOT / "configs" / "gpu_node_qwen.toml"
 SMOKE_LAYOUT = {"gpus_per_node": 2, "tensor_parallel": 1, "pipeline_parallel": 1, "engine_tensor_parallel": 1,
-                "publication": "disk", "engine_mem_fraction": 0.2}
+                "engine_mem_fraction": 0.2}
 
 
 # Qwen2.5-7B-Instruct's config.json (the fields the bridge reads); loading a job reads only this file.
@@ -58,6 +58,7 @@ def test_the_gpu_job_loads_and_lays_out_one_node(checkpoint):
     assert (job.layout.device, job.schedule.nodes, layout.gpus_per_cell, layout.gpus_per_node) == ("cuda", 2, 4, 8)
     assert [layout.cell_gpus(c) for c in range(job.schedule.nodes)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert layout.engine_args(1)[:4] == ("--tp-size", "4", "--base-gpu-id", "4")
+    assert job.layout.publication_route() == "memory"
     assert layout.runnable_problem() is None and job.cell_tp() == 4 and job.training.tp == 1
     model = job.model.hf_config(job.seed)
     assert (model.family, model.dtype, model.num_layers, model.num_query_groups, model.tie_embeddings) == (
@@ -99,8 +100,10 @@ def test_the_layouts_tp_must_split_the_checkpoint(checkpoint, overrides, message
     ({"gpus_per_node": 8, "tensor_parallel": 4}, 4, "4 cells x 4 GPUs = 16 GPUs, more than layout.gpus_per_node = 8"),
     ({"tensor_parallel": 2, "engine_tensor_parallel": 1}, 2, "engine_tensor_parallel = 1 must equal the cell's 2"),
     ({"tensor_parallel": 0}, 1, "layout.tensor_parallel must be a positive integer"),
-    ({"publication": "nccl"}, 1, "layout.publication must be one of"),
+    ({"publication": "memory"}, 1, "layout: unknown key(s) ['publication']"),  # a job field, not a layout one
     ({"gpus": 8}, 1, "layout: unknown key(s) ['gpus']"),
+    ({"nodes_per_cell": 2, "tensor_parallel": 3, "engine_tensor_parallel": 3}, 1, "3 GPUs must divide a node's 8"),
+    ({"nodes_per_cell": 0}, 1, "layout.nodes_per_cell must be a positive integer"),
     ({"gpus_per_node": 2, "tensor_parallel": 4, "engine_tensor_parallel": 4}, 1, "does not fit on a node of 2"),
 ])
 def test_impossible_layouts_are_named(table, cells, message):
@@ -113,3 +116,56 @@ def test_a_pipeline_cell_counts_all_its_gpus():
     layout = GpuLayout(gpus_per_node=8, tensor_parallel=2, pipeline_parallel=2, engine_tensor_parallel=4)
     layout.check(2)
     assert layout.cell_gpus(1) == [4, 5, 6, 7] and len(layout.describe(2)) == 2
+
+
+def test_publication_auto_takes_the_path_measured_faster_and_a_bad_one_is_named(checkpoint):
+    from gyre.real.runtime.job_file import job_from_table
+
+    cuda = {"device": "cuda", "preset": "gyre-1", "model": {"checkpoint": str(checkpoint)}, "layout": SMOKE_LAYOUT}
+    assert job_from_table(cuda).layout.publication_route() == "memory"  # NCCL from memory (docs/gpu.md)
+    assert job_from_table({}).layout.publication_route() == "disk"  # on CPU the page cache makes disk faster (bench)
+    assert job_from_table({"publication": "memory"}).layout.publication_route() == "memory"
+    assert job_from_table({**cuda, "publication": "disk"}).layout.publication_route() == "disk"
+    with pytest.raises(ValueError, match="job field publication must be one of"):
+        job_from_table({"publication": "nccl"})
+
+
+@pytest.mark.timeout(60)
+def test_a_paper_scale_layout_prints_its_whole_plan_without_a_cluster(checkpoint, capsys):
+    """4 cells of 48 nodes of 8 GPUs (the paper's 2.4T layout; a 7B config stands in for its model):
+    one line per node with its ranks, local ranks and engines, the memory plan, and why it is not run."""
+    import time
+
+    from gyre.cli import main
+
+    sets = ["nodes=4", f'model={{checkpoint = "{checkpoint}", dtype = "bfloat16"}}', "layout.nodes_per_cell=48",
+            "layout.tensor_parallel=4", "layout.engine_tensor_parallel=4"]  # 28 heads: TP 4, as shipped
+    t0 = time.perf_counter()
+    code = main(["run", "--config", str(GPU_JOB), "--dry-run"] + [a for item in sets for a in ("--set", item)])
+    elapsed = time.perf_counter() - t0
+    out = capsys.readouterr().out
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == ("4 cells x 48 nodes x 8 GPUs = 1536 GPUs; a cell: TP 4 x PP 1 x DP 96, one engine TP 4 "
+                        "per replica")
+    nodes = [line for line in lines if " (job node " in line]
+    assert len(nodes) == 192 and [int(n.split("(job node ")[1].split(")")[0]) for n in nodes] == list(range(192))
+    assert nodes[-1] == ("cell 3 node 47 (job node 191): ranks 1528-1535 on cuda:0-7 (LOCAL_RANK 0-7, "
+                         "CUDA_VISIBLE_DEVICES 0-7); engines e3.94 on cuda:0-3, e3.95 on cuda:4-7")
+    assert any(line.startswith("memory per GPU (80 GiB): training ") for line in lines)
+    assert lines[-1].startswith("not runnable: nodes_per_cell = 48: a cell of several nodes is planned")
+    with capsys.disabled():
+        print(f"\npaper-scale dry run: {elapsed:.2f} s, {len(lines)} lines")
+
+
+def test_cells_beyond_one_node_are_refused_unless_a_cluster_places_them(checkpoint):
+    from gyre.real.runtime.job_file import job_from_table
+
+    table = {"gpus_per_node": 8, "tensor_parallel": 4, "engine_tensor_parallel": 4}
+    with pytest.raises(ValueError, match="a \\[cluster\\] table spreads cells over several nodes"):
+        layout_from_table(table, 4)
+    assert layout_from_table(table, 4, placed=True).cell_gpus(3, placed=True) == [0, 1, 2, 3]
+    job = job_from_table({"device": "cuda", "preset": "gyre-1", "nodes": 4, "model": {"checkpoint": str(checkpoint)},
+                          "layout": table, "cluster": {"address": "10.0.0.1:6379"}})
+    assert job.gpu_layout().engine_args(3, placed=True)[:4] == ("--tp-size", "4", "--base-gpu-id", "0")
+    assert job.gpu_layout().describe(4, placed=True)[3].startswith("cell 3: GPUs [0, 1, 2, 3] of its node (TP 4")

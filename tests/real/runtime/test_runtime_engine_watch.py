@@ -381,7 +381,7 @@ def publishing_backend(tmp_path, manager, ticket, admin_calls=None):
     reports = []
     parts = SimpleNamespace(engine_names={0: "e0", 1: "e1", 2: "e2"}, engines=manager, plane=Plane(ticket),
                             records_dir=tmp_path / "records", checkpoint_dir=tmp_path / "checkpoints",
-                            watch=EngineWatch(manager, latest=lambda: None))
+                            watch=EngineWatch(manager, latest=lambda: None), publication="disk", engine_tp=1)
     cfg = SchedulerConfig(K=3, C_e=8, C_s=0, N=2, B=1, phi=0.0, mu=1, granularity="global")
     backend = RealBackend(cfg, parts, seed=0, token_budget=10, admin=InlineAdmin(admin))
     backend.bind(SimpleNamespace(report=lambda kind, **fields: reports.append((kind.__name__, fields))))

@@ -11,6 +11,7 @@ test (SGLang's CPU engine loading the checkpoint) belongs to the SGLang tier.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,11 +20,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gyre.real.toy.microsteps import feed, toy_batch
 from gyre.real.train.model import ModelConfig
 from gyre.real.train.plane import PlaneConfig, TrainingPlane
 from gyre.real.train.publish import (PublishError, hf_state_dict, init_update_group, publish_distributed,
                                      publish_from_disk, qwen2_config, save_hf_checkpoint)
-from gyre.real.toy.microsteps import feed, toy_batch
+from gyre.real.train.publish_memory import MemoryRoute
 
 CFG = ModelConfig()
 
@@ -51,6 +53,7 @@ class FakeEngine(ThreadingHTTPServer):
         self.loaded: list[dict] = []
         self.requests: list[tuple[str, dict]] = []
         self.refuse = False
+        self.refuse_group = False  # an engine without in-memory weight updates
         threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     @property
@@ -70,6 +73,8 @@ class _Handler(BaseHTTPRequestHandler):
         server.requests.append((self.path, body))
         if self.path == "/update_weights_from_disk":
             return self._answer(*self._load(server, body))
+        if self.path == "/init_weights_update_group" and server.refuse_group:
+            return self._answer(400, {"success": False, "message": "weight update groups are not supported"})
         if self.path in ("/init_weights_update_group", "/update_weights_from_distributed"):
             return self._answer(200, {"success": True, "message": "ok"})
         self._answer(404, {"detail": "Not Found"})
@@ -179,3 +184,30 @@ def _views(flat: torch.Tensor, like: list[tuple[str, torch.Tensor]]) -> list[tor
         offset += t.numel()
     assert offset == flat.numel()
     return out
+
+
+@pytest.mark.timeout(60)  # each open ends as soon as the engine answers, not at the 30 s rendezvous timeout
+def test_an_engine_refusing_the_weight_group_sends_the_run_to_disk_once_and_for_good(engines, caplog):
+    engines[1].refuse_group = True
+    route = MemoryRoute("127.0.0.1", logging.getLogger("gyre.test.route"), open_timeout=30.0)
+    named = list(hf_state_dict(megatron_named(CFG), CFG).items())
+    urls = {e.url: 1 for e in engines}
+    with caplog.at_level(logging.WARNING, logger="gyre.test.route"):
+        assert route.publish(urls, named, 1, torch.device("cpu")) is None
+        assert route.publish(urls, named, 2, torch.device("cpu")) is None  # not asked again
+    assert route.refused is not None and engines[1].url in route.refused and "not supported" in route.refused
+    assert [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()] == [
+        f"publication from memory unavailable ({route.refused}); publishing from disk from now on"]
+    assert [path for path, _ in engines[1].requests] == ["/init_weights_update_group"]
+    assert route.publisher is None
+
+
+@pytest.mark.timeout(60)
+def test_an_engine_that_does_not_answer_sends_only_that_publication_to_disk(caplog):
+    route = MemoryRoute("127.0.0.1", logging.getLogger("gyre.test.route"), open_timeout=30.0)
+    named = list(hf_state_dict(megatron_named(CFG), CFG).items())
+    with caplog.at_level(logging.WARNING, logger="gyre.test.route"):
+        assert route.publish({"http://127.0.0.1:9": 1}, named, 3, torch.device("cpu")) is None
+    assert route.refused is None and route.publisher is None  # the next publication tries memory again
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("version 3 from disk" in m and "9/init_weights_update_group unreachable" in m for m in messages)
