@@ -116,6 +116,7 @@ class JobConfig:
     tp: int = 1                # tensor-parallel ranks per training cell (cuda: layout.tensor_parallel instead)
     cluster: dict[str, Any] = dataclasses.field(default_factory=dict)  # the [cluster] table: real.cluster.config
     cell_restarts: int = 2     # a run whose training cell died resumes itself this often (gyre run: CellFailed)
+    supervisor_grace_s: float = 300.0  # the supervisor stops the harnesses this long after its lease expired
     wandb: str = ""            # "offline": metrics also to an offline W&B run in WORKDIR/wandb (runtime.metrics)
 
     def __post_init__(self) -> None:
@@ -131,6 +132,10 @@ class JobConfig:
             raise ValueError(f"schedule: {exc}") from None
         if isinstance(self.cell_restarts, bool) or not isinstance(self.cell_restarts, int) or self.cell_restarts < 0:
             raise ValueError(f"job field cell_restarts must be an integer >= 0, not {self.cell_restarts!r}")
+        if isinstance(self.supervisor_grace_s, bool) or not isinstance(self.supervisor_grace_s, (int, float)) \
+                or not self.supervisor_grace_s >= 0:
+            raise ValueError(f"job field supervisor_grace_s must be a number of seconds >= 0, not "
+                             f"{self.supervisor_grace_s!r}")
         if self.wandb not in WANDB_MODES:
             raise ValueError(f"job field wandb must be \"offline\" or \"\" (off), not {self.wandb!r}: a run never "
                              "sends metrics over the network itself (wandb sync uploads an offline run)")
@@ -301,6 +306,9 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
         wired = run.wired()
         return _summarise(job, run.cfg, wired.controller, wired.backend, log_dir, replay_run(log_dir), write_trace,
                           run.work, run.timings, run.cells, wired.watch, run.placement, wired.proxy)
+    except Exception:  # a crash or a dead cell: the harnesses stay with the supervisor for a resume to attach to
+        run.keep_supervisor = True
+        raise
     finally:
         run.close()
 
@@ -339,6 +347,7 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
         "backend_errors": backend.errors + (supervisor.errors if supervisor else []),
         "engine_restarts": supervisor.restarts if supervisor else [],
         "proxy_restarts": proxy.restarts if proxy is not None else [], "trace": str(trace_path) if trace_path else None,
+        "resumes": _resumes(work),
         "log": str(log_dir), "timings": timings, "config": dataclasses.asdict(job),
     }
     if summary["reward_curve"]:
@@ -350,6 +359,15 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
     summary["prediction"] = _predict(work)
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
+
+
+def _resumes(work: Path) -> list[dict[str, Any]]:
+    """Per resume of this run (``attempts/{n}/resume.json``): executions re-attached, re-run (and why) and
+    re-admitted."""
+    keys = ("attempt", "version", "reattached", "rerun", "rerun_reasons", "readmitted", "cancelled", "supervisor")
+    found = sorted((work / "attempts").glob("*/resume.json"), key=lambda p: int(p.parent.name)) \
+        if (work / "attempts").is_dir() else []
+    return [{k: v for k, v in json.loads(p.read_text()).items() if k in keys} for p in found]
 
 
 def _predict(work: Path) -> dict[str, Any]:

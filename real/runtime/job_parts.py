@@ -37,6 +37,7 @@ from gyre.real.runtime.controller import Controller
 from gyre.real.runtime.engine_watch import EngineWatch
 from gyre.real.runtime.metrics import LiveMetrics
 from gyre.real.runtime.proxy_process import ProxyProcess
+from gyre.real.supervisor.client import LeaseRenewer, SupervisorClient
 from gyre.real.toy.tiny_model import build_tiny_tokenizer
 
 if TYPE_CHECKING:
@@ -55,6 +56,11 @@ SMALL_ENGINE = ("--mem-fraction-static", "0.05", "--max-total-tokens", "16384", 
 class CellFailed(RuntimeError):
     """A training cell's process died during the run (the message names the cells and exit codes);
     ``gyre run`` resumes the run from its last checkpoint, up to ``cell_restarts`` times."""
+
+
+class SupervisorLost(CellFailed):
+    """The run's supervisor died (its harnesses with it): ``gyre run`` resumes as after a dead cell, a new
+    supervisor re-runs those executions (``runtime.resume``: re-run, "its supervisor is gone")."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,9 @@ class JobParts:
         self.timings: dict[str, float] = {}
         self.cells: list[dict] = []
         self.lock: int | None = None
+        self.supervisor: SupervisorClient | None = None  # the folder's supervisor (real.supervisor)
+        self.lease: LeaseRenewer | None = None
+        self.keep_supervisor = False  # close(): keep it (and its harnesses) for a resume to attach to
         # what ``close`` stops: each None until its step has started it (a build can fail part-way)
         self.plane: TrainingPlane | None = None
         self.engines: EngineManager | None = None
@@ -95,7 +104,10 @@ class JobParts:
             raise ValueError(f"job layout: {self.layout.runnable_problem()}")
         from gyre.real.runtime.resume import open_run_folder
 
+        if self.resume is None:
+            stop_stale_supervisor(self.work)  # a killed run's harnesses on this folder: not this run's
         self.lock = open_run_folder(self.job, self.resume)  # fresh: wiped, job.json; resumed: old work moved aside
+        self._start_supervisor()
         t0 = time.monotonic()
         tokenizer, model_cfg = self._model()
         tasks, adapter = self._tasks()
@@ -114,6 +126,16 @@ class JobParts:
         if self._wired is None:
             raise RuntimeError("JobParts: build() has not finished, so there is nothing to run or summarise")
         return self._wired
+
+    def _start_supervisor(self) -> None:
+        """Start the folder's supervisor, or reuse the one a killed attempt left (its harnesses go on), and
+        renew its lease from a thread until ``close``."""
+        from gyre.real.supervisor.client import SUPERVISOR_DIR, LeaseRenewer, start_or_reuse
+
+        self.supervisor, reused = start_or_reuse(self.work / SUPERVISOR_DIR, self.job.supervisor_grace_s)
+        self.lease = LeaseRenewer(self.supervisor).start()
+        self.say(f"supervisor {self.supervisor.pid} ({'reused' if reused else 'started'}; it stops the harnesses "
+                 f"{self.job.supervisor_grace_s:g} s after this process stops renewing its lease)")
 
     def _model(self):
         """The tokenizer's folder and the cells' model: a Hugging Face checkpoint, or the tiny toy model."""
@@ -206,7 +228,9 @@ class JobParts:
                                        overall_timeout_s=job.overall_timeout_s), isolate=job.isolate,
                                hide=[work / "records", work / "records" / "keys.json",  # records, key digests
                                      work / "attempts",  # and what a resume moved aside (runtime.resume)
-                                     work / "proxy"])  # the proxy's config holds the admin token
+                                     work / "proxy",  # the proxy's config holds the admin token
+                                     work / "supervisor"],  # its port and token
+                               supervisor=self.supervisor)
         parts = Parts(proxy_url=self.proxy_url, admin_token=ADMIN_TOKEN, engines=engines,
                       engine_names=self.names, plane=plane, runner=runner, records_dir=work / "records",
                       checkpoint_dir=work / "checkpoints", task=tasks, watch=engine_watch)
@@ -250,7 +274,13 @@ class JobParts:
 
     # ---- close ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop what was started, in reverse order; release the folder's lock."""
+        """Stop what was started, in reverse order; release the folder's lock. The supervisor first, with the
+        harnesses it owns, unless ``keep_supervisor`` (a failed run: a resume attaches to them; its lease,
+        no longer renewed, bounds how long they wait for one)."""
+        if self.lease is not None:
+            self.lease.stop()
+        if self.supervisor is not None and not self.keep_supervisor:
+            self.supervisor.stop()
         if self.proxy is not None:
             self.proxy.stop()
         if self.watch is not None:
@@ -278,10 +308,27 @@ async def _run_until_failure(controller, backend, plane, job, wiring) -> None:
                 raise RuntimeError(f"backend task failed: {backend.errors}")
         run.result()
     except Exception as exc:
+        supervisor = backend.parts.runner.supervisor
+        if supervisor is not None and SupervisorClient.find(supervisor.folder) is None:
+            raise SupervisorLost(f"the supervisor {supervisor.pid} of {supervisor.folder} died: {exc}") from exc
         if plane.crashes:
             dead = ", ".join(f"cell {c} (exit code {code})" for c, code in sorted(plane.crashes.items()))
             raise CellFailed(f"training {dead} died: {exc}") from exc
         raise
+
+
+def stop_stale_supervisor(work: Path) -> None:
+    """Stop a supervisor a killed run left on ``work`` (with its harnesses) before a fresh run wipes it;
+    ResumeError, touching nothing, when a live job holds the folder."""
+    from gyre.real.runtime.resume import refuse_if_held
+    from gyre.real.supervisor.client import SUPERVISOR_DIR
+
+    if not (work / SUPERVISOR_DIR).is_dir():
+        return
+    refuse_if_held(work)
+    stale = SupervisorClient.find(work / SUPERVISOR_DIR)
+    if stale is not None:
+        stale.stop()
 
 
 def _initial_model(plane, tokenizer_dir: Path, work: Path) -> Path:
