@@ -186,6 +186,7 @@ class HarnessRunner:
         self.supervisor = supervisor  # a supervisor.client.SupervisorClient: harnesses outlive this process
         self.attached: dict[int, int] = {}  # execution -> pid of the harness a resumed run attached to
         self._supervised: set[int] = set()
+        self._supervised_bridge: Any = None  # supervisor.services.BridgeAddress
         self.isolated = choose_isolation(isolate, base_url)
         self.hide = list(dict.fromkeys([*hidden_paths(list(hide)), *hidden_paths(None)]))
         self.hiding = False  # whether the hidden paths are really covered in each harness's view
@@ -302,7 +303,15 @@ class HarnessRunner:
         return self._start_lock[1]
 
     async def _started_bridge(self) -> HostBridge:
-        """The host side of the sandbox bridge, started once per event loop."""
+        """The host side of the sandbox bridge, started once per event loop (under a supervisor: its
+        bridge service, which outlives this process as the harnesses do)."""
+        if self.supervisor is not None:
+            from gyre.real.supervisor.services import bridge_service
+
+            async with self._starting():
+                if self._supervised_bridge is None:
+                    self._supervised_bridge = await asyncio.to_thread(bridge_service, self.supervisor, self.base_url)
+            return self._supervised_bridge
         if self._bridge_start is None or self._bridge_start.get_loop() is not asyncio.get_running_loop():
             self._bridge = HostBridge(self.base_url)
             self._bridge_start = asyncio.ensure_future(self._bridge.start())

@@ -133,9 +133,9 @@ class JobConfig:
         if isinstance(self.cell_restarts, bool) or not isinstance(self.cell_restarts, int) or self.cell_restarts < 0:
             raise ValueError(f"job field cell_restarts must be an integer >= 0, not {self.cell_restarts!r}")
         if isinstance(self.supervisor_grace_s, bool) or not isinstance(self.supervisor_grace_s, (int, float)) \
-                or not self.supervisor_grace_s >= 0:
-            raise ValueError(f"job field supervisor_grace_s must be a number of seconds >= 0, not "
-                             f"{self.supervisor_grace_s!r}")
+                or not 0 <= self.supervisor_grace_s < float("inf"):
+            raise ValueError(f"job field supervisor_grace_s must be a number of seconds >= 0 (finite: the supervisor "
+                             f"must stop a run no driver comes back to), not {self.supervisor_grace_s!r}")
         if self.wandb not in WANDB_MODES:
             raise ValueError(f"job field wandb must be \"offline\" or \"\" (off), not {self.wandb!r}: a run never "
                              "sends metrics over the network itself (wandb sync uploads an offline run)")
@@ -347,7 +347,7 @@ def _summarise(job, cfg, controller, backend, log_dir, replayed, write_trace, wo
         "backend_errors": backend.errors + (supervisor.errors if supervisor else []),
         "engine_restarts": supervisor.restarts if supervisor else [],
         "proxy_restarts": proxy.restarts if proxy is not None else [], "trace": str(trace_path) if trace_path else None,
-        "resumes": _resumes(work),
+        "resumes": _resumes(work), "supervisor": _supervision(work, backend.parts.runner),
         "log": str(log_dir), "timings": timings, "config": dataclasses.asdict(job),
     }
     if summary["reward_curve"]:
@@ -368,6 +368,15 @@ def _resumes(work: Path) -> list[dict[str, Any]]:
     found = sorted((work / "attempts").glob("*/resume.json"), key=lambda p: int(p.parent.name)) \
         if (work / "attempts").is_dir() else []
     return [{k: v for k, v in json.loads(p.read_text()).items() if k in keys} for p in found]
+
+
+def _supervision(work: Path, runner) -> dict[str, Any]:
+    """What the run's supervisor ledger says was started again and why (``supervisor.ledger.restarts``), and
+    the harnesses this attempt attached to (execution: pid)."""
+    from gyre.real.supervisor.ledger import read_records, restarts
+
+    return {"restarted": restarts(read_records(work / "supervisor" / "ledger.jsonl")),
+            "attached": {str(x): pid for x, pid in sorted(getattr(runner, "attached", {}).items())}}
 
 
 def _predict(work: Path) -> dict[str, Any]:

@@ -10,9 +10,17 @@ writes the event log; ``close()`` stops whatever was started, in reverse
 order, whatever failed. Every step reads the job's configuration and does the
 I/O the configuration itself never does.
 
+The harnesses, their sandbox bridge and the proxy run under the run folder's
+supervisor (``real.supervisor``), started or reused right after the folder is
+opened: a resumed run adopts the proxy a killed attempt left (its engines come
+back on the ports the proxy knows) and attaches to the harnesses still running.
+
 Invariants: nothing starts before the layout is known to be runnable; every
 process started here is stopped by ``close`` (harnesses, engines, cells,
-proxy, placement) and the folder's lock released; the engine watch serves
+proxy, placement) and the folder's lock released, except, after a failure,
+what the supervisor owns (harnesses, bridge, proxy: kept for a resume, and
+stopped by the supervisor itself once its lease has been expired for the
+job's ``supervisor_grace_s``); the engine watch serves
 the backend (its newest publication, the one in flight, the proxy's gate)
 only once both exist.
 """
@@ -194,8 +202,10 @@ class JobParts:
             model = _initial_model(plane, tokenizer, self.work)
         for cell in range(self.cfg.static_train_cells):
             plane.send(cell, "enter_training").result()
+        ports = self._adoptable_proxy_ports()  # a resumed run's engines come back where the proxy waits for them
         for cell, name in self.names.items():
-            host, port = self.placement.engine_endpoint(name) if self.placement is not None else (HOST, free_port())
+            host, port = self.placement.engine_endpoint(name) if self.placement is not None \
+                else (HOST, ports.get(name) or free_port())
             extra = SMALL_ENGINE if self.layout is None else self.layout.engine_args(cell)
             engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=port, host=host,
                                            cpu=self.layout is None, extra_args=extra))
@@ -204,16 +214,35 @@ class JobParts:
             engines.wait_healthy(name, timeout=300)
         return model
 
+    def _adoptable_proxy_ports(self) -> dict[str, int]:
+        """The engine ports of the proxy a killed attempt left running under the supervisor (a resume
+        adopts it); empty when there is none to adopt."""
+        from gyre.real.supervisor.services import PROXY_KEY, proxy_engine_ports, running
+
+        if self.resume is None or self.supervisor is None or not (self.work / "proxy" / "proxy.json").is_file() \
+                or running(self.supervisor, PROXY_KEY) is None:
+            return {}
+        return proxy_engine_ports(self.work / "proxy")
+
     def _start_proxy(self, engines: EngineManager, model: Path) -> ProxyProcess:
         from gyre.real.proxy.config import EngineSpec as ProxyEngine
-        from gyre.real.proxy.config import Limits, ProxyConfig, RetryPolicy
+        from gyre.real.proxy.config import Limits, ProxyConfig, RetryPolicy, config_from_mapping
+        from gyre.real.supervisor.services import SupervisedProxy
+
+        if self._adoptable_proxy_ports():  # its harnesses' calls wait in it: same port, keys and records
+            config = config_from_mapping(json.loads((self.work / "proxy" / "proxy.json").read_text()))
+            proxy = self.proxy = SupervisedProxy(config, self.work / "proxy", self.supervisor,
+                                                 progress=self.say).adopt()
+            self.proxy_url = f"http://127.0.0.1:{config.port}"
+            self.say(f"proxy {proxy.pid} adopted from the supervisor on {self.proxy_url}")
+            return proxy
 
         config = ProxyConfig(model_path=str(model), records_dir=str(self.work / "records"), admin_token=ADMIN_TOKEN,
                              engines=tuple(ProxyEngine(id=n, url=engines.engines[n].url)
                                            for n in self.names.values()),
                              port=free_port(), fsync=False, limits=Limits(default_max_tokens=self.job.max_tokens),
                              retry=RetryPolicy(hold_s=ENGINE_HOLD_S))
-        proxy = self.proxy = ProxyProcess(config, self.work / "proxy", progress=self.say).start()
+        proxy = self.proxy = SupervisedProxy(config, self.work / "proxy", self.supervisor, progress=self.say).start()
         self.proxy_url = f"http://127.0.0.1:{config.port}"
         return proxy
 
@@ -237,6 +266,10 @@ class JobParts:
         backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.token_budget, progress=self.say,
                               steps=job.steps)
         engine_watch.serve(backend)  # from here on a dead engine comes back with the newest weights
+        if getattr(proxy, "adopted", False):  # what the killed attempt left in it: every engine serving again
+            for name in self.names.values():
+                backend.proxy.call_blocking("POST", f"/admin/engines/{name}/undrain")
+                backend.proxy.call_blocking("POST", f"/admin/engines/{name}/release")
         controller = Controller(cfg, backend, **controller_parts(self.resume, work / "log"))
         backend.bind(controller)
         redone = None if self.resume is None else self.resume.version + 1  # the first redone step
@@ -281,7 +314,9 @@ class JobParts:
             self.lease.stop()
         if self.supervisor is not None and not self.keep_supervisor:
             self.supervisor.stop()
-        if self.proxy is not None:
+        if self.proxy is not None and self.keep_supervisor and hasattr(self.proxy, "detach"):
+            self.proxy.detach()  # kept with the supervisor: the harnesses' calls wait in it for a resume
+        elif self.proxy is not None:
             self.proxy.stop()
         if self.watch is not None:
             self.watch.close()  # restarts nothing more; stops every engine, then the thread that launched restarts
@@ -308,8 +343,10 @@ async def _run_until_failure(controller, backend, plane, job, wiring) -> None:
                 raise RuntimeError(f"backend task failed: {backend.errors}")
         run.result()
     except Exception as exc:
-        supervisor = backend.parts.runner.supervisor
+        supervisor = getattr(backend.parts.runner, "supervisor", None)
         if supervisor is not None and SupervisorClient.find(supervisor.folder) is None:
+            if hasattr(backend.proxy.transport, "wait_s"):  # its proxy died with it: no admin call waits for it
+                backend.proxy.transport.wait_s = 0.0
             raise SupervisorLost(f"the supervisor {supervisor.pid} of {supervisor.folder} died: {exc}") from exc
         if plane.crashes:
             dead = ", ".join(f"cell {c} (exit code {code})" for c, code in sorted(plane.crashes.items()))

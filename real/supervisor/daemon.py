@@ -10,15 +10,16 @@ it listens). Requests (``{"token", "op", ...}``), one answer line each:
 | op      | fields                         | answer                                                   |
 |---------|--------------------------------|----------------------------------------------------------|
 | renew   |                                | the lease is renewed                                     |
-| spawn   | key, argv, env, cwd, log       | the key's entry, and whether it started now (below)      |
+| spawn   | key, argv, env, cwd, log, again? | the key's entry, and whether it started now (below)    |
 | status  | key                            | the key's entry, or null                                 |
 | list    |                                | every entry                                              |
 | wait    | key, timeout_s                 | the entry once it is no longer running, or at timeout    |
 | kill    | key, grace_s                   | the entry once its process group is gone (TERM, then KILL) |
 | stop    |                                | every process group stopped, then the daemon exits       |
 
-``spawn`` starts a key unknown, lost or killed; a key running or ended by
-itself is answered as it is (a resumed driver attaches to it). Each spawned
+``spawn`` starts a key unknown, lost or killed (with ``again``: any key not
+running, a service such as the proxy restarted after a crash); a key running
+or ended by itself is answered as it is (a resumed driver attaches to it). Each spawned
 process runs in its own session (its process group id is its pid) with a
 parent-death signal tied to the daemon, so a killed daemon takes its
 processes with it (a lost supervisor's executions are re-run, never left
@@ -146,7 +147,8 @@ class Supervisor:
         """Start the request's process unless its key runs or ended (then: its entry, False: an attach)."""
         key = str(request["key"])
         known = self.ledger.entries.get(key)
-        if known is not None and known.state != LOST and not known.killed:
+        again = bool(request.get("again", False)) and known is not None and known.state != RUNNING
+        if known is not None and known.state != LOST and not known.killed and not again:
             return known, False  # idempotent: a resumed driver asking again attaches to the same process
         argv, env, cwd = [str(a) for a in request["argv"]], dict(request["env"]), str(request["cwd"])
         with open(request["log"], "ab") as log:

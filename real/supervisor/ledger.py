@@ -139,3 +139,18 @@ class Ledger:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def restarts(records: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per key started more than once, why each earlier run did not count: its supervisor was lost (the
+    reason recorded) or a driver cut it (cancelled or timed out)."""
+    last: dict[str, dict[str, Any]] = {}
+    found: dict[str, list[str]] = {}
+    for record in records:
+        key, before = record.get("key"), last.get(record.get("key"))
+        if record.get("kind") == "started" and before is not None:
+            why = before.get("reason", "lost") if before["kind"] == "lost" else \
+                "cut by a driver (cancelled or timed out)" if before.get("killed") else "ended by itself"
+            found.setdefault(str(key), []).append(why)
+        last[key] = record
+    return found

@@ -58,6 +58,10 @@ def test_schedule_overrides_apply_on_top_of_the_preset(tmp_path):
     ("[job]\nharness_timeout_s = 100.0\noverall_timeout_s = 50.0\n", "harness_timeout_s <= overall_timeout_s"),
     ("[job]\ncell_restarts = -1\n", "cell_restarts must be an integer >= 0"),
     ("[job]\ncell_restarts = true\n", "cell_restarts must be an integer >= 0"),
+    ("[job]\nsupervisor_grace_s = -5\n", "supervisor_grace_s must be a number of seconds >= 0"),
+    ("[job]\nsupervisor_grace_s = \"long\"\n", "supervisor_grace_s must be a number of seconds >= 0"),
+    ("[job]\nsupervisor_grace_s = nan\n", "supervisor_grace_s must be a number of seconds >= 0"),
+    ("[job]\nsupervisor_grace_s = inf\n", "finite: the supervisor must stop a run"),
     ("[job]\nwandb = \"online\"\n", "wandb must be \"offline\" or"),
     ("[job]\nwandb = true\n", "wandb must be \"offline\" or"),
 ])

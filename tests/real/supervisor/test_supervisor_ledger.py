@@ -19,7 +19,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from hypothesis_budget import examples
 
-from gyre.real.supervisor.ledger import ENDED, LOST, RUNNING, Ledger, LedgerError, fold, read_ledger, read_records
+from gyre.real.supervisor.ledger import (
+    ENDED,
+    LOST,
+    RUNNING,
+    Ledger,
+    LedgerError,
+    fold,
+    read_ledger,
+    read_records,
+    restarts,
+)
 
 KEYS = st.sampled_from(["x0", "x1", "x2", "proxy"])
 
@@ -104,3 +114,13 @@ def test_a_damaged_line_before_the_last_is_named(tmp_path):
 def test_an_unknown_kind_is_named():
     with pytest.raises(LedgerError, match="record 1: unknown kind 'paused'"):
         fold([{"kind": "paused", "key": "x1"}])
+
+
+def test_restarts_name_why_each_earlier_run_did_not_count():
+    started = {"kind": "started", "pid": 1, "started_unix_s": 1.0, "started_mono_s": 1.0}
+    ended = {"kind": "ended", "exit_code": -15, "ended_unix_s": 2.0, "ended_mono_s": 2.0}
+    records = [dict(started, key="x1"), {"kind": "lost", "key": "x1", "reason": "its supervisor is gone (pid 7)"},
+               dict(started, key="x1"), dict(ended, key="x1", killed=True), dict(started, key="x1"),
+               dict(started, key="x2"), dict(ended, key="x2")]
+    assert fold(records)["x1"].starts == 3
+    assert restarts(records) == {"x1": ["its supervisor is gone (pid 7)", "cut by a driver (cancelled or timed out)"]}
