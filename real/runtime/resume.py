@@ -35,9 +35,15 @@ executions still running at P:
   logged is reported ``completed``: the harness's exit code is not durable);
 - its group was ready or dropped at P (the core had cancelled it): reported
   ``cancelled``;
-- otherwise (still running at the crash): **re-run** under its own id from
-  the start. Its partial records and workspace are *kept*, moved to
-  ``attempts/{n}/records`` and ``attempts/{n}/executions``; they are not
+- otherwise the run's supervisor ledger (``real.supervisor``, read through
+  ``client.executions_view``) decides: its harness still running under a
+  live supervisor: **re-attached** (the resumed runner attaches to the same
+  process; its records and workspace stay in place); ended by itself while
+  no driver ran: **re-admitted** with its true exit code and times; lost with
+  its supervisor, cut by a driver of the discarded attempt, or never run
+  under a supervisor: **re-run** under its own id from the start, the reason
+  in ``reasons``. A re-run's partial records and workspace are *kept*, moved
+  to ``attempts/{n}/records`` and ``attempts/{n}/executions``; they are not
   trained on (the re-run's records are the execution's trajectory).
 
 Events after P are discarded from the resumed log (they stay, with the whole
@@ -45,10 +51,12 @@ journal of the killed attempt, in ``attempts/{n}/events.jsonl``) and their
 steps are redone from the checkpoint, so no group is trained twice in the
 model's lineage. Executions dispatched after P (new group ids) are dispatched
 again by the resumed core under the same ids; what they left is moved aside
-the same way. ``prepare_folder`` does those moves (and moves aside the
-discarded lineage's published folders, its half-written checkpoints, the
-stale micro-step queue and the ``metrics.jsonl`` lines of redone steps) and
-writes ``attempts/{n}/resume.json`` with the plan.
+the same way, unless a live supervisor runs their harness or saw it end by
+itself (the resumed runner attaches to it: ``_kept``). ``prepare_folder``
+does those moves (and moves aside the discarded lineage's published folders,
+its half-written checkpoints, the stale micro-step queue and the
+``metrics.jsonl`` lines of redone steps) and writes
+``attempts/{n}/resume.json`` with the plan.
 
 Refused with ``ResumeError`` naming the problem, touching nothing: a folder
 that does not exist or is not a run (no ``job.json`` / journal), a finished
