@@ -214,6 +214,11 @@ class JobParts:
             engines.wait_healthy(name, timeout=300)
         return model
 
+    def _client(self) -> SupervisorClient:
+        if self.supervisor is None:
+            raise RuntimeError("JobParts: the supervisor starts before the proxy and the harnesses")
+        return self.supervisor
+
     def _adoptable_proxy_ports(self) -> dict[str, int]:
         """The engine ports of the proxy a killed attempt left running under the supervisor (a resume
         adopts it); empty when there is none to adopt."""
@@ -231,18 +236,18 @@ class JobParts:
 
         if self._adoptable_proxy_ports():  # its harnesses' calls wait in it: same port, keys and records
             config = config_from_mapping(json.loads((self.work / "proxy" / "proxy.json").read_text()))
-            proxy = self.proxy = SupervisedProxy(config, self.work / "proxy", self.supervisor,
-                                                 progress=self.say).adopt()
+            adopted = self.proxy = SupervisedProxy(config, self.work / "proxy", self._client(),
+                                                   progress=self.say).adopt()
             self.proxy_url = f"http://127.0.0.1:{config.port}"
-            self.say(f"proxy {proxy.pid} adopted from the supervisor on {self.proxy_url}")
-            return proxy
+            self.say(f"proxy {adopted.pid} adopted from the supervisor on {self.proxy_url}")
+            return adopted
 
         config = ProxyConfig(model_path=str(model), records_dir=str(self.work / "records"), admin_token=ADMIN_TOKEN,
                              engines=tuple(ProxyEngine(id=n, url=engines.engines[n].url)
                                            for n in self.names.values()),
                              port=free_port(), fsync=False, limits=Limits(default_max_tokens=self.job.max_tokens),
                              retry=RetryPolicy(hold_s=ENGINE_HOLD_S))
-        proxy = self.proxy = SupervisedProxy(config, self.work / "proxy", self.supervisor, progress=self.say).start()
+        proxy = self.proxy = SupervisedProxy(config, self.work / "proxy", self._client(), progress=self.say).start()
         self.proxy_url = f"http://127.0.0.1:{config.port}"
         return proxy
 
