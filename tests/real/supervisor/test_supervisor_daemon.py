@@ -10,7 +10,8 @@ a short lease where the test waits for it) and real child processes:
   grace, the process and the supervisor are gone;
 - a SIGKILLed supervisor takes its processes with it; the next one marks them
   lost, and ``executions_view`` reads them as lost with the reason;
-- ``gyre stop RUN_DIR`` stops the supervisor and what it owns;
+- ``gyre stop RUN_DIR`` sends SIGTERM to the driver holding the folder and stops the supervisor and
+  what it owns;
 - a second daemon on the same folder refuses to start; a request without the
   token is refused and starts nothing; a malformed line gets an error answer.
 """
@@ -137,13 +138,32 @@ def test_a_killed_supervisor_takes_its_processes_and_its_successor_marks_them_lo
     successor.stop()
 
 
-def test_gyre_stop_stops_the_supervisor_and_what_it_owns(tmp_path, supervisors, capsys):
+HOLDING_DRIVER = """
+import sys, time
+from pathlib import Path
+from gyre.real.runtime.resume import hold_run_lock
+lock = hold_run_lock(Path(sys.argv[1]))  # what a live gyre run holds
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+def test_gyre_stop_stops_the_driver_the_supervisor_and_what_it_owns(tmp_path, supervisors, capsys):
     client, _ = start_or_reuse(tmp_path / "run" / "supervisor", grace_s=60)
     supervisors.append(client)
     entries = [spawn(client, f"x{n}", SLEEPER, tmp_path)[0] for n in range(2)]
-    assert main(["stop", str(tmp_path / "run")]) == 0
-    assert f"supervisor {client.pid}: stopped" in capsys.readouterr().out
+    driver = subprocess.Popen([sys.executable, "-c", HOLDING_DRIVER, str(tmp_path / "run")], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert driver.stdout.readline().strip() == "holding"
+        assert main(["stop", str(tmp_path / "run")]) == 0
+        out = capsys.readouterr().out
+        assert f"driver {driver.pid}: SIGTERM" in out and f"supervisor {client.pid}: stopped" in out
+        assert driver.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        driver.kill()
     assert not alive(client.pid) and not any(alive(e.pid) for e in entries)
+    assert main(["stop", str(tmp_path / "run")]) == 0 and "no live driver or supervisor" in capsys.readouterr().out
     assert main(["stop", str(tmp_path / "nowhere")]) == 2
 
 
