@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gyre.real.supervisor.daemon import LEASE_S, LOG_NAME, STATE_NAME
+from gyre.real.supervisor.daemon import LEASE_S, LOG_NAME, REQUEST_LIMIT, STATE_NAME
 from gyre.real.supervisor.ledger import Entry
 
 SUPERVISOR_DIR = "supervisor"  # under the run folder
@@ -87,7 +87,8 @@ class SupervisorClient:
     async def acall(self, op: str, timeout: float = CALL_TIMEOUT_S, **fields: Any) -> Any:
         """One request on the event loop; SupervisorGone if it does not answer within ``timeout``."""
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port), timeout)
+            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port,
+                                                                            limit=REQUEST_LIMIT), timeout)
             try:
                 writer.write(self._request(op, fields))
                 await writer.drain()

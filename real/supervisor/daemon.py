@@ -60,6 +60,7 @@ STATE_NAME = "supervisor.json"
 LOCK_NAME = "supervisor.lock"
 LOG_NAME = "supervisor.log"
 KILL_GRACE_S = 5.0
+REQUEST_LIMIT = 1 << 22  # one request line (a spawn carries the harness's environment); longer: refused
 
 
 class Supervisor:
@@ -82,7 +83,7 @@ class Supervisor:
 
     # ---- serving -------------------------------------------------------------------------
     async def serve(self) -> None:
-        server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        server = await asyncio.start_server(self._connection, "127.0.0.1", 0, limit=REQUEST_LIMIT)
         port = server.sockets[0].getsockname()[1]
         _write_private(self.folder / STATE_NAME, {"pid": os.getpid(), "port": port, "token": self.token,
                                                   "grace_s": self.grace_s, "lease_s": self.lease_s})
@@ -105,8 +106,8 @@ class Supervisor:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            line = await reader.readline()
             try:
+                line = await reader.readline()
                 request = json.loads(line)
                 if not isinstance(request, dict) or request.get("token") != self.token:
                     raise PermissionError("bad or missing token")

@@ -13,7 +13,7 @@ a short lease where the test waits for it) and real child processes:
 - ``gyre stop RUN_DIR`` sends SIGTERM to the driver holding the folder and stops the supervisor and
   what it owns;
 - a second daemon on the same folder refuses to start; a request without the
-  token is refused and starts nothing; a malformed line gets an error answer.
+  token is refused and starts nothing; a malformed or oversized line gets an error answer.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import pytest
 
 from gyre.cli import main
 from gyre.real.supervisor.client import SupervisorClient, executions_view, start_or_reuse
+from gyre.real.supervisor.daemon import REQUEST_LIMIT
 from gyre.real.supervisor.ledger import read_ledger
 
 try:
@@ -175,7 +176,8 @@ def test_one_supervisor_per_folder_and_hostile_requests_are_refused(tmp_path, su
     assert second.returncode == 3 and "already has a live supervisor" in second.stderr
     assert start_or_reuse(tmp_path / "sup", grace_s=60) == (client, True)
     for line in (json.dumps({"op": "spawn", "key": "x1", "argv": SLEEPER, "env": {}, "cwd": "/", "log": "/dev/null"}),
-                 "not json", json.dumps({"token": client.token, "op": "format-disk"})):
+                 "not json", json.dumps({"token": client.token, "op": "format-disk"}),
+                 json.dumps({"token": client.token, "op": "status", "key": "x" * REQUEST_LIMIT})):  # too long
         with socket.create_connection(("127.0.0.1", client.port), timeout=10) as sock:
             sock.sendall(line.encode() + b"\n")
             answer = json.loads(sock.makefile().readline())
