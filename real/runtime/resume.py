@@ -248,8 +248,13 @@ def plan_resume(run_dir: str | os.PathLike) -> ResumePlan:
                       len(journal.events) - position, journal.torn, core, actions,
                       attempt=len(list((work / "attempts").glob("*"))) + 1 if (work / "attempts").is_dir() else 1)
     from gyre.real.supervisor.client import SUPERVISOR_DIR, executions_view
+    from gyre.real.supervisor.ledger import LedgerError
 
-    plan.supervised, plan.supervisor = executions_view(work / SUPERVISOR_DIR)
+    try:
+        plan.supervised, plan.supervisor = executions_view(work / SUPERVISOR_DIR)
+    except LedgerError as exc:
+        raise ResumeError(f"{run_dir}: the supervisor's ledger ({SUPERVISOR_DIR}/ledger.jsonl) is damaged: {exc}") \
+            from None
     _sort_executions(plan, journal.events[position:])
     return plan
 

@@ -67,7 +67,19 @@ def fold(records: Iterable[dict[str, Any]]) -> dict[str, Entry]:
 
 def step(state: dict[str, Entry], record: dict[str, Any], n: int = 0) -> Entry:
     """The entry of ``record``'s key once ``record`` (the ``n``-th) is applied to ``state``; LedgerError if
-    it breaks the invariants."""
+    it breaks the invariants or lacks a field (or one has the wrong type)."""
+    if not isinstance(record, dict) or not isinstance(record.get("key"), str):
+        raise LedgerError(f"ledger record {n}: not an object with a string key: {str(record)[:80]}")
+    try:
+        return _step(state, record, n)
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, LedgerError):
+            raise
+        raise LedgerError(f"ledger record {n} ({record.get('kind')} {record['key']}): bad or missing field: "
+                          f"{type(exc).__name__}: {exc}") from None
+
+
+def _step(state: dict[str, Entry], record: dict[str, Any], n: int) -> Entry:
     kind, key = record.get("kind"), record.get("key")
     last = state.get(key)
     if kind == "started":

@@ -182,6 +182,8 @@ def test_without_a_complete_checkpoint_the_run_starts_over_keeping_what_it_recor
     (lambda work: (work / "job.json").unlink(), "is not a gyre run folder"),
     (lambda work: (work / "summary.json").write_text("{}"), "is a finished run"),
     (lambda work: (work / "log" / "events.jsonl").write_text("{garbage\n" * 3), "event journal is damaged"),
+    (lambda work: (work / "supervisor").mkdir() or (work / "supervisor" / "ledger.jsonl").write_text(
+        '{"kind": "ended", "key": "x6"}\n'), "is damaged: ledger record 1: x6 ended"),
 ])
 def test_a_folder_that_cannot_be_resumed_is_refused_naming_the_problem(killed_run, tmp_path, damage, message,
                                                                         capsys):

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from hypothesis_budget import examples
@@ -124,3 +124,24 @@ def test_restarts_name_why_each_earlier_run_did_not_count():
                dict(started, key="x2"), dict(ended, key="x2")]
     assert fold(records)["x1"].starts == 3
     assert restarts(records) == {"x1": ["its supervisor is gone (pid 7)", "cut by a driver (cancelled or timed out)"]}
+
+
+FIELD = st.one_of(st.none(), st.integers(-3, 3), st.floats(allow_nan=True), st.text(max_size=3), st.booleans())
+RECORD = st.one_of(
+    st.fixed_dictionaries({"kind": st.sampled_from(["started", "ended", "lost", "other"]), "key": KEYS},
+                          optional={"pid": FIELD, "started_unix_s": FIELD, "started_mono_s": FIELD,
+                                    "exit_code": FIELD, "ended_unix_s": FIELD, "ended_mono_s": FIELD,
+                                    "killed": FIELD, "reason": FIELD}),
+    st.integers(), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), FIELD, max_size=3))
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(records=st.lists(RECORD, max_size=8))
+def test_any_ledger_content_folds_or_names_the_bad_record(records):
+    """A ledger file is outside input (hand-edited, damaged): fold gives a state or one LedgerError, nothing else."""
+    try:
+        state = fold(records)
+    except LedgerError as exc:
+        assert str(exc).startswith("ledger record ")
+        return
+    assert all(e.state in (RUNNING, ENDED, LOST) for e in state.values())
