@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gyre.paper_figs.cli",
     "gyre.real.proxy.cli",
     "gyre.real.runtime.cli",
+    "gyre.real.supervisor.cli",
 )
 
 

@@ -39,8 +39,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+from gyre.ids import execution_id
 from gyre.real.runtime.lifetime import die_with_parent
 
 from gyre.real.harness.sandbox import (HostBridge, choose_isolation, hidden_paths, mountns_problem,
@@ -180,8 +181,12 @@ class HarnessRunner:
     ``$GYRE_SANDBOX_HIDE``) covered where a mount namespace can be made. Call ``close()`` after the last run."""
 
     def __init__(self, root: str | Path, base_url: str, adapter: HarnessAdapter, budgets: Budgets = Budgets(),
-                 isolate: str = "auto", hide: list[str | os.PathLike] = ()) -> None:
+                 isolate: str = "auto", hide: list[str | os.PathLike] = (), supervisor: Any = None) -> None:
         self.root, self.base_url, self.adapter, self.budgets = Path(root), base_url, adapter, budgets
+        self.supervisor = supervisor  # a supervisor.client.SupervisorClient: harnesses outlive this process
+        self.attached: dict[int, int] = {}  # execution -> pid of the harness a resumed run attached to
+        self._supervised: set[int] = set()
+        self._supervised_bridge: Any = None  # supervisor.services.BridgeAddress
         self.isolated = choose_isolation(isolate, base_url)
         self.hide = list(dict.fromkeys([*hidden_paths(list(hide)), *hidden_paths(None)]))
         self.hiding = False  # whether the hidden paths are really covered in each harness's view
@@ -207,35 +212,88 @@ class HarnessRunner:
             (workspace / name).write_text(text)
         return workspace, home
 
+    def _command(self, execution: int, task: Task, key: str, bridge: HostBridge | None,
+                 ) -> tuple[Path, list[str], dict[str, str]]:
+        """The execution's sandbox made, and its workspace, command line (sandboxed when ``bridge``) and
+        environment; FileNotFoundError when a sandboxed harness's executable is missing."""
+        workspace, home = self.sandbox(execution, task)
+        argv, extra = self.adapter.command(task, self.base_url, key, home)
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "LANG": "C.UTF-8", **extra}
+        env.update({k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "VIRTUAL_ENV")})
+        if bridge is not None:
+            require_executable(argv[0], workspace, env["PATH"])
+        command = argv if bridge is None else sandbox_argv(argv, bridge.path, bridge.port, hide=self.hide)
+        return workspace, command, env
+
     async def run(self, execution: int, task: Task, key: str) -> ExecutionResult:
+        if self.supervisor is not None:
+            return await self._run_supervised(execution, task, key)
         bridge = await self._started_bridge() if self.isolated else None
         async with self._starting():  # one start at a time: the loop serves what else is due between two
-            workspace, home = self.sandbox(execution, task)
-            argv, extra = self.adapter.command(task, self.base_url, key, home)
-            env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "LANG": "C.UTF-8", **extra}
-            env.update({k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "VIRTUAL_ENV")})
+            workspace = self.root / f"exec-{execution}" / "workspace"
             started = time.monotonic()
-            log = open(workspace.parent / "harness.log", "ab")
+            log = None
             try:
-                if bridge is not None:
-                    require_executable(argv[0], workspace, env["PATH"])
-                command = argv if bridge is None else sandbox_argv(argv, bridge.path, bridge.port, hide=self.hide)
+                workspace, command, env = self._command(execution, task, key, bridge)
+                log = open(workspace.parent / "harness.log", "ab")
                 # stdin closed: ``codex exec`` reads a piped stdin to its end before it starts
                 proc = await asyncio.create_subprocess_exec(*command, cwd=workspace, env=env,
                                                             stdin=asyncio.subprocess.DEVNULL, stdout=log,
                                                             stderr=asyncio.subprocess.STDOUT, start_new_session=True,
                                                             preexec_fn=die_with_parent)
             except OSError as exc:
-                log.write(f"could not start {argv[0]}: {exc}\n".encode())
-                log.close()
-                return ExecutionResult(execution, "failed", None, workspace, started, time.monotonic(),
-                                       self.isolated)
+                return self._start_failed(execution, workspace, started, exc, log)
         self._procs[execution] = proc
         outcome = await self._wait(execution, proc)
         log.close()
         self._procs.pop(execution, None)
         return ExecutionResult(execution, outcome, proc.returncode, workspace, started, time.monotonic(),
                                self.isolated)
+
+    def _start_failed(self, execution: int, workspace: Path, started: float, exc: OSError, log=None) -> ExecutionResult:
+        """A harness that could not start: ``failed``, with the reason in its ``harness.log``."""
+        workspace.parent.mkdir(parents=True, exist_ok=True)
+        with open(workspace.parent / "harness.log", "ab") if log is None else log as out:
+            out.write(f"could not start {getattr(exc, 'filename', None) or 'the harness'}: {exc}\n".encode())
+        return ExecutionResult(execution, "failed", None, workspace, started, time.monotonic(), self.isolated)
+
+    async def _run_supervised(self, execution: int, task: Task, key: str) -> ExecutionResult:
+        """Run (or attach to) the execution's harness under the supervisor: a harness it already runs or
+        ran under this id by itself is attached to, never started again (its sandbox is not touched either)."""
+        name = execution_id(execution)
+        workspace = self.root / f"exec-{execution}" / "workspace"
+        entry = await self.supervisor.status(name)
+        if entry is None or entry.state == "lost" or entry.killed:  # never ran, or its run was cut: start it
+            bridge = await self._started_bridge() if self.isolated else None
+            async with self._starting():
+                started = time.monotonic()
+                try:
+                    workspace, command, env = self._command(execution, task, key, bridge)
+                except OSError as exc:
+                    return self._start_failed(execution, workspace, started, exc)
+                entry, _ = await self.supervisor.spawn(name, command, env, workspace,
+                                                       workspace.parent / "harness.log")
+        else:
+            self.attached[execution] = entry.pid
+        self._supervised.add(execution)
+        outcome, entry = await self._wait_supervised(execution, entry)
+        self._supervised.discard(execution)
+        return ExecutionResult(execution, outcome, entry.exit_code, workspace, entry.started_mono_s,
+                               entry.ended_mono_s if entry.ended_mono_s is not None else time.monotonic(),
+                               self.isolated)
+
+    async def _wait_supervised(self, execution: int, entry) -> tuple[str, Any]:
+        """Its outcome and final entry; killed at the harness timeout counted from its true start."""
+        name = execution_id(execution)
+        left = self.budgets.harness_timeout_s - (time.monotonic() - entry.started_mono_s)
+        try:
+            entry = await asyncio.wait_for(self.supervisor.wait(name), max(left, 0.0))
+        except TimeoutError:
+            entry = await self.supervisor.kill(name, self.budgets.grace_s)
+            return ("cancelled" if execution in self._cancelled else "harness_timeout"), entry
+        if execution in self._cancelled or entry.state == "lost":
+            return "cancelled" if execution in self._cancelled else "failed", entry
+        return ("completed" if entry.exit_code == 0 else "failed"), entry
 
     def _starting(self) -> asyncio.Lock:
         """This event loop's start lock (a runner may serve one loop after another, as the bridge does)."""
@@ -245,7 +303,15 @@ class HarnessRunner:
         return self._start_lock[1]
 
     async def _started_bridge(self) -> HostBridge:
-        """The host side of the sandbox bridge, started once per event loop."""
+        """The host side of the sandbox bridge, started once per event loop (under a supervisor: its
+        bridge service, which outlives this process as the harnesses do)."""
+        if self.supervisor is not None:
+            from gyre.real.supervisor.services import bridge_service
+
+            async with self._starting():
+                if self._supervised_bridge is None:
+                    self._supervised_bridge = await asyncio.to_thread(bridge_service, self.supervisor, self.base_url)
+            return self._supervised_bridge
         if self._bridge_start is None or self._bridge_start.get_loop() is not asyncio.get_running_loop():
             self._bridge = HostBridge(self.base_url)
             self._bridge_start = asyncio.ensure_future(self._bridge.start())
@@ -274,6 +340,15 @@ class HarnessRunner:
         if proc is not None:
             self._cancelled.add(execution)
             await self._kill(proc)
+        elif execution in self._supervised:
+            self._cancelled.add(execution)
+            await self.supervisor.kill(execution_id(execution), self.budgets.grace_s)
+
+    async def stop_supervised(self, execution: int) -> None:
+        """Stop the execution's harness if its supervisor still runs it (a resumed run's cancelled one)."""
+        entry = await self.supervisor.status(execution_id(execution))
+        if entry is not None and entry.state == "running":
+            await self.supervisor.kill(execution_id(execution), self.budgets.grace_s)
 
     async def _kill(self, proc: asyncio.subprocess.Process) -> None:
         for sig in (signal.SIGTERM, signal.SIGKILL):

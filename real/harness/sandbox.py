@@ -197,8 +197,10 @@ def sandbox_argv(argv: list[str], unix_path: Path, port: int,
 class HostBridge:
     """Listens on a Unix socket and pipes each connection to the proxy's TCP address."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, folder: str | os.PathLike | None = None) -> None:
+        """``folder``: where its socket goes (a supervised bridge's fixed place); default a fresh temporary one."""
         self.host, self.port = proxy_address(base_url)
+        self.folder = folder
         self.path: Path | None = None
         self._server = None
         self._open: set = set()
@@ -207,9 +209,11 @@ class HostBridge:
     async def start(self) -> None:
         import asyncio  # here only: the namespace side imports this module and must start fast
 
-        folder = tempfile.mkdtemp(prefix="gyre-bridge-")  # short: a socket path must fit 108 bytes
+        folder = self.folder or tempfile.mkdtemp(prefix="gyre-bridge-")  # short: a socket path must fit 108 bytes
+        os.makedirs(folder, mode=0o700, exist_ok=True)
         self._remove = weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)  # at close() or exit
         self.path = Path(folder) / "proxy.sock"
+        self.path.unlink(missing_ok=True)  # a bridge before this one that was killed left its socket
         try:
             self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
         except OSError as exc:

@@ -121,9 +121,17 @@ class Executions:
                 self.ctx.spawn(self.ctx.parts.runner.cancel(x))
 
     async def stop(self) -> None:
-        """Cancel the harnesses still running (the run is over)."""
+        """Cancel the harnesses still running (the run is over). Under a supervisor only the waits end: the
+        harnesses are the supervisor's, which the job stops at a clean end and keeps for a resume otherwise."""
         for x in list(self.running):
-            await self.ctx.parts.runner.cancel(x)
+            if self._supervised():
+                self.running[x].cancel()
+            else:
+                await self.ctx.parts.runner.cancel(x)
+
+    def _supervised(self) -> bool:
+        """The harnesses run under the run's supervisor (``real.supervisor``; a runner without one: no)."""
+        return getattr(self.ctx.parts.runner, "supervisor", None) is not None
 
     # ---- one execution -----------------------------------------------------------------
     def _set_up_task(self, g: int) -> bool:
@@ -159,6 +167,8 @@ class Executions:
                 raise RuntimeError(f"execution {x}: neither its keys' future nor a harness result to take")
             key = (await keys)[execution_id(x)]
             exited = await self.ctx.parts.runner.run(x, self._tasks[g], key)
+            if x in getattr(self.ctx.parts.runner, "attached", ()):  # one the crashed driver started: its true start
+                self._start_s.pop(x, None)
         self.running.pop(x, None)
         self.proxy.finished(x)
         calls = await self._read_calls(x)
@@ -266,7 +276,10 @@ class Executions:
         return True
 
     def cancelled_before(self, x: int) -> None:
-        """An execution the resumed core had cancelled: it reports cancelled."""
+        """An execution the resumed core had cancelled: it reports cancelled (its harness, if a supervisor
+        still runs it, is stopped)."""
+        if self._supervised():
+            self.ctx.spawn(self.ctx.parts.runner.stop_supervised(x))
         self.ctx.metrics.outcomes[x] = "cancelled"
         self._closed[x // self.ctx.cfg.group_size] += 1
         self.ctx.report(ev.ExecutionFinished, execution=x, outcome="cancelled")

@@ -113,6 +113,9 @@ def run_job(job: JobConfig, progress: Callable[[str], None] | None = None,
     try:
         log_dir = run.build(watch).run()
         return _summarise(job, run, log_dir)
+    except Exception:  # a crash or a dead cell: the harnesses stay with the supervisor for a resume to attach to
+        run.keep_supervisor = True
+        raise
     finally:
         run.close()
 
@@ -158,6 +161,7 @@ def _summarise(job: JobConfig, run: JobParts, log_dir: Path) -> dict[str, Any]:
         "backend_errors": backend.errors + (supervisor.errors if supervisor else []),
         "engine_restarts": supervisor.restarts if supervisor else [],
         "proxy_restarts": proxy.restarts if proxy is not None else [], "trace": str(trace_path) if trace_path else None,
+        "resumes": _resumes(work), "supervisor": _supervision(work, backend.parts.runner),
         "log": str(log_dir), "timings": timings, "config": job_to_table(job),
     }
     if summary["reward_curve"]:
@@ -169,6 +173,24 @@ def _summarise(job: JobConfig, run: JobParts, log_dir: Path) -> dict[str, Any]:
     summary["prediction"] = _predict(work)
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
+
+
+def _resumes(work: Path) -> list[dict[str, Any]]:
+    """Per resume of this run (``attempts/{n}/resume.json``): executions re-attached, re-run (and why) and
+    re-admitted."""
+    keys = ("attempt", "version", "reattached", "rerun", "rerun_reasons", "readmitted", "cancelled", "supervisor")
+    found = sorted((work / "attempts").glob("*/resume.json"), key=lambda p: int(p.parent.name)) \
+        if (work / "attempts").is_dir() else []
+    return [{k: v for k, v in json.loads(p.read_text()).items() if k in keys} for p in found]
+
+
+def _supervision(work: Path, runner) -> dict[str, Any]:
+    """What the run's supervisor ledger says was started again and why (``supervisor.ledger.restarts``), and
+    the harnesses this attempt attached to (execution: pid)."""
+    from gyre.real.supervisor.ledger import read_records, restarts
+
+    return {"restarted": restarts(read_records(work / "supervisor" / "ledger.jsonl")),
+            "attached": {str(x): pid for x, pid in sorted(getattr(runner, "attached", {}).items())}}
 
 
 def _predict(work: Path) -> dict[str, Any]:

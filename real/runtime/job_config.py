@@ -194,6 +194,8 @@ class HarnessSection:
     harness_timeout_s: float = 600.0  # a harness is killed here; its work is still scored
     overall_timeout_s: float = 900.0  # harness + evaluation retries; past it the execution is excluded
     isolate: str = "auto"  # each harness in its own loopback-only network namespace: auto | always | never
+    supervisor_grace_s: float = spec(300.0, minimum=0)  # the supervisor stops the harnesses this long after its
+    # lease expired (real.supervisor; finite: nothing is left running when no driver comes back)
 
     def __post_init__(self) -> None:
         if self.isolate not in ISOLATE_MODES:

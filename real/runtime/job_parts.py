@@ -10,9 +10,17 @@ writes the event log; ``close()`` stops whatever was started, in reverse
 order, whatever failed. Every step reads the job's configuration and does the
 I/O the configuration itself never does.
 
+The harnesses, their sandbox bridge and the proxy run under the run folder's
+supervisor (``real.supervisor``), started or reused right after the folder is
+opened: a resumed run adopts the proxy a killed attempt left (its engines come
+back on the ports the proxy knows) and attaches to the harnesses still running.
+
 Invariants: nothing starts before the layout is known to be runnable; every
 process started here is stopped by ``close`` (harnesses, engines, cells,
-proxy, placement) and the folder's lock released; the engine watch serves
+proxy, placement) and the folder's lock released, except, after a failure,
+what the supervisor owns (harnesses, bridge, proxy: kept for a resume, and
+stopped by the supervisor itself once its lease has been expired for the
+job's ``supervisor_grace_s``); the engine watch serves
 the backend (its newest publication, the one in flight, the proxy's gate)
 only once both exist.
 """
@@ -37,6 +45,7 @@ from gyre.real.runtime.controller import Controller
 from gyre.real.runtime.engine_watch import EngineWatch
 from gyre.real.runtime.metrics import LiveMetrics
 from gyre.real.runtime.proxy_process import ProxyProcess
+from gyre.real.supervisor.client import LeaseRenewer, SupervisorClient
 
 if TYPE_CHECKING:
     from gyre.real.cluster.placement import Placement
@@ -55,6 +64,11 @@ SMALL_ENGINE = ("--mem-fraction-static", "0.05", "--max-total-tokens", "16384", 
 class CellFailed(RuntimeError):
     """A training cell's process died during the run (the message names the cells and exit codes);
     ``gyre run`` resumes the run from its last checkpoint, up to ``cell_restarts`` times."""
+
+
+class SupervisorLost(CellFailed):
+    """The run's supervisor died (its harnesses with it): ``gyre run`` resumes as after a dead cell, a new
+    supervisor re-runs those executions (``runtime.resume``: re-run, "its supervisor is gone")."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,9 @@ class JobParts:
         self.timings: dict[str, float] = {}
         self.cells: list[dict] = []
         self.lock: int | None = None
+        self.supervisor: SupervisorClient | None = None  # the folder's supervisor (real.supervisor)
+        self.lease: LeaseRenewer | None = None
+        self.keep_supervisor = False  # close(): keep it (and its harnesses) for a resume to attach to
         # what ``close`` stops: each None until its step has started it (a build can fail part-way)
         self.plane: TrainingPlane | None = None
         self.engines: EngineManager | None = None
@@ -95,7 +112,10 @@ class JobParts:
             raise ValueError(f"job layout: {self.layout.runnable_problem()}")
         from gyre.real.runtime.resume import open_run_folder
 
+        if self.resume is None:
+            stop_stale_supervisor(self.work)  # a killed run's harnesses on this folder: not this run's
         self.lock = open_run_folder(self.job, self.resume)  # fresh: wiped, job.json; resumed: old work moved aside
+        self._start_supervisor()
         t0 = time.monotonic()
         tokenizer, model_cfg = self._model()
         tasks, adapter = self._tasks()
@@ -114,6 +134,16 @@ class JobParts:
         if self._wired is None:
             raise RuntimeError("JobParts: build() has not finished, so there is nothing to run or summarise")
         return self._wired
+
+    def _start_supervisor(self) -> None:
+        """Start the folder's supervisor, or reuse the one a killed attempt left (its harnesses go on), and
+        renew its lease from a thread until ``close``."""
+        from gyre.real.supervisor.client import SUPERVISOR_DIR, LeaseRenewer, start_or_reuse
+
+        self.supervisor, reused = start_or_reuse(self.work / SUPERVISOR_DIR, self.job.harness.supervisor_grace_s)
+        self.lease = LeaseRenewer(self.supervisor).start()
+        self.say(f"supervisor {self.supervisor.pid} ({'reused' if reused else 'started'}; it stops the harnesses "
+                 f"{self.job.harness.supervisor_grace_s:g} s after this process stops renewing its lease)")
 
     def _model(self):
         """The tokenizer's folder and the cells' model: a Hugging Face checkpoint, or the tiny toy model."""
@@ -173,8 +203,10 @@ class JobParts:
             model = _initial_model(plane, tokenizer, self.work)
         for cell in range(self.cfg.static_train_cells):
             plane.send(cell, "enter_training").result()
+        ports = self._adoptable_proxy_ports()  # a resumed run's engines come back where the proxy waits for them
         for cell, name in self.names.items():
-            host, port = self.placement.engine_endpoint(name) if self.placement is not None else (HOST, free_port())
+            host, port = self.placement.engine_endpoint(name) if self.placement is not None \
+                else (HOST, ports.get(name) or free_port())
             extra = SMALL_ENGINE if self.layout is None else self.layout.engine_args(
                 cell, placed=self.placement is not None)
             engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=port, host=host,
@@ -184,16 +216,40 @@ class JobParts:
             engines.wait_healthy(name, timeout=300)
         return model
 
+    def _client(self) -> SupervisorClient:
+        if self.supervisor is None:
+            raise RuntimeError("JobParts: the supervisor starts before the proxy and the harnesses")
+        return self.supervisor
+
+    def _adoptable_proxy_ports(self) -> dict[str, int]:
+        """The engine ports of the proxy a killed attempt left running under the supervisor (a resume
+        adopts it); empty when there is none to adopt."""
+        from gyre.real.supervisor.services import PROXY_KEY, proxy_engine_ports, running
+
+        if self.resume is None or self.supervisor is None or not (self.work / "proxy" / "proxy.json").is_file() \
+                or running(self.supervisor, PROXY_KEY) is None:
+            return {}
+        return proxy_engine_ports(self.work / "proxy")
+
     def _start_proxy(self, engines: EngineManager, model: Path) -> ProxyProcess:
         from gyre.real.proxy.config import EngineSpec as ProxyEngine
-        from gyre.real.proxy.config import Limits, ProxyConfig, RetryPolicy
+        from gyre.real.proxy.config import Limits, ProxyConfig, RetryPolicy, config_from_mapping
+        from gyre.real.supervisor.services import SupervisedProxy
+
+        if self._adoptable_proxy_ports():  # its harnesses' calls wait in it: same port, keys and records
+            config = config_from_mapping(json.loads((self.work / "proxy" / "proxy.json").read_text()))
+            adopted = self.proxy = SupervisedProxy(config, self.work / "proxy", self._client(),
+                                                   progress=self.say).adopt()
+            self.proxy_url = f"http://127.0.0.1:{config.port}"
+            self.say(f"proxy {adopted.pid} adopted from the supervisor on {self.proxy_url}")
+            return adopted
 
         config = ProxyConfig(model_path=str(model), records_dir=str(self.work / "records"), admin_token=ADMIN_TOKEN,
                              engines=tuple(ProxyEngine(id=n, url=engines.engines[n].url)
                                            for n in self.names.values()),
                              port=free_port(), fsync=False, limits=Limits(default_max_tokens=self.job.proxy.max_tokens),
                              retry=RetryPolicy(hold_s=ENGINE_HOLD_S))
-        proxy = self.proxy = ProxyProcess(config, self.work / "proxy", progress=self.say).start()
+        proxy = self.proxy = SupervisedProxy(config, self.work / "proxy", self._client(), progress=self.say).start()
         self.proxy_url = f"http://127.0.0.1:{config.port}"
         return proxy
 
@@ -207,7 +263,9 @@ class JobParts:
                                job.harness.budgets(), isolate=job.harness.isolate,
                                hide=[work / "records", work / "records" / "keys.json",  # records, key digests
                                      work / "attempts",  # and what a resume moved aside (runtime.resume)
-                                     work / "proxy"])  # the proxy's config holds the admin token
+                                     work / "proxy",  # the proxy's config holds the admin token
+                                     work / "supervisor"],  # its port and token
+                               supervisor=self.supervisor)
         parts = Parts(proxy_url=self.proxy_url, admin_token=ADMIN_TOKEN, engines=engines,
                       engine_names=self.names, plane=plane, runner=runner, records_dir=work / "records",
                       checkpoint_dir=work / "checkpoints", task=tasks, watch=engine_watch,
@@ -216,6 +274,10 @@ class JobParts:
         backend = RealBackend(cfg, parts, seed=job.seed, token_budget=job.training.token_budget, progress=self.say,
                               steps=job.steps)
         engine_watch.serve(backend)  # from here on a dead engine comes back with the newest weights
+        if getattr(proxy, "adopted", False):  # what the killed attempt left in it: every engine serving again
+            for name in self.names.values():
+                backend.proxy.call_blocking("POST", f"/admin/engines/{name}/undrain")
+                backend.proxy.call_blocking("POST", f"/admin/engines/{name}/release")
         controller = Controller(cfg, backend, **controller_parts(self.resume, work / "log"))
         backend.bind(controller)
         redone = None if self.resume is None else self.resume.version + 1  # the first redone step
@@ -253,8 +315,16 @@ class JobParts:
 
     # ---- close ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop what was started, in reverse order; release the folder's lock."""
-        if self.proxy is not None:
+        """Stop what was started, in reverse order; release the folder's lock. The supervisor first, with the
+        harnesses it owns, unless ``keep_supervisor`` (a failed run: a resume attaches to them; its lease,
+        no longer renewed, bounds how long they wait for one)."""
+        if self.lease is not None:
+            self.lease.stop()
+        if self.supervisor is not None and not self.keep_supervisor:
+            self.supervisor.stop()
+        if self.proxy is not None and self.keep_supervisor and hasattr(self.proxy, "detach"):
+            self.proxy.detach()  # kept with the supervisor: the harnesses' calls wait in it for a resume
+        elif self.proxy is not None:
             self.proxy.stop()
         if self.watch is not None:
             self.watch.close()  # restarts nothing more; stops every engine, then the thread that launched restarts
@@ -281,10 +351,29 @@ async def _run_until_failure(controller, backend, plane, job, wiring) -> None:
                 raise RuntimeError(f"backend task failed: {backend.errors}")
         run.result()
     except Exception as exc:
+        supervisor = getattr(backend.parts.runner, "supervisor", None)
+        if supervisor is not None and SupervisorClient.find(supervisor.folder) is None:
+            if hasattr(backend.proxy.transport, "wait_s"):  # its proxy died with it: no admin call waits for it
+                backend.proxy.transport.wait_s = 0.0
+            raise SupervisorLost(f"the supervisor {supervisor.pid} of {supervisor.folder} died: {exc}") from exc
         if plane.crashes:
             dead = ", ".join(f"cell {c} (exit code {code})" for c, code in sorted(plane.crashes.items()))
             raise CellFailed(f"training {dead} died: {exc}") from exc
         raise
+
+
+def stop_stale_supervisor(work: Path) -> None:
+    """Stop a supervisor a killed run left on ``work`` (with its harnesses) before a fresh run wipes it;
+    ResumeError, touching nothing, when a live job holds the folder."""
+    from gyre.real.runtime.resume import refuse_if_held
+    from gyre.real.supervisor.client import SUPERVISOR_DIR
+
+    if not (work / SUPERVISOR_DIR).is_dir():
+        return
+    refuse_if_held(work)
+    stale = SupervisorClient.find(work / SUPERVISOR_DIR)
+    if stale is not None:
+        stale.stop()
 
 
 def _initial_model(plane, tokenizer_dir: Path, work: Path) -> Path:

@@ -34,10 +34,14 @@ A resumed run (``runtime.resume.ResumePlan``), in order:
 3. ``resume_actions(plan, backend)`` (the controller's ``resume`` callback,
    once reports can be queued): the outstanding ``Publish`` and
    ``BeginTransition`` actions are applied again in their original order;
-   executions already cancelled at P report ``cancelled``; re-admitted ones
-   run the backend's own finish path from their record
-   (``Executions.readmit``); re-run ones start again on the engine the core
-   placed them on (``on_start_executions``).
+   executions already cancelled at P report ``cancelled`` (a harness of
+   theirs the supervisor still runs is stopped); re-admitted ones run the
+   backend's own finish path from their record (``Executions.readmit``; with
+   the true exit code and times the supervisor's ledger holds, when it does);
+   re-attached and re-run ones start again on the engine the core placed them
+   on (``on_start_executions``): the harness runner asks the supervisor first
+   and attaches to a harness it still runs under that id (same pid, sandbox
+   and proxy key; its records go on in the same log).
 
 Only the parts' public methods are used here (``snapshot`` / ``restore``, and
 ``Executions``' resume methods); the actions go through the backend's own
@@ -201,19 +205,28 @@ def resume_actions(plan: ResumePlan, backend, gone: list[int]):
             backend.apply(a)
         for x in plan.cancelled:
             backend.executions.cancelled_before(x)
-        now = time.monotonic()
         for x, outcome in sorted(plan.readmit.items()):
-            backend.executions.readmit(x, ExecutionResult(x, outcome, 0, workspace_of(backend, x), now, now,
-                                                          backend.parts.runner.isolated))
+            backend.executions.readmit(x, _exited(plan, backend, x, outcome))
         placements = plan.core.placements()
-        rerun = tuple((x, placements[x]) for x in plan.rerun)
-        if rerun:
-            backend.on_start_executions(act.StartExecutions(rerun))
+        # re-run and re-attached alike: the runner asks the supervisor first, and attaches to what it runs
+        again = tuple((x, placements[x]) for x in sorted([*plan.rerun, *plan.reattach]))
+        if again:
+            backend.on_start_executions(act.StartExecutions(again))
         backend.progress(f"resumed at version {plan.version} (event {plan.position}): "
-                         f"{len(plan.rerun)} executions re-run, {len(plan.readmit)} re-admitted from their "
-                         f"records, {len(plan.cancelled)} cancelled; {plan.discarded} later events discarded")
+                         f"{len(plan.reattach)} executions re-attached, {len(plan.rerun)} re-run, "
+                         f"{len(plan.readmit)} re-admitted from their records, {len(plan.cancelled)} cancelled; "
+                         f"{plan.discarded} later events discarded")
 
     return apply
+
+
+def _exited(plan: ResumePlan, backend, x: int, outcome: str) -> ExecutionResult:
+    """A re-admitted execution's harness result: its true exit and times where its supervisor saw them."""
+    entry, now = plan.supervised.get(x), time.monotonic()
+    if entry is not None and entry.state == "ended":
+        return ExecutionResult(x, outcome, entry.exit_code, workspace_of(backend, x), entry.started_mono_s,
+                               entry.ended_mono_s, backend.parts.runner.isolated)
+    return ExecutionResult(x, outcome, 0, workspace_of(backend, x), now, now, backend.parts.runner.isolated)
 
 
 def controller_parts(plan: ResumePlan | None, log_dir: Path) -> dict:

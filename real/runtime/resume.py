@@ -35,9 +35,15 @@ executions still running at P:
   logged is reported ``completed``: the harness's exit code is not durable);
 - its group was ready or dropped at P (the core had cancelled it): reported
   ``cancelled``;
-- otherwise (still running at the crash): **re-run** under its own id from
-  the start. Its partial records and workspace are *kept*, moved to
-  ``attempts/{n}/records`` and ``attempts/{n}/executions``; they are not
+- otherwise the run's supervisor ledger (``real.supervisor``, read through
+  ``client.executions_view``) decides: its harness still running under a
+  live supervisor: **re-attached** (the resumed runner attaches to the same
+  process; its records and workspace stay in place); ended by itself while
+  no driver ran: **re-admitted** with its true exit code and times; lost with
+  its supervisor, cut by a driver of the discarded attempt, or never run
+  under a supervisor: **re-run** under its own id from the start, the reason
+  in ``reasons``. A re-run's partial records and workspace are *kept*, moved
+  to ``attempts/{n}/records`` and ``attempts/{n}/executions``; they are not
   trained on (the re-run's records are the execution's trajectory).
 
 Events after P are discarded from the resumed log (they stay, with the whole
@@ -45,10 +51,12 @@ journal of the killed attempt, in ``attempts/{n}/events.jsonl``) and their
 steps are redone from the checkpoint, so no group is trained twice in the
 model's lineage. Executions dispatched after P (new group ids) are dispatched
 again by the resumed core under the same ids; what they left is moved aside
-the same way. ``prepare_folder`` does those moves (and moves aside the
-discarded lineage's published folders, its half-written checkpoints, the
-stale micro-step queue and the ``metrics.jsonl`` lines of redone steps) and
-writes ``attempts/{n}/resume.json`` with the plan.
+the same way, unless a live supervisor runs their harness or saw it end by
+itself (the resumed runner attaches to it: ``_kept``). ``prepare_folder``
+does those moves (and moves aside the discarded lineage's published folders,
+its half-written checkpoints, the stale micro-step queue and the
+``metrics.jsonl`` lines of redone steps) and writes
+``attempts/{n}/resume.json`` with the plan.
 
 Refused with ``ResumeError`` naming the problem, touching nothing: a folder
 that does not exist or is not a run (no ``job.json`` / journal), a finished
@@ -157,6 +165,10 @@ class ResumePlan:
     cancelled: list[int] = field(default_factory=list)            # running at P, already cancelled by the core
     stopped: set[int] = field(default_factory=set)                # HarnessStopped before P, not finished
     attempt: int = 1                                              # attempts/{attempt}
+    reattach: list[int] = field(default_factory=list)             # running at P, its harness still running
+    reasons: dict[int, str] = field(default_factory=dict)         # why each re-run one is not re-attached
+    supervised: dict[int, Any] = field(default_factory=dict)      # the supervisor ledger's entry per execution
+    supervisor: int | None = None                                 # the live supervisor's pid (None: none)
 
     @property
     def version(self) -> int:
@@ -189,7 +201,8 @@ class ResumePlan:
         return {"attempt": self.attempt, "checkpoint": str(self.checkpoint) if self.checkpoint else None,
                 "version": self.version, "published": self.published, "events_kept": self.position,
                 "events_discarded": self.discarded, "torn": self.torn, "readmitted": self.readmit,
-                "rerun": self.rerun, "cancelled": self.cancelled,
+                "rerun": self.rerun, "rerun_reasons": {str(x): r for x, r in sorted(self.reasons.items())},
+                "reattached": self.reattach, "supervisor": self.supervisor, "cancelled": self.cancelled,
                 "outstanding": [a.as_dict() for a in self.outstanding()]}
 
 
@@ -235,6 +248,14 @@ def plan_resume(run_dir: str | os.PathLike) -> ResumePlan:
     plan = ResumePlan(work, job, checkpoint, manifest, position, journal.events[:position],
                       len(journal.events) - position, journal.torn, core, actions,
                       attempt=len(list((work / "attempts").glob("*"))) + 1 if (work / "attempts").is_dir() else 1)
+    from gyre.real.supervisor.client import SUPERVISOR_DIR, executions_view
+    from gyre.real.supervisor.ledger import LedgerError
+
+    try:
+        plan.supervised, plan.supervisor = executions_view(work / SUPERVISOR_DIR)
+    except LedgerError as exc:
+        raise ResumeError(f"{run_dir}: the supervisor's ledger ({SUPERVISOR_DIR}/ledger.jsonl) is damaged: {exc}") \
+            from None
     _sort_executions(plan, journal.events[position:])
     return plan
 
@@ -255,7 +276,28 @@ def _sort_executions(plan: ResumePlan, later: list[ev.Event]) -> None:
         elif x in plan.stopped:
             plan.readmit[x] = "completed"
         else:
-            plan.rerun.append(x)
+            _sort_by_supervisor(plan, x)
+
+
+def _sort_by_supervisor(plan: ResumePlan, x: int) -> None:
+    """An execution running at P whose end the journal does not hold: what its supervisor saw decides."""
+    entry = plan.supervised.get(x)
+    if entry is not None and entry.state == "running":
+        plan.reattach.append(x)
+    elif entry is not None and entry.state == "ended" and not entry.killed:
+        plan.readmit[x] = "completed" if entry.exit_code == 0 else "failed"  # its true exit, while the driver was down
+    else:
+        plan.rerun.append(x)
+        plan.reasons[x] = ("no supervisor ran it" if entry is None else entry.reason if entry.state == "lost"
+                           else "a driver of the discarded attempt cut it (cancelled or timed out)")
+
+
+def _kept(plan: ResumePlan) -> set[int]:
+    """Executions whose records and workspace stay in place: finished or re-admitted, or (re-attached, or
+    dispatched after P) run by a live supervisor, which a resumed run attaches to under the same id."""
+    supervised = {x for x, e in plan.supervised.items()
+                  if e.state == "running" or (e.state == "ended" and not e.killed)}
+    return set(plan.finished) | set(plan.readmit) | set(plan.reattach) | (supervised - set(plan.rerun))
 
 
 def _move(source: Path, dest: Path) -> None:
@@ -265,7 +307,7 @@ def _move(source: Path, dest: Path) -> None:
 
 def prepare_folder(plan: ResumePlan) -> Path:
     """Move aside what the resumed run must not see (module docstring); returns ``attempts/{n}``."""
-    work, keep = plan.work, {execution_id(x) for x in set(plan.finished) | set(plan.readmit)}
+    work, keep = plan.work, {execution_id(x) for x in _kept(plan)}
     aside = work / "attempts" / str(plan.attempt)
     aside.mkdir(parents=True)
     shutil.copy2(work / LOG_DIR / JOURNAL_NAME, aside / JOURNAL_NAME)

@@ -59,6 +59,10 @@ def test_schedule_overrides_apply_on_top_of_the_preset(tmp_path):
     ("[job]\nharness_timeout_s = 100.0\noverall_timeout_s = 50.0\n", "harness_timeout_s <= overall_timeout_s"),
     ("[job]\ncell_restarts = -1\n", "job field cell_restarts must be an integer >= 0, not -1"),
     ("[job]\ncell_restarts = true\n", "job field cell_restarts must be an integer >= 0, not True"),
+    ("[job]\nsupervisor_grace_s = -5\n", "job field supervisor_grace_s must be a number >= 0, not -5"),
+    ("[job]\nsupervisor_grace_s = \"long\"\n", "job field supervisor_grace_s must be a number >= 0, not 'long'"),
+    ("[job]\nsupervisor_grace_s = nan\n", "job field supervisor_grace_s must be a finite number"),
+    ("[job]\nsupervisor_grace_s = inf\n", "job field supervisor_grace_s must be a finite number"),
     ("[job]\nwandb = \"online\"\n", "wandb must be \"offline\" or"),
     ("[job]\nwandb = true\n", "wandb must be \"offline\" or"),
 ])

@@ -183,6 +183,8 @@ def test_without_a_complete_checkpoint_the_run_starts_over_keeping_what_it_recor
     (lambda work: (work / "job.json").unlink(), "is not a gyre run folder"),
     (lambda work: (work / "summary.json").write_text("{}"), "is a finished run"),
     (lambda work: (work / "log" / "events.jsonl").write_text("{garbage\n" * 3), "event journal is damaged"),
+    (lambda work: (work / "supervisor").mkdir() or (work / "supervisor" / "ledger.jsonl").write_text(
+        '{"kind": "ended", "key": "x6"}\n'), "is damaged: ledger record 1: x6 ended"),
 ])
 def test_a_folder_that_cannot_be_resumed_is_refused_naming_the_problem(killed_run, tmp_path, damage, message,
                                                                         capsys):
@@ -253,3 +255,64 @@ def test_a_resume_takes_no_overrides(killed_run, capsys):
     assert main(["run", "--resume", str(work), "--set", "steps=8"]) == 2
     assert "--set and --cluster do not apply" in capsys.readouterr().err
     assert not (work / "attempts").exists()
+
+
+def ledger_of(work: Path):
+    from gyre.real.supervisor.ledger import Ledger
+
+    return Ledger(work / "supervisor" / "ledger.jsonl")
+
+
+@pytest.mark.parametrize("end, sorted_as", [
+    ({"kind": "ended", "exit_code": 0}, ("readmit", "completed")),  # it ended while the driver was down
+    ({"kind": "ended", "exit_code": 1}, ("readmit", "failed")),
+    ({"kind": "ended", "exit_code": -15, "killed": True}, ("rerun", "a driver of the discarded attempt cut it")),
+    ({"kind": "lost", "reason": "its supervisor is gone (pid 9)"}, ("rerun", "its supervisor is gone (pid 9)")),
+    (None, ("rerun", "its supervisor is gone (no supervisor answers")),  # running, but nobody answers for it
+])
+def test_the_supervisor_ledger_sorts_what_the_journal_cannot(killed_run, end, sorted_as):
+    work, _, _, _ = killed_run
+    ledger = ledger_of(work)
+    ledger.append({"kind": "started", "key": "x6", "pid": 4242, "started_unix_s": 1.0, "started_mono_s": 5.0})
+    if end is not None:
+        ledger.append({"key": "x6", "ended_unix_s": 2.0, "ended_mono_s": 9.0, **end})
+    ledger.close()
+    plan = plan_resume(work)
+    kind, detail = sorted_as
+    if kind == "readmit":
+        assert plan.readmit == {7: "completed", 6: detail} and plan.rerun == []
+    else:
+        assert (plan.readmit, plan.rerun, plan.reattach) == ({7: "completed"}, [6], [])
+        assert plan.reasons[6].startswith(detail)
+    aside = prepare_folder(plan)
+    assert (work / "records" / "x6.tito").is_file() == (kind == "readmit")  # a re-run's partial record goes aside
+    assert json.loads((aside / "resume.json").read_text())["rerun_reasons"] == {str(x): r for x, r in
+                                                                             plan.reasons.items()}
+
+
+def test_a_live_supervisor_re_attaches_what_it_still_runs_and_keeps_its_records(killed_run):
+    import asyncio
+    import sys
+
+    from gyre.real.supervisor.client import start_or_reuse
+
+    work, _, _, running_at_kill = killed_run
+    client, _ = start_or_reuse(work / "supervisor", grace_s=60)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    after_p = sorted(running_at_kill - {6, 7})[0]  # dispatched after P: the resumed core dispatches it again
+
+    async def spawn(x: int) -> None:
+        await client.spawn(f"x{x}", sleeper, {}, work, work / f"x{x}.log")
+
+    try:
+        asyncio.run(spawn(6))
+        asyncio.run(spawn(after_p))
+        plan = plan_resume(work)
+        assert (plan.reattach, plan.rerun, plan.supervisor) == ([6], [], client.pid)
+        aside = prepare_folder(plan)
+        for x in (6, after_p):  # their records go on in the same log: nothing moved aside
+            assert (work / "records" / f"x{x}.tito").is_file() and not (aside / "records" / f"x{x}.tito").exists()
+            assert (work / "executions" / f"exec-{x}").is_dir()
+        assert json.loads((aside / "resume.json").read_text())["reattached"] == [6]
+    finally:
+        client.stop()
