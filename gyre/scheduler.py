@@ -110,6 +110,11 @@ class Scheduler(CounterViews):
         self.supply_since: float | None = None
         self._units = cfg.transition_units()
         self._core_unit = cfg.core_unit  # read once per event by _open_batch
+        self._static = cfg.static
+        # Derived from the roles and awaiting_publish alone, read after most events and changed by few:
+        # kept until one of them changes (``_set_role``, ``_set_awaiting_publish``).
+        self._candidate: tuple[int, ...] | None | object = _UNKNOWN
+        self._core_training: bool | None = None
         self._unit_of = {c: i for i, unit in enumerate(self._units) for c in unit}
         self._returning: set[int] = set()
         self._ledger = RolloutLedger(cfg)
@@ -134,13 +139,15 @@ class Scheduler(CounterViews):
     # ---- the one entry point ------------------------------------------------
     def handle(self, event: ev.Event) -> list[act.Action]:
         """Apply one event; return the actions the driver must carry out, in order."""
-        if type(event) not in self._handlers:
+        handlers = self._handlers.get(type(event))
+        if handlers is None:
             raise PolicyError(f"unknown event {event!r}")
-        if self.now is None and not isinstance(event, ev.Begin):
-            raise PolicyError(f"{event.kind} before Begin")
-        if self.now is not None and event.now < self.now:
+        if self.now is None:
+            if not isinstance(event, ev.Begin):
+                raise PolicyError(f"{event.kind} before Begin")
+        elif event.now < self.now:
             raise PolicyError(f"{event.kind} at t={event.now} is earlier than t={self.now}")
-        check, apply = self._handlers[type(event)]
+        check, apply = handlers
         check(event)
         self.now = event.now
         out: list[act.Action] = []
@@ -287,7 +294,7 @@ class Scheduler(CounterViews):
     def _on_begin(self, event: ev.Begin, out: list[act.Action]) -> None:
         for cell in range(self.cfg.K):
             if cell < self.cfg.static_train_cells:
-                self.roles[cell] = R.TRAINING
+                self._set_role(cell, R.TRAINING)
             else:
                 self._ledger.open(cell)
         self._dispatch(self.cfg.initial_groups, out)
@@ -335,7 +342,7 @@ class Scheduler(CounterViews):
 
     def _on_transition_done(self, event: ev.TransitionDone, out: list[act.Action]) -> None:
         cell = event.cell
-        self.roles[cell] = R.DESTINATION[self.roles[cell]]
+        self._set_role(cell, R.DESTINATION[self.roles[cell]])
         if event.role == R.ROLLOUT:
             self._ledger.open(cell)
         elif cell in self._returning:
@@ -361,7 +368,7 @@ class Scheduler(CounterViews):
     def _end_burst(self, satellites: tuple[int, ...], out: list[act.Action]) -> None:
         """docs/scheduler.md#end-of-a-burst: satellites return, the core publishes, the core stays or returns."""
         self.steps_in_burst = 0
-        self.awaiting_publish = True
+        self._set_awaiting_publish(True)
         out.append(act.Publish(self.version))
         if satellites:
             self._begin_transition(satellites, R.ROLLOUT, out)
@@ -373,11 +380,19 @@ class Scheduler(CounterViews):
             self._begin_transition(self.cfg.core_unit, R.ROLLOUT, out)
 
     def _on_publish_done(self, event: ev.PublishDone, out: list[act.Action]) -> None:
-        self.awaiting_publish = False
+        self._set_awaiting_publish(False)
         self.published = event.version
         self.burst += 1
         if self.cfg.dispatch == "boundary":
             self._dispatch(self.cfg.mu * self.cfg.B, out)
+
+    def _set_role(self, cell: int, role: str) -> None:
+        self.roles[cell] = role
+        self._candidate, self._core_training = _UNKNOWN, None
+
+    def _set_awaiting_publish(self, awaiting: bool) -> None:
+        self.awaiting_publish = awaiting
+        self._candidate = _UNKNOWN
 
     # ---- follow-ups common to every event -----------------------------------
     def _settle(self, out: list[act.Action]) -> None:
@@ -412,7 +427,9 @@ class Scheduler(CounterViews):
             out.append(act.StartExecutions(tuple(placements)))
 
     def _core_in_training(self) -> bool:
-        return all(self.roles[c] == R.TRAINING for c in self._core_unit)
+        if self._core_training is None:
+            self._core_training = all(self.roles[c] == R.TRAINING for c in self._core_unit)
+        return self._core_training
 
     def _open_batch(self, out: list[act.Action]) -> None:
         if self.batch_open or self.awaiting_publish or not self._core_in_training():
@@ -473,7 +490,12 @@ class Scheduler(CounterViews):
 
     def _candidate_unit(self) -> tuple[int, ...] | None:
         """The next unit allowed to switch into training, if any (serial, prefix)."""
-        if self.cfg.static or self.awaiting_publish or R.TO_TRAINING in self.roles:
+        if self._candidate is _UNKNOWN:
+            self._candidate = self._find_candidate_unit()
+        return self._candidate  # type: ignore[return-value]  # not _UNKNOWN by now
+
+    def _find_candidate_unit(self) -> tuple[int, ...] | None:
+        if self._static or self.awaiting_publish or R.TO_TRAINING in self.roles:
             return None
         for unit in self._units:
             if all(self.roles[c] == R.TRAINING for c in unit):
@@ -505,8 +527,11 @@ class Scheduler(CounterViews):
         for cell in cells:
             new_role = R.next_role(self.roles[cell], change)
             assert new_role is not None  # only cells whose role allows the change are offered
-            self.roles[cell] = new_role
+            self._set_role(cell, new_role)
             out.append(act.BeginTransition(cell, role))
+
+
+_UNKNOWN = object()  # a cached value not computed since what it derives from last changed
 
 
 def _no_check(event: ev.Event) -> None:

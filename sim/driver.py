@@ -43,10 +43,10 @@ serve the published weights (the real backend does the same).
 from __future__ import annotations
 
 import functools
+from heapq import heappop
 from typing import Callable
 
 import numpy as np
-import simpy
 
 from gyre import actions as act
 from gyre import events as ev
@@ -58,6 +58,7 @@ from gyre.ids import execution_id
 from gyre.loop import ActionHandler, DriverLoop
 from gyre.roles import ROLLOUT
 from gyre.scheduler import Scheduler
+from gyre.sim.clock import Clock
 from gyre.sim.costs import CostModel
 from gyre.sim.deadlines import TIMED_OUT, execution_plan
 from gyre.sim.engines import EngineBank
@@ -78,7 +79,7 @@ class Simulation(ActionHandler):
         if trace.N != cfg.N:
             raise ValueError(f"trace has groups of {trace.N} executions but the schedule has N={cfg.N}")
         self.cfg, self.trace, self.costs, self.steps = cfg, trace, costs, steps
-        self.env = simpy.Environment()
+        self.env = Clock()
         self.core = Scheduler(cfg)
         self.record = SimRecord(cfg)
         self.loop = DriverLoop(self.core, self, self.record.log)
@@ -86,7 +87,7 @@ class Simulation(ActionHandler):
         self.costs, self.trace = bound, bound.trace
         self.plane = SimTrainingPlane(self.env, cfg, bound, self.send)
         self._on_step = on_step
-        self._done = self.env.event()
+        self._done = False  # the last step is done: nothing more is fed to the core
         self.engines = EngineBank(self.env, bound.engine_curve(), self._capacity, self._execution_done)
         self._durations = self.trace.durations_s.tolist()  # plain lists: read once per execution, hot
         self._harness = self.trace.harness_s.tolist() if HARNESS_COLUMN in self.trace.frame else None
@@ -102,18 +103,20 @@ class Simulation(ActionHandler):
         self._publish_until = 0.0
         self._tokens = trace.column("output_tokens")
         self._group_size = cfg.group_size  # hot: read per execution (Scheduler.group_of is x // group_size)
+        self._tau = cfg.tau
 
     # ---- running ---------------------------------------------------------------
     def run(self) -> SimRecord:
         for cell in range(self.cfg.static_train_cells):
             self.plane.join(cell)
         self.send(ev.Begin(0.0))
-        step, done = self.env.step, self._done
-        try:
-            while not done.triggered:
-                step()
-        except simpy.core.EmptySchedule:
-            raise SimulationStalled(self._stall_message()) from None
+        clock = self.env
+        queue = clock.queue  # Clock.step, inlined: this loop runs once per scheduled call
+        while not self._done:
+            if not queue:
+                raise SimulationStalled(self._stall_message())
+            clock.now, _, fn, args = heappop(queue)
+            fn(*args)
         self.record.close(self.env.now)
         return self.record
 
@@ -125,7 +128,7 @@ class Simulation(ActionHandler):
 
     def send(self, event: ev.Event) -> None:
         """Feed one event through the driver loop (the core's actions come back as on_* calls)."""
-        if self._done.triggered:
+        if self._done:
             return
         self.loop.feed(event)
         self.engines.flush()
@@ -134,18 +137,26 @@ class Simulation(ActionHandler):
             if self._on_step:
                 self._on_step(self.core.version)
             if self.core.version >= self.steps:
-                self._done.succeed()
+                self._done = True
                 return
         self._schedule_tick()
 
     def _schedule_tick(self) -> None:
-        if self.core.supply_since is None:
+        core = self.core
+        since = core.supply_since
+        if since is None:
             return  # no supply timer runs: next_deadline() is None (the common case, checked without it)
-        deadline = self.core.next_deadline()
+        # next_deadline() is None or since + tau; either way nothing is to be done when that time is past
+        # or already armed (most events while a timer runs), so the rule is asked only otherwise
+        due, now = since + self._tau, core.now
+        assert now is not None  # the core has taken an event: its time is set
+        if due == self._tick_at or due <= now:
+            return
+        deadline = core.next_deadline()
         if deadline is None or deadline == self._tick_at:
             return
         self._tick_at = deadline
-        self.env.timeout(deadline - self.env.now).callbacks.append(lambda _e, t=deadline: self._tick(t))
+        self.env.call_in(deadline - self.env.now, self._tick, deadline)
 
     def _tick(self, deadline: float) -> None:
         if self._tick_at == deadline:
@@ -175,7 +186,7 @@ class Simulation(ActionHandler):
 
     def _arm_deadline(self, x: int, at: float) -> None:
         self._deadlines[x] = at
-        self.env.timeout(at - self.env.now).callbacks.append(lambda _e: self._deadline_due(x, at))
+        self.env.call_in(at - self.env.now, self._deadline_due, x, at)
 
     def _deadline_due(self, x: int, at: float) -> None:
         """``x``'s harness ceiling (its start plus the limit, however loaded or rerouted) has come."""
@@ -317,5 +328,5 @@ class Simulation(ActionHandler):
         self.send(ev.PublishDone(self.env.now, version))
 
     def _after(self, seconds: float, fn: Callable[[], None]) -> None:
-        self.env.timeout(seconds).callbacks.append(lambda _e: fn())
+        self.env.call_in(seconds, fn)
 

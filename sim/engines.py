@@ -46,7 +46,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-import simpy
+from gyre.sim.clock import Clock
 
 # SGLang 0.5.23 CPU engine, measured 2026-12-02 23:45 UTC on the 2-core machine shared with
 # other jobs (AMD EPYC, float32, torch_native attention, one engine) by
@@ -146,7 +146,7 @@ class _Engine:
 class EngineBank:
     """Every rollout engine of a simulation; calls ``on_finish(x)`` when an execution's work is done."""
 
-    def __init__(self, env: simpy.Environment, curve: EngineCurve, capacity: Callable[[int], int],
+    def __init__(self, env: Clock, curve: EngineCurve, capacity: Callable[[int], int],
                  on_finish: Callable[[int], None]) -> None:
         self.env, self.curve, self._capacity, self._on_finish = env, curve, capacity, on_finish
         self._engines: dict[int, _Engine] = {}
@@ -255,7 +255,7 @@ class EngineBank:
             return
         e.armed_at = due
         if due < math.inf:
-            self.env.timeout(due - self.env.now).callbacks.append(lambda _ev, e=e, due=due: self._fire(e, due))
+            self.env.call_in(due - self.env.now, self._fire, e, due)
 
     def _fire(self, e: _Engine, due: float) -> None:
         if e.armed_at != due:
