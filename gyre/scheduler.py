@@ -111,10 +111,14 @@ class Scheduler(CounterViews):
         self._units = cfg.transition_units()
         self._core_unit = cfg.core_unit  # read once per event by _open_batch
         self._static = cfg.static
+        self._group_size = cfg.group_size
+        self._continuous = cfg.dispatch == "continuous"
         # Derived from the roles and awaiting_publish alone, read after most events and changed by few:
         # kept until one of them changes (``_set_role``, ``_set_awaiting_publish``).
         self._candidate: tuple[int, ...] | None | object = _UNKNOWN
         self._core_training: bool | None = None
+        self._supply_key: tuple[int, int] | None = None  # (ready groups, batch need) -> _supply_value
+        self._supply_value = False
         self._unit_of = {c: i for i, unit in enumerate(self._units) for c in unit}
         self._returning: set[int] = set()
         self._ledger = RolloutLedger(cfg)
@@ -204,7 +208,7 @@ class Scheduler(CounterViews):
         return range(group * size, (group + 1) * size)
 
     def group_of(self, execution: int) -> int:
-        return execution // self.cfg.group_size
+        return execution // self._group_size
 
     def next_deadline(self) -> float | None:
         """When a Tick could trigger a transition (supply timer expiry), else None."""
@@ -305,7 +309,7 @@ class Scheduler(CounterViews):
         else:
             self._ledger.release(event.execution)
         self.f += 1
-        self.groups[self.group_of(event.execution)].closed += 1
+        self.groups[event.execution // self._group_size].closed += 1  # group_of, inlined: once per execution
 
     def _on_harness_stopped(self, event: ev.HarnessStopped, out: list[act.Action]) -> None:
         self._ledger.release(event.execution)
@@ -315,7 +319,8 @@ class Scheduler(CounterViews):
         group = self.groups[event.group]
         group.ready = True
         heapq.heappush(self._ready, (group.v_d, event.group))
-        self._cancel_group(event.group, out)  # the oversampled surplus
+        if group.closed < self._group_size:  # else every execution of it has closed: nothing to cancel
+            self._cancel_group(event.group, out)  # the oversampled surplus
 
     def _on_group_dropped(self, event: ev.GroupDropped, out: list[act.Action]) -> None:
         self.groups[event.group].dropped = True
@@ -396,12 +401,16 @@ class Scheduler(CounterViews):
 
     # ---- follow-ups common to every event -----------------------------------
     def _settle(self, out: list[act.Action]) -> None:
-        self._start_queued(out)
-        self._open_batch(out)
-        if self._feed(out) and self.cfg.dispatch == "continuous":
+        # each guard below is the first test of the method it skips (this runs once per event)
+        if self.d > self.p:
+            self._start_queued(out)
+        if not self.batch_open:
+            self._open_batch(out)
+        if self.batch_open and self._feed(out) and self._continuous:
             self._start_queued(out)
         self._track_supply()
-        self._maybe_transition(out)
+        if self.supply_since is not None:
+            self._maybe_transition(out)
 
     def _dispatch(self, n_groups: int, out: list[act.Action]) -> None:
         first = len(self.groups)
@@ -415,7 +424,8 @@ class Scheduler(CounterViews):
         out.append(act.DispatchGroups(ids, self.published))
 
     def _start_queued(self, out: list[act.Action]) -> None:
-        n = rules.startable(self.queued, self.holding, self.capacity)
+        ledger = self._ledger
+        n = rules.startable(self.d - self.p, ledger.running, ledger.capacity)  # queued, holding, capacity
         placements: list[tuple[int, int]] = []
         while len(placements) < n:
             x = self._queue.popleft()
@@ -457,7 +467,7 @@ class Scheduler(CounterViews):
         if self.cfg.streaming:
             self.wants -= n
         out.append(act.FeedGroups(self.version, fed))
-        if self.cfg.dispatch == "continuous":
+        if self._continuous:
             self._dispatch(n, out)
         return n
 
@@ -477,7 +487,11 @@ class Scheduler(CounterViews):
         return self.cfg.B - self.fed if self.batch_open else self.cfg.B
 
     def _supply_ok(self) -> bool:
-        return rules.supply_sufficient(self.cfg, rules.supply(len(self._ready), self._batch_need()))
+        need = self.cfg.B - self.fed if self.batch_open else self.cfg.B  # _batch_need, inlined: once per event
+        key = (len(self._ready), need)
+        if key != self._supply_key:  # the rule is a pure function of these two: asked when one changed
+            self._supply_key, self._supply_value = key, rules.supply_sufficient(self.cfg, rules.supply(*key))
+        return self._supply_value
 
     def _track_supply(self) -> None:
         if not self._supply_ok():
@@ -506,8 +520,8 @@ class Scheduler(CounterViews):
         return None
 
     def _eq2_holds(self, unit: tuple[int, ...]) -> bool:
-        unit_capacity = len(unit) * self.cfg.C_e
-        return rules.waterlevel_allows(self.cfg, self.waterlevel, self.capacity, unit_capacity)
+        unit_capacity = len(unit) * self.cfg.C_e  # below: the waterlevel d - f and C_R, read without a call
+        return rules.waterlevel_allows(self.cfg, self.d - self.f, self._ledger.capacity, unit_capacity)
 
     def _maybe_transition(self, out: list[act.Action]) -> None:
         assert self.now is not None  # set by handle() before any rule runs

@@ -64,7 +64,7 @@ from gyre.sim.deadlines import TIMED_OUT, execution_plan
 from gyre.sim.engines import EngineBank
 from gyre.sim.record import SimRecord
 from gyre.sim.training import SimTrainingPlane
-from gyre.trajectory.outcomes import GroupOutcomes, designated_outcome
+from gyre.trajectory.outcomes import Designated, GroupOutcomes, designated_outcome
 
 
 class SimulationStalled(RuntimeError):
@@ -96,7 +96,9 @@ class Simulation(ActionHandler):
         self._deadlines: dict[int, float] = {}  # execution -> wall-clock time its harness must stop
         self._cut: set[int] = set()  # stopped at the ceiling before their work was done: harness timeouts
         self._evaluating: set[int] = set()  # harness stopped, evaluation tail still running
-        self._outcome_grid = self.trace.outcomes.tolist()
+        self._outcome_grid = [[str(o) for o in row] for row in self.trace.outcomes.tolist()]
+        self._tails = None if self._harness is None else [  # _evaluation_tail of each trace cell, read per finish
+            [float(d) - float(h) for d, h in zip(row, harness)] for row, harness in zip(self._durations, self._harness)]
         self._outcomes: dict[int, GroupOutcomes] = {}
         self._dropped = frozenset(dropped_groups)
         self._tick_at: float | None = None
@@ -104,6 +106,7 @@ class Simulation(ActionHandler):
         self._tokens = trace.column("output_tokens")
         self._group_size = cfg.group_size  # hot: read per execution (Scheduler.group_of is x // group_size)
         self._tau = cfg.tau
+        self._designated: dict[str, Designated] = {}  # trace outcome -> designated_outcome(it), read per finish
 
     # ---- running ---------------------------------------------------------------
     def run(self) -> SimRecord:
@@ -139,7 +142,8 @@ class Simulation(ActionHandler):
             if self.core.version >= self.steps:
                 self._done = True
                 return
-        self._schedule_tick()
+        if self.core.supply_since is not None:  # _schedule_tick's first test, here: once per event
+            self._schedule_tick()
 
     def _schedule_tick(self) -> None:
         core = self.core
@@ -200,7 +204,7 @@ class Simulation(ActionHandler):
 
     def _stuck(self, x: int) -> bool:
         q, i = self._cell(x)
-        return str(self._outcome_grid[q][i]) in TIMED_OUT
+        return self._outcome_grid[q][i] in TIMED_OUT
 
     def _cell(self, x: int) -> tuple[int, int]:
         """The trace row and column of execution ``x``."""
@@ -216,10 +220,10 @@ class Simulation(ActionHandler):
 
     def _evaluation_tail(self, x: int) -> float:
         """Seconds from ``x``'s harness stop to its end (0 without a ``harness_s`` column)."""
-        if self._harness is None:
+        if self._tails is None:
             return 0.0
         q, i = self._cell(x)
-        return float(self._durations[q][i]) - float(self._harness[q][i])
+        return self._tails[q][i]
 
     def _capacity(self, engine: int) -> int:
         return self.cfg.C_s if engine == SEPARATE else self.cfg.C_e
@@ -232,14 +236,14 @@ class Simulation(ActionHandler):
     def _execution_done(self, x: int) -> None:
         """``x``'s harness stopped (work done, or its deadline): it ends now, or evaluates first."""
         self._deadlines.pop(x, None)
-        tail = self._evaluation_tail(x)
-        if tail > 0:
+        q, i = self._cell(x)
+        if self._tails is not None and self._tails[q][i] > 0:  # _evaluation_tail, inlined: once per execution
             self._evaluating.add(x)
             self.record.harness_stopped(x, self.env.now)
             self.send(ev.HarnessStopped(self.env.now, x))
-            self._after(tail, lambda: self._evaluation_done(x))
-        else:
-            self._finish(x)
+            self._after(self._tails[q][i], lambda: self._evaluation_done(x))
+        else:  # _finish, inlined
+            self._close(x, "harness_timeout" if x in self._cut else self._outcome_grid[q][i])
 
     def _evaluation_done(self, x: int) -> None:
         if x in self._evaluating:  # not cancelled meanwhile
@@ -248,17 +252,21 @@ class Simulation(ActionHandler):
 
     def _finish(self, x: int) -> None:
         q, i = self._cell(x)
-        outcome = "harness_timeout" if x in self._cut else str(self._outcome_grid[q][i])
+        outcome = "harness_timeout" if x in self._cut else self._outcome_grid[q][i]
         self._close(x, outcome)
 
     def _close(self, x: int, outcome: str) -> None:
-        self.record.execution_finished(x, self.env.now, outcome)
-        self.send(ev.ExecutionFinished(self.env.now, x, outcome))
+        now = self.env.now
+        self.record.execution_finished(x, now, outcome)
+        self.send(ev.ExecutionFinished(now, x, outcome))
         g = x // self._group_size
         outcomes = self._outcomes.get(g)  # gone once the group was reported ready
         if outcomes is None or outcomes.ready or outcome == "cancelled" or g in self._dropped:
             return  # cancelled work and late surplus have no designated outcome
-        if outcomes.resolve(execution_id(x), designated_outcome(outcome)):
+        designated = self._designated.get(outcome)
+        if designated is None:
+            designated = self._designated[outcome] = designated_outcome(outcome)
+        if outcomes.resolve(execution_id(x), designated):
             self._after(self.costs.evaluation_s, lambda: self._group_ready(g))
 
     def _group_ready(self, g: int) -> None:

@@ -206,8 +206,9 @@ class EngineBank:
 
     def flush(self) -> None:
         """Re-evaluate the rate of every engine changed since the last flush and re-arm its timer."""
-        while self._dirty:
-            e = self._dirty.pop()
+        dirty = self._dirty
+        while dirty:
+            e = dirty.pop()
             e.dirty = False
             key = (len(e.tags), e.capacity)
             speed = self._speeds.get(key)
@@ -225,7 +226,7 @@ class EngineBank:
         if e is None:
             e = self._engines[engine] = _Engine(self._capacity(engine))
             e.t = self.env.now
-        else:
+        elif self.env.now != e.t:  # _advance's first test, here: most touches come at the same instant
             self._advance(e)
         if not e.dirty:
             e.dirty = True
@@ -279,7 +280,8 @@ class EngineBank:
             self._dirty.append(e)
         for x in done:
             self._on_finish(x)
-        self.flush()
+        if self._dirty:
+            self.flush()
 
 
 _GONE = (None, math.nan)  # a tag no heap entry equals
