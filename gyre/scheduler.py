@@ -404,12 +404,14 @@ class Scheduler(CounterViews):
         # each guard below is the first test of the method it skips (this runs once per event)
         if self.d > self.p:
             self._start_queued(out)
-        if not self.batch_open:
+        if not self.batch_open and self._core_training is not False:  # known out of training: no batch opens
             self._open_batch(out)
         if self.batch_open and self._feed(out) and self._continuous:
             self._start_queued(out)
         self._track_supply()
-        if self.supply_since is not None:
+        since, now = self.supply_since, self.now
+        assert now is not None  # set by handle() before any rule runs
+        if since is not None and rules.timer_elapsed(self.cfg, since, now):  # cheap, and false after most events
             self._maybe_transition(out)
 
     def _dispatch(self, n_groups: int, out: list[act.Action]) -> None:
@@ -524,12 +526,10 @@ class Scheduler(CounterViews):
         return rules.waterlevel_allows(self.cfg, self.d - self.f, self._ledger.capacity, unit_capacity)
 
     def _maybe_transition(self, out: list[act.Action]) -> None:
-        assert self.now is not None  # set by handle() before any rule runs
-        if not rules.timer_elapsed(self.cfg, self.supply_since, self.now):
-            return  # checked first: it is cheap, and false after most events
-        unit = self._candidate_unit()
-        if unit is not None and self._eq2_holds(unit):
-            self._begin_transition(unit, R.TRAINING, out)
+        """The supply timer has elapsed (``_settle`` checks): switch the candidate unit if Eq. 2 holds."""
+        unit = self._candidate_unit() if self._candidate is _UNKNOWN else self._candidate
+        if unit is not None and self._eq2_holds(unit):  # type: ignore[arg-type]  # a unit, once known
+            self._begin_transition(unit, R.TRAINING, out)  # type: ignore[arg-type]
 
     def _begin_transition(self, cells: tuple[int, ...], role: str, out: list[act.Action]) -> None:
         change = "begin_training" if role == R.TRAINING else "begin_rollout"

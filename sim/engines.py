@@ -181,7 +181,9 @@ class EngineBank:
             raise ValueError(f"execution {x}: work must be a finite number >= 0, got {work!r}")
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"execution {x}: model-call share must lie in [0, 1], got {share!r}")
-        e = self._touch(engine)
+        e = self._engines.get(engine)
+        if e is None or not e.dirty or e.t != self.env.now:  # else _touch has nothing to do (after a finish)
+            e = self._touch(engine)
         clock = e.clocks.get(share)
         if clock is None:
             clock = e.clocks[share] = _Clock(share)
@@ -262,7 +264,8 @@ class EngineBank:
         if e.armed_at != due:
             return  # superseded by a later re-arm
         e.armed_at = math.inf
-        self._advance(e)
+        if self.env.now != e.t:
+            self._advance(e)
         tags = e.tags
         done = []
         for clock in e.clocks.values():
