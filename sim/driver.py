@@ -76,7 +76,7 @@ class SimulationStalled(RuntimeError):
 
 
 @contextlib.contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
+def cyclic_gc_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector for a run, and resume it (if it ran) however the run ends.
 
     A run allocates a few objects per event and keeps most of them (its record) to the end; what it
@@ -132,7 +132,7 @@ class Simulation(ActionHandler):
     def run(self) -> SimRecord:
         for cell in range(self.cfg.static_train_cells):
             self.plane.join(cell)
-        with _cyclic_gc_paused():
+        with cyclic_gc_paused():
             self.send(ev.Begin(0.0))
             clock = self.env
             queue = clock.queue  # Clock.step, inlined: this loop runs once per scheduled call
