@@ -457,6 +457,8 @@ class Scheduler(CounterViews):
             return 0
         if self.cfg.streaming:
             n = min(self.wants, len(self._ready))
+            if n == 0:
+                return 0  # (after most events of an open batch)
             fed = tuple(heapq.heappop(self._ready)[1] for _ in range(n))
         else:
             fed = self._take_from_burst_reserve()

@@ -164,8 +164,10 @@ class Simulation(ActionHandler):
                 self._done = True
                 return
         since = self.core.supply_since
-        if since is not None and since + self._tau != self._tick_at:  # _schedule_tick's first tests, here
-            self._schedule_tick()
+        if since is not None:  # _schedule_tick's first tests, here: they end it after most events
+            due = since + self._tau
+            if due != self._tick_at and due > self.core.now:  # type: ignore[operator]  # set by the feed
+                self._schedule_tick()
 
     def _schedule_tick(self) -> None:
         core = self.core
