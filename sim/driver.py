@@ -116,7 +116,9 @@ class Simulation(ActionHandler):
         self._deadlines: dict[int, float] = {}  # execution -> wall-clock time its harness must stop
         self._cut: set[int] = set()  # stopped at the ceiling before their work was done: harness timeouts
         self._evaluating: set[int] = set()  # harness stopped, evaluation tail still running
-        self._outcome_grid = [[str(o) for o in row] for row in self.trace.outcomes.tolist()]
+        outcomes = self.trace.outcomes
+        self._outcome_grid = outcomes.tolist() if outcomes.dtype.kind == "U" else [  # str already, or made str
+            [str(o) for o in row] for row in outcomes.tolist()]
         self._tails = None if self._harness is None else [  # _evaluation_tail of each trace cell, read per finish
             [float(d) - float(h) for d, h in zip(row, harness)] for row, harness in zip(self._durations, self._harness)]
         self._outcomes: dict[int, GroupOutcomes] = {}
