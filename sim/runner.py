@@ -122,6 +122,10 @@ def run_simulation(preset: str | None = None, trace: str | Path | Trace = DEFAUL
     else:  # a sweep reads only the slack: skip the wall-clock breakdown (~7% of a run's CPU time)
         summary["slack"] = slack(cfg, record, sim.plane.busy_node_s)
     summary.update(training_costs(sim.costs, sim.plane.work_node_s, steps))
+    # A finished driver is a reference cycle (its handlers point back at it). The record leaves it here,
+    # so when the caller drops the result, reference counting frees the record and its events at once
+    # instead of a collector pass over them (a sweep worker collects after each run: ``sim.workers``).
+    del sim.record, sim.loop.log
     return SimResult(cfg, summary, record)
 
 

@@ -198,3 +198,17 @@ def test_the_cyclic_collector_is_paused_during_a_run_and_resumed_however_it_ends
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_dropped_result_frees_its_record_without_the_collector(small_trace):
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        result = run_simulation("E0", small_trace, steps=1, seed=0)
+        record, log = weakref.ref(result.record), weakref.ref(result.record.log)
+        del result
+        assert record() is None and log() is None  # reference counting alone: no cycle holds them
+    finally:
+        gc.enable()
