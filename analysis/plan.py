@@ -55,13 +55,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def evaluation_mapper(ray_address: str | None, jobs: int) -> Any:
     """A context yielding the mapper evaluations run through: ``jobs`` local processes, or Ray tasks on the
-    cluster at ``ray_address``. The Ray one lives with the real backend's Ray placement
-    (``gyre.real.cluster.task_map``) and is reached by name here, the one seam between the simulator's
-    commands and ``gyre.real``: Ray stays out of ``sim/`` and ``analysis/`` (tests/core/test_import_contracts.py)."""
-    if ray_address:
-        import importlib
+    cluster at ``ray_address``.
 
-        return importlib.import_module("gyre.real.cluster.task_map").ray_mapper(ray_address)
+    The Ray one lives with the real backend's Ray placement (``gyre.real.cluster.task_map``, which imports
+    Ray only when a mapper is made) and is imported here, lazily, as a plain import: the one arrow from
+    ``analysis/`` into ``gyre.real``, declared with its reason in ``SEAMS`` of
+    tests/core/test_import_contracts.py so the checker sees it. Ray itself stays out of ``sim/`` and
+    ``analysis/``. Without Ray installed, entering the context raises one ValueError saying so (the
+    commands print it as their error and exit 2)."""
+    if ray_address:
+        from gyre.real.cluster.task_map import ray_mapper
+
+        return ray_mapper(ray_address)
     from gyre.sim.plan.plan import local_mapper
 
     return local_mapper(jobs)

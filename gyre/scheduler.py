@@ -110,6 +110,15 @@ class Scheduler(CounterViews):
         self.supply_since: float | None = None
         self._units = cfg.transition_units()
         self._core_unit = cfg.core_unit  # read once per event by _open_batch
+        self._static = cfg.static
+        self._group_size = cfg.group_size
+        self._continuous = cfg.dispatch == "continuous"
+        # Derived from the roles and awaiting_publish alone, read after most events and changed by few:
+        # kept until one of them changes (``_set_role``, ``_set_awaiting_publish``).
+        self._candidate: tuple[int, ...] | None | object = _UNKNOWN
+        self._core_training: bool | None = None
+        self._supply_key: tuple[int, int] | None = None  # (ready groups, batch need) -> _supply_value
+        self._supply_value = False
         self._unit_of = {c: i for i, unit in enumerate(self._units) for c in unit}
         self._returning: set[int] = set()
         self._ledger = RolloutLedger(cfg)
@@ -134,13 +143,15 @@ class Scheduler(CounterViews):
     # ---- the one entry point ------------------------------------------------
     def handle(self, event: ev.Event) -> list[act.Action]:
         """Apply one event; return the actions the driver must carry out, in order."""
-        if type(event) not in self._handlers:
+        handlers = self._handlers.get(type(event))
+        if handlers is None:
             raise PolicyError(f"unknown event {event!r}")
-        if self.now is None and not isinstance(event, ev.Begin):
-            raise PolicyError(f"{event.kind} before Begin")
-        if self.now is not None and event.now < self.now:
+        if self.now is None:
+            if not isinstance(event, ev.Begin):
+                raise PolicyError(f"{event.kind} before Begin")
+        elif event.now < self.now:
             raise PolicyError(f"{event.kind} at t={event.now} is earlier than t={self.now}")
-        check, apply = self._handlers[type(event)]
+        check, apply = handlers
         check(event)
         self.now = event.now
         out: list[act.Action] = []
@@ -197,7 +208,7 @@ class Scheduler(CounterViews):
         return range(group * size, (group + 1) * size)
 
     def group_of(self, execution: int) -> int:
-        return execution // self.cfg.group_size
+        return execution // self._group_size
 
     def next_deadline(self) -> float | None:
         """When a Tick could trigger a transition (supply timer expiry), else None."""
@@ -287,7 +298,7 @@ class Scheduler(CounterViews):
     def _on_begin(self, event: ev.Begin, out: list[act.Action]) -> None:
         for cell in range(self.cfg.K):
             if cell < self.cfg.static_train_cells:
-                self.roles[cell] = R.TRAINING
+                self._set_role(cell, R.TRAINING)
             else:
                 self._ledger.open(cell)
         self._dispatch(self.cfg.initial_groups, out)
@@ -298,7 +309,7 @@ class Scheduler(CounterViews):
         else:
             self._ledger.release(event.execution)
         self.f += 1
-        self.groups[self.group_of(event.execution)].closed += 1
+        self.groups[event.execution // self._group_size].closed += 1  # group_of, inlined: once per execution
 
     def _on_harness_stopped(self, event: ev.HarnessStopped, out: list[act.Action]) -> None:
         self._ledger.release(event.execution)
@@ -308,7 +319,8 @@ class Scheduler(CounterViews):
         group = self.groups[event.group]
         group.ready = True
         heapq.heappush(self._ready, (group.v_d, event.group))
-        self._cancel_group(event.group, out)  # the oversampled surplus
+        if group.closed < self._group_size:  # else every execution of it has closed: nothing to cancel
+            self._cancel_group(event.group, out)  # the oversampled surplus
 
     def _on_group_dropped(self, event: ev.GroupDropped, out: list[act.Action]) -> None:
         self.groups[event.group].dropped = True
@@ -335,7 +347,7 @@ class Scheduler(CounterViews):
 
     def _on_transition_done(self, event: ev.TransitionDone, out: list[act.Action]) -> None:
         cell = event.cell
-        self.roles[cell] = R.DESTINATION[self.roles[cell]]
+        self._set_role(cell, R.DESTINATION[self.roles[cell]])
         if event.role == R.ROLLOUT:
             self._ledger.open(cell)
         elif cell in self._returning:
@@ -361,7 +373,7 @@ class Scheduler(CounterViews):
     def _end_burst(self, satellites: tuple[int, ...], out: list[act.Action]) -> None:
         """docs/scheduler.md#end-of-a-burst: satellites return, the core publishes, the core stays or returns."""
         self.steps_in_burst = 0
-        self.awaiting_publish = True
+        self._set_awaiting_publish(True)
         out.append(act.Publish(self.version))
         if satellites:
             self._begin_transition(satellites, R.ROLLOUT, out)
@@ -373,20 +385,34 @@ class Scheduler(CounterViews):
             self._begin_transition(self.cfg.core_unit, R.ROLLOUT, out)
 
     def _on_publish_done(self, event: ev.PublishDone, out: list[act.Action]) -> None:
-        self.awaiting_publish = False
+        self._set_awaiting_publish(False)
         self.published = event.version
         self.burst += 1
         if self.cfg.dispatch == "boundary":
             self._dispatch(self.cfg.mu * self.cfg.B, out)
 
+    def _set_role(self, cell: int, role: str) -> None:
+        self.roles[cell] = role
+        self._candidate, self._core_training = _UNKNOWN, None
+
+    def _set_awaiting_publish(self, awaiting: bool) -> None:
+        self.awaiting_publish = awaiting
+        self._candidate = _UNKNOWN
+
     # ---- follow-ups common to every event -----------------------------------
     def _settle(self, out: list[act.Action]) -> None:
-        self._start_queued(out)
-        self._open_batch(out)
-        if self._feed(out) and self.cfg.dispatch == "continuous":
+        # each guard below is the first test of the method it skips (this runs once per event)
+        if self.d > self.p:
+            self._start_queued(out)
+        if not self.batch_open and self._core_training is not False:  # known out of training: no batch opens
+            self._open_batch(out)
+        if self.batch_open and self._feed(out) and self._continuous:
             self._start_queued(out)
         self._track_supply()
-        self._maybe_transition(out)
+        since, now = self.supply_since, self.now
+        assert now is not None  # set by handle() before any rule runs
+        if since is not None and rules.timer_elapsed(self.cfg, since, now):  # cheap, and false after most events
+            self._maybe_transition(out)
 
     def _dispatch(self, n_groups: int, out: list[act.Action]) -> None:
         first = len(self.groups)
@@ -400,7 +426,8 @@ class Scheduler(CounterViews):
         out.append(act.DispatchGroups(ids, self.published))
 
     def _start_queued(self, out: list[act.Action]) -> None:
-        n = rules.startable(self.queued, self.holding, self.capacity)
+        ledger = self._ledger
+        n = rules.startable(self.d - self.p, ledger.running, ledger.capacity)  # queued, holding, capacity
         placements: list[tuple[int, int]] = []
         while len(placements) < n:
             x = self._queue.popleft()
@@ -412,7 +439,9 @@ class Scheduler(CounterViews):
             out.append(act.StartExecutions(tuple(placements)))
 
     def _core_in_training(self) -> bool:
-        return all(self.roles[c] == R.TRAINING for c in self._core_unit)
+        if self._core_training is None:
+            self._core_training = all(self.roles[c] == R.TRAINING for c in self._core_unit)
+        return self._core_training
 
     def _open_batch(self, out: list[act.Action]) -> None:
         if self.batch_open or self.awaiting_publish or not self._core_in_training():
@@ -428,6 +457,8 @@ class Scheduler(CounterViews):
             return 0
         if self.cfg.streaming:
             n = min(self.wants, len(self._ready))
+            if n == 0:
+                return 0  # (after most events of an open batch)
             fed = tuple(heapq.heappop(self._ready)[1] for _ in range(n))
         else:
             fed = self._take_from_burst_reserve()
@@ -440,7 +471,7 @@ class Scheduler(CounterViews):
         if self.cfg.streaming:
             self.wants -= n
         out.append(act.FeedGroups(self.version, fed))
-        if self.cfg.dispatch == "continuous":
+        if self._continuous:
             self._dispatch(n, out)
         return n
 
@@ -460,7 +491,11 @@ class Scheduler(CounterViews):
         return self.cfg.B - self.fed if self.batch_open else self.cfg.B
 
     def _supply_ok(self) -> bool:
-        return rules.supply_sufficient(self.cfg, rules.supply(len(self._ready), self._batch_need()))
+        need = self.cfg.B - self.fed if self.batch_open else self.cfg.B  # _batch_need, inlined: once per event
+        key = (len(self._ready), need)
+        if key != self._supply_key:  # the rule is a pure function of these two: asked when one changed
+            self._supply_key, self._supply_value = key, rules.supply_sufficient(self.cfg, rules.supply(*key))
+        return self._supply_value
 
     def _track_supply(self) -> None:
         if not self._supply_ok():
@@ -473,7 +508,12 @@ class Scheduler(CounterViews):
 
     def _candidate_unit(self) -> tuple[int, ...] | None:
         """The next unit allowed to switch into training, if any (serial, prefix)."""
-        if self.cfg.static or self.awaiting_publish or R.TO_TRAINING in self.roles:
+        if self._candidate is _UNKNOWN:
+            self._candidate = self._find_candidate_unit()
+        return self._candidate  # type: ignore[return-value]  # not _UNKNOWN by now
+
+    def _find_candidate_unit(self) -> tuple[int, ...] | None:
+        if self._static or self.awaiting_publish or R.TO_TRAINING in self.roles:
             return None
         for unit in self._units:
             if all(self.roles[c] == R.TRAINING for c in unit):
@@ -484,16 +524,14 @@ class Scheduler(CounterViews):
         return None
 
     def _eq2_holds(self, unit: tuple[int, ...]) -> bool:
-        unit_capacity = len(unit) * self.cfg.C_e
-        return rules.waterlevel_allows(self.cfg, self.waterlevel, self.capacity, unit_capacity)
+        unit_capacity = len(unit) * self.cfg.C_e  # below: the waterlevel d - f and C_R, read without a call
+        return rules.waterlevel_allows(self.cfg, self.d - self.f, self._ledger.capacity, unit_capacity)
 
     def _maybe_transition(self, out: list[act.Action]) -> None:
-        assert self.now is not None  # set by handle() before any rule runs
-        if not rules.timer_elapsed(self.cfg, self.supply_since, self.now):
-            return  # checked first: it is cheap, and false after most events
-        unit = self._candidate_unit()
-        if unit is not None and self._eq2_holds(unit):
-            self._begin_transition(unit, R.TRAINING, out)
+        """The supply timer has elapsed (``_settle`` checks): switch the candidate unit if Eq. 2 holds."""
+        unit = self._candidate_unit() if self._candidate is _UNKNOWN else self._candidate
+        if unit is not None and self._eq2_holds(unit):  # type: ignore[arg-type]  # a unit, once known
+            self._begin_transition(unit, R.TRAINING, out)  # type: ignore[arg-type]
 
     def _begin_transition(self, cells: tuple[int, ...], role: str, out: list[act.Action]) -> None:
         change = "begin_training" if role == R.TRAINING else "begin_rollout"
@@ -505,8 +543,11 @@ class Scheduler(CounterViews):
         for cell in cells:
             new_role = R.next_role(self.roles[cell], change)
             assert new_role is not None  # only cells whose role allows the change are offered
-            self.roles[cell] = new_role
+            self._set_role(cell, new_role)
             out.append(act.BeginTransition(cell, role))
+
+
+_UNKNOWN = object()  # a cached value not computed since what it derives from last changed
 
 
 def _no_check(event: ev.Event) -> None:

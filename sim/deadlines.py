@@ -63,5 +63,5 @@ def execution_plan(trace: Trace, curve: EngineCurve,
         slowest_wall = harness * ((1.0 - shares) + shares / slowest)  # 1 / effective_speed(share, slowest)
         reach = ~stuck & (slowest_wall >= ceiling)
         limits[reach] = ceiling
-    limit_grid = [[None if np.isnan(v) else float(v) for v in row] for row in limits]
+    limit_grid = [[None if v != v else v for v in row] for row in limits.tolist()]  # NaN (v != v): no limit
     return work.tolist(), shares.astype(float).tolist(), limit_grid, ceiling

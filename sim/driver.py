@@ -27,7 +27,9 @@ Invariants: every event the core receives is recorded (in order) and
 replaying that log through a fresh core reproduces the same actions; every
 dispatched execution that starts ends exactly once (finished or cancelled);
 a run stops at the StepDone of its last step, or raises ``SimulationStalled``
-naming the core's state when no event is left.
+naming the core's state when no event is left. Timers run on ``gyre.sim.clock``
+(SimPy's order of timeouts), and Python's cyclic garbage collector is paused
+while a run's loop runs and resumed after, however it ends.
 
 Groups become ready by the rule the real trajectory buffer uses
 (``gyre.trajectory.outcomes.GroupOutcomes``): each execution's trace outcome
@@ -42,11 +44,13 @@ serve the published weights (the real backend does the same).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Callable
+import gc
+from heapq import heappop
+from typing import Callable, Iterator
 
 import numpy as np
-import simpy
 
 from gyre import actions as act
 from gyre import events as ev
@@ -58,16 +62,33 @@ from gyre.ids import execution_id
 from gyre.loop import ActionHandler, DriverLoop
 from gyre.roles import ROLLOUT
 from gyre.scheduler import Scheduler
+from gyre.sim.clock import Clock
 from gyre.sim.costs import CostModel
 from gyre.sim.deadlines import TIMED_OUT, execution_plan
 from gyre.sim.engines import EngineBank
 from gyre.sim.record import SimRecord
 from gyre.sim.training import SimTrainingPlane
-from gyre.trajectory.outcomes import GroupOutcomes, designated_outcome
+from gyre.trajectory.outcomes import Designated, GroupOutcomes, designated_outcome
 
 
 class SimulationStalled(RuntimeError):
     """No event is pending but the requested steps are not done."""
+
+
+@contextlib.contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for a run, and resume it (if it ran) however the run ends.
+
+    A run allocates a few objects per event and keeps most of them (its record) to the end; what it
+    drops is freed by reference counting, so the collector finds nothing to free mid-run (peak memory
+    is the same) but rescans the growing record again and again: a fifth of a sweep's CPU time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Simulation(ActionHandler):
@@ -78,7 +99,7 @@ class Simulation(ActionHandler):
         if trace.N != cfg.N:
             raise ValueError(f"trace has groups of {trace.N} executions but the schedule has N={cfg.N}")
         self.cfg, self.trace, self.costs, self.steps = cfg, trace, costs, steps
-        self.env = simpy.Environment()
+        self.env = Clock()
         self.core = Scheduler(cfg)
         self.record = SimRecord(cfg)
         self.loop = DriverLoop(self.core, self, self.record.log)
@@ -86,7 +107,7 @@ class Simulation(ActionHandler):
         self.costs, self.trace = bound, bound.trace
         self.plane = SimTrainingPlane(self.env, cfg, bound, self.send)
         self._on_step = on_step
-        self._done = self.env.event()
+        self._done = False  # the last step is done: nothing more is fed to the core
         self.engines = EngineBank(self.env, bound.engine_curve(), self._capacity, self._execution_done)
         self._durations = self.trace.durations_s.tolist()  # plain lists: read once per execution, hot
         self._harness = self.trace.harness_s.tolist() if HARNESS_COLUMN in self.trace.frame else None
@@ -95,25 +116,33 @@ class Simulation(ActionHandler):
         self._deadlines: dict[int, float] = {}  # execution -> wall-clock time its harness must stop
         self._cut: set[int] = set()  # stopped at the ceiling before their work was done: harness timeouts
         self._evaluating: set[int] = set()  # harness stopped, evaluation tail still running
-        self._outcome_grid = self.trace.outcomes.tolist()
+        outcomes = self.trace.outcomes
+        self._outcome_grid = outcomes.tolist() if outcomes.dtype.kind == "U" else [  # str already, or made str
+            [str(o) for o in row] for row in outcomes.tolist()]
+        self._tails = None if self._harness is None else [  # _evaluation_tail of each trace cell, read per finish
+            [float(d) - float(h) for d, h in zip(row, harness)] for row, harness in zip(self._durations, self._harness)]
         self._outcomes: dict[int, GroupOutcomes] = {}
         self._dropped = frozenset(dropped_groups)
         self._tick_at: float | None = None
         self._publish_until = 0.0
         self._tokens = trace.column("output_tokens")
         self._group_size = cfg.group_size  # hot: read per execution (Scheduler.group_of is x // group_size)
+        self._tau = cfg.tau
+        self._designated: dict[str, Designated] = {}  # trace outcome -> designated_outcome(it), read per finish
 
     # ---- running ---------------------------------------------------------------
     def run(self) -> SimRecord:
         for cell in range(self.cfg.static_train_cells):
             self.plane.join(cell)
-        self.send(ev.Begin(0.0))
-        step, done = self.env.step, self._done
-        try:
-            while not done.triggered:
-                step()
-        except simpy.core.EmptySchedule:
-            raise SimulationStalled(self._stall_message()) from None
+        with cyclic_gc_paused():
+            self.send(ev.Begin(0.0))
+            clock = self.env
+            queue = clock.queue  # Clock.step, inlined: this loop runs once per scheduled call
+            while not self._done:
+                if not queue:
+                    raise SimulationStalled(self._stall_message())
+                clock.now, _, fn, args = heappop(queue)
+                fn(*args)
         self.record.close(self.env.now)
         return self.record
 
@@ -125,7 +154,7 @@ class Simulation(ActionHandler):
 
     def send(self, event: ev.Event) -> None:
         """Feed one event through the driver loop (the core's actions come back as on_* calls)."""
-        if self._done.triggered:
+        if self._done:
             return
         self.loop.feed(event)
         self.engines.flush()
@@ -134,18 +163,30 @@ class Simulation(ActionHandler):
             if self._on_step:
                 self._on_step(self.core.version)
             if self.core.version >= self.steps:
-                self._done.succeed()
+                self._done = True
                 return
-        self._schedule_tick()
+        since = self.core.supply_since
+        if since is not None:  # _schedule_tick's first tests, here: they end it after most events
+            due = since + self._tau
+            if due != self._tick_at and due > self.core.now:  # type: ignore[operator]  # set by the feed
+                self._schedule_tick()
 
     def _schedule_tick(self) -> None:
-        if self.core.supply_since is None:
+        core = self.core
+        since = core.supply_since
+        if since is None:
             return  # no supply timer runs: next_deadline() is None (the common case, checked without it)
-        deadline = self.core.next_deadline()
+        # next_deadline() is None or since + tau; either way nothing is to be done when that time is past
+        # or already armed (most events while a timer runs), so the rule is asked only otherwise
+        due, now = since + self._tau, core.now
+        assert now is not None  # the core has taken an event: its time is set
+        if due == self._tick_at or due <= now:
+            return
+        deadline = core.next_deadline()
         if deadline is None or deadline == self._tick_at:
             return
         self._tick_at = deadline
-        self.env.timeout(deadline - self.env.now).callbacks.append(lambda _e, t=deadline: self._tick(t))
+        self.env.call_in(deadline - self.env.now, self._tick, deadline)
 
     def _tick(self, deadline: float) -> None:
         if self._tick_at == deadline:
@@ -164,9 +205,10 @@ class Simulation(ActionHandler):
     def on_start_executions(self, a: act.StartExecutions) -> None:
         start, started, cell, size, now = (self.engines.start, self.record.execution_started, self._cell,
                                            self._group_size, self.env.now)
-        work, shares, limits = self._work, self._shares, self._limits
+        work, shares, limits, N, rows = self._work, self._shares, self._limits, self.cfg.N, len(self._durations)
         for x, engine in a.placements:
-            q, i = cell(x)
+            g, i = divmod(x, size)
+            q, i = (g % rows, i) if i < N else cell(x)  # _cell's first case (no surplus), inlined
             start(x, engine, work[q][i], shares[q][i])
             limit = limits[q][i]
             if limit is not None:  # it can reach its ceiling: a wall-clock deadline ends its harness
@@ -175,7 +217,7 @@ class Simulation(ActionHandler):
 
     def _arm_deadline(self, x: int, at: float) -> None:
         self._deadlines[x] = at
-        self.env.timeout(at - self.env.now).callbacks.append(lambda _e: self._deadline_due(x, at))
+        self.env.call_in(at - self.env.now, self._deadline_due, x, at)
 
     def _deadline_due(self, x: int, at: float) -> None:
         """``x``'s harness ceiling (its start plus the limit, however loaded or rerouted) has come."""
@@ -189,7 +231,7 @@ class Simulation(ActionHandler):
 
     def _stuck(self, x: int) -> bool:
         q, i = self._cell(x)
-        return str(self._outcome_grid[q][i]) in TIMED_OUT
+        return self._outcome_grid[q][i] in TIMED_OUT
 
     def _cell(self, x: int) -> tuple[int, int]:
         """The trace row and column of execution ``x``."""
@@ -205,10 +247,10 @@ class Simulation(ActionHandler):
 
     def _evaluation_tail(self, x: int) -> float:
         """Seconds from ``x``'s harness stop to its end (0 without a ``harness_s`` column)."""
-        if self._harness is None:
+        if self._tails is None:
             return 0.0
         q, i = self._cell(x)
-        return float(self._durations[q][i]) - float(self._harness[q][i])
+        return self._tails[q][i]
 
     def _capacity(self, engine: int) -> int:
         return self.cfg.C_s if engine == SEPARATE else self.cfg.C_e
@@ -221,14 +263,14 @@ class Simulation(ActionHandler):
     def _execution_done(self, x: int) -> None:
         """``x``'s harness stopped (work done, or its deadline): it ends now, or evaluates first."""
         self._deadlines.pop(x, None)
-        tail = self._evaluation_tail(x)
-        if tail > 0:
+        q, i = self._cell(x)
+        if self._tails is not None and self._tails[q][i] > 0:  # _evaluation_tail, inlined: once per execution
             self._evaluating.add(x)
             self.record.harness_stopped(x, self.env.now)
             self.send(ev.HarnessStopped(self.env.now, x))
-            self._after(tail, lambda: self._evaluation_done(x))
-        else:
-            self._finish(x)
+            self._after(self._tails[q][i], lambda: self._evaluation_done(x))
+        else:  # _finish, inlined
+            self._close(x, "harness_timeout" if x in self._cut else self._outcome_grid[q][i])
 
     def _evaluation_done(self, x: int) -> None:
         if x in self._evaluating:  # not cancelled meanwhile
@@ -237,17 +279,21 @@ class Simulation(ActionHandler):
 
     def _finish(self, x: int) -> None:
         q, i = self._cell(x)
-        outcome = "harness_timeout" if x in self._cut else str(self._outcome_grid[q][i])
+        outcome = "harness_timeout" if x in self._cut else self._outcome_grid[q][i]
         self._close(x, outcome)
 
     def _close(self, x: int, outcome: str) -> None:
-        self.record.execution_finished(x, self.env.now, outcome)
-        self.send(ev.ExecutionFinished(self.env.now, x, outcome))
+        now = self.env.now
+        self.record.execution_finished(x, now, outcome)
+        self.send(ev.ExecutionFinished(now, x, outcome))
         g = x // self._group_size
         outcomes = self._outcomes.get(g)  # gone once the group was reported ready
         if outcomes is None or outcomes.ready or outcome == "cancelled" or g in self._dropped:
             return  # cancelled work and late surplus have no designated outcome
-        if outcomes.resolve(execution_id(x), designated_outcome(outcome)):
+        designated = self._designated.get(outcome)
+        if designated is None:
+            designated = self._designated[outcome] = designated_outcome(outcome)
+        if outcomes.resolve(execution_id(x), designated):
             self._after(self.costs.evaluation_s, lambda: self._group_ready(g))
 
     def _group_ready(self, g: int) -> None:
@@ -317,5 +363,5 @@ class Simulation(ActionHandler):
         self.send(ev.PublishDone(self.env.now, version))
 
     def _after(self, seconds: float, fn: Callable[[], None]) -> None:
-        self.env.timeout(seconds).callbacks.append(lambda _e: fn())
+        self.env.call_in(seconds, fn)
 

@@ -46,7 +46,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-import simpy
+from gyre.sim.clock import Clock
 
 # SGLang 0.5.23 CPU engine, measured 2026-12-02 23:45 UTC on the 2-core machine shared with
 # other jobs (AMD EPYC, float32, torch_native attention, one engine) by
@@ -146,7 +146,7 @@ class _Engine:
 class EngineBank:
     """Every rollout engine of a simulation; calls ``on_finish(x)`` when an execution's work is done."""
 
-    def __init__(self, env: simpy.Environment, curve: EngineCurve, capacity: Callable[[int], int],
+    def __init__(self, env: Clock, curve: EngineCurve, capacity: Callable[[int], int],
                  on_finish: Callable[[int], None]) -> None:
         self.env, self.curve, self._capacity, self._on_finish = env, curve, capacity, on_finish
         self._engines: dict[int, _Engine] = {}
@@ -181,7 +181,9 @@ class EngineBank:
             raise ValueError(f"execution {x}: work must be a finite number >= 0, got {work!r}")
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"execution {x}: model-call share must lie in [0, 1], got {share!r}")
-        e = self._touch(engine)
+        e = self._engines.get(engine)
+        if e is None or not e.dirty or e.t != self.env.now:  # else _touch has nothing to do (after a finish)
+            e = self._touch(engine)
         clock = e.clocks.get(share)
         if clock is None:
             clock = e.clocks[share] = _Clock(share)
@@ -206,8 +208,9 @@ class EngineBank:
 
     def flush(self) -> None:
         """Re-evaluate the rate of every engine changed since the last flush and re-arm its timer."""
-        while self._dirty:
-            e = self._dirty.pop()
+        dirty = self._dirty
+        while dirty:
+            e = dirty.pop()
             e.dirty = False
             key = (len(e.tags), e.capacity)
             speed = self._speeds.get(key)
@@ -225,7 +228,7 @@ class EngineBank:
         if e is None:
             e = self._engines[engine] = _Engine(self._capacity(engine))
             e.t = self.env.now
-        else:
+        elif self.env.now != e.t:  # _advance's first test, here: most touches come at the same instant
             self._advance(e)
         if not e.dirty:
             e.dirty = True
@@ -255,13 +258,18 @@ class EngineBank:
             return
         e.armed_at = due
         if due < math.inf:
-            self.env.timeout(due - self.env.now).callbacks.append(lambda _ev, e=e, due=due: self._fire(e, due))
+            self.env.call_in(due - self.env.now, self._fire, e, due)
 
     def _fire(self, e: _Engine, due: float) -> None:
         if e.armed_at != due:
             return  # superseded by a later re-arm
         e.armed_at = math.inf
-        self._advance(e)
+        now = self.env.now
+        if now != e.t:  # _advance, inlined: once per finish
+            dt = now - e.t
+            for clock in e.clocks.values():
+                clock.v += dt * clock.eff
+            e.t = now
         tags = e.tags
         done = []
         for clock in e.clocks.values():
@@ -279,7 +287,8 @@ class EngineBank:
             self._dirty.append(e)
         for x in done:
             self._on_finish(x)
-        self.flush()
+        if self._dirty:
+            self.flush()
 
 
 _GONE = (None, math.nan)  # a tag no heap entry equals

@@ -37,7 +37,7 @@ from gyre.formats.trace_meta import read_trace_meta
 from gyre.presets import PAPER_SHAPE, WORKLOAD_SHAPES, build_preset
 from gyre.sim.breakdown import role_node_seconds, rollout_busy_share, time_breakdown
 from gyre.sim.costs import CostModel
-from gyre.sim.driver import Simulation
+from gyre.sim.driver import Simulation, cyclic_gc_paused
 from gyre.sim.exposure import burst_exposure, exposure_summary
 from gyre.sim.realized import realized_profile
 from gyre.sim.record import SimRecord, write_tables
@@ -104,10 +104,11 @@ def run_simulation(preset: str | None = None, trace: str | Path | Trace = DEFAUL
         raise ValueError(f"steps must be >= 1, got {steps}")
     costs = for_workload(costs or CostModel(), trace_name)
     t0 = time.perf_counter()
-    sim = Simulation(cfg, resolved, costs, steps, on_step=on_step)
-    record = sim.run()
-    wall = time.perf_counter() - t0
-    summary = summarize(cfg, record, preset, trace_name, steps, seed, wall)
+    with cyclic_gc_paused():  # building, running and summarizing a run frees nothing cyclic (driver.py)
+        sim = Simulation(cfg, resolved, costs, steps, on_step=on_step)
+        record = sim.run()
+        wall = time.perf_counter() - t0
+        summary = summarize(cfg, record, preset, trace_name, steps, seed, wall)
     summary["units"] = "s" if meta is not None else "h"  # a real run's trace: report in its own seconds
     summary["total_s"], summary["mean_step_s"] = round(record.end_s, 6), round(record.end_s / steps, 6)
     if breakdown:
@@ -121,6 +122,10 @@ def run_simulation(preset: str | None = None, trace: str | Path | Trace = DEFAUL
     else:  # a sweep reads only the slack: skip the wall-clock breakdown (~7% of a run's CPU time)
         summary["slack"] = slack(cfg, record, sim.plane.busy_node_s)
     summary.update(training_costs(sim.costs, sim.plane.work_node_s, steps))
+    # A finished driver is a reference cycle (its handlers point back at it). The record leaves it here,
+    # so when the caller drops the result, reference counting frees the record and its events at once
+    # instead of a collector pass over them (a sweep worker collects after each run: ``sim.workers``).
+    del sim.record, sim.loop.log
     return SimResult(cfg, summary, record)
 
 

@@ -19,7 +19,6 @@ number of workers, and equal arguments give equal rows (except
 from __future__ import annotations
 
 import itertools
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable
 
 from gyre.config import ConfigError, parse_overrides
@@ -85,5 +84,7 @@ def run_sweep(axes: dict[str, list[Any]], *, preset: str = "E0", trace: str = "n
     if jobs == 1:
         return [_one(job) for job in work]
     import gyre.sim.runner  # noqa: F401  imported once here, before the workers fork, not once in each
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(_one, work, chunksize=max(1, len(work) // (4 * jobs))))
+    from gyre.sim.workers import collecting, simulation_pool
+
+    with simulation_pool(jobs) as pool:
+        return list(pool.map(collecting(_one), work, chunksize=max(1, len(work) // (4 * jobs))))

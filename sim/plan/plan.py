@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -46,8 +45,10 @@ def local_mapper(jobs: int) -> Iterator[Mapper]:
         yield lambda fn, items: [fn(item) for item in items]
         return
     import gyre.sim.runner  # noqa: F401  imported once here, before the workers fork
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        yield lambda fn, items: list(pool.map(fn, items))
+    from gyre.sim.workers import collecting, simulation_pool
+
+    with simulation_pool(jobs) as pool:
+        yield lambda fn, items: list(pool.map(collecting(fn), items))
 
 
 @dataclass

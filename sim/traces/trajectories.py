@@ -41,7 +41,6 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import poisson
 
 # paper: docs/workload.md#training-cost-and-slack, forward-backward time vs uncapped
 SPEC51_KEPT_SHARE = {1: 0.414, 5: 0.748}
@@ -127,6 +126,8 @@ def _poisson_inverse(u: np.ndarray, lam: np.ndarray) -> np.ndarray:
     out = np.zeros(u.size, np.int64)
     small = lam <= 50
     if (~small).any():
+        from scipy.stats import poisson  # here: scipy.stats is most of `import gyre.sim.runner`, rarely needed
+
         out[~small] = poisson.ppf(u[~small], lam[~small]).astype(np.int64)
     idx = np.flatnonzero(small)
     p = np.exp(-lam[idx])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 import tomllib
 from pathlib import Path
 
@@ -168,6 +169,15 @@ def test_cli_refuses_bad_arguments_with_a_reason(tmp_path, capsys):
     assert main(["plan", "--cell-sizes", "64", "--nodes", "32", "--out", str(tmp_path / "z")]) == 2
     assert "exceed" in capsys.readouterr().err
     assert not Path(tmp_path / "z" / "plan.db").exists()
+
+
+def test_ray_flags_without_ray_fail_with_one_clear_error_and_run_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # "import ray" raises ImportError, as where Ray is absent
+    assert main(["plan", "--ray", "auto", "--budget", "4", "--out", str(tmp_path / "p")]) == 2
+    assert "gyre plan: error: --ray needs Ray" in capsys.readouterr().err
+    assert not (tmp_path / "p" / "trials.csv").exists()
+    assert main(["sweep", "--sweep", "phi=0,0.5", "--ray", "auto", "--out", str(tmp_path / "s")]) == 2
+    assert "gyre sweep: error: --ray needs Ray" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # a whole plan through the command line, and its figure

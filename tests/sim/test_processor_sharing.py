@@ -1,6 +1,6 @@
 """Processor-sharing engines (gyre.sim.engines): hand-worked cases, normalisation, work conservation.
 
-The bank is driven directly on a SimPy clock; finish times are worked out by
+The bank is driven directly on the simulator's clock; finish times are worked out by
 hand in each test's comment. The Hypothesis property integrates the speed of
 each execution's engine over its life from an independent log of loads and
 checks it equals the work it was given.
@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 
 import pytest
-import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gyre.sim.clock import Clock
 from gyre.sim.costs import CostError, CostModel, parse_cost_overrides
 from gyre.sim.engines import DEFAULT_ALPHA, DEFAULT_MODEL, MEASURED, EngineBank, EngineCurve, fit_load_alpha
 
@@ -23,7 +23,7 @@ class Harness:
     """An EngineBank on its own clock, logging every load change and finish."""
 
     def __init__(self, curve: EngineCurve, capacity: int = 2) -> None:
-        self.env = simpy.Environment()
+        self.env = Clock()
         self.curve, self.cap = curve, capacity
         self.finished: dict[int, float] = {}
         self.bank = EngineBank(self.env, curve, lambda _engine: capacity, self._done)

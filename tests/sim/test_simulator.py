@@ -166,3 +166,49 @@ def test_a_run_that_runs_out_of_events_names_the_core_state(small_trace):
         sim.run()
     with pytest.raises(ValueError, match="steps must be >= 1"):
         Simulation(build_preset("E0"), small_trace, CostModel(), steps=0)
+
+
+def test_the_cyclic_collector_is_paused_during_a_run_and_resumed_however_it_ends(small_trace):
+    import gc
+
+    from gyre.presets import build_preset
+    from gyre.sim.costs import CostModel
+    from gyre.sim.driver import Simulation, SimulationStalled
+
+    seen: list[bool] = []
+
+    class Watching(Simulation):
+        def on_start_batch(self, a) -> None:
+            seen.append(gc.isenabled())
+            super().on_start_batch(a)
+
+    class NoTraining(Simulation):
+        def on_start_batch(self, a) -> None:
+            """Batches open but never train: the run stalls."""
+
+    assert gc.isenabled()
+    Watching(build_preset("E0"), small_trace, CostModel(), steps=1).run()
+    assert seen and not any(seen) and gc.isenabled()
+    with pytest.raises(SimulationStalled):
+        NoTraining(build_preset("E0"), small_trace, CostModel(), steps=1).run()
+    assert gc.isenabled()
+    gc.disable()  # a caller that runs without the collector keeps it off
+    try:
+        Watching(build_preset("E0"), small_trace, CostModel(), steps=1).run()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_dropped_result_frees_its_record_without_the_collector(small_trace):
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        result = run_simulation("E0", small_trace, steps=1, seed=0)
+        record, log = weakref.ref(result.record), weakref.ref(result.record.log)
+        del result
+        assert record() is None and log() is None  # reference counting alone: no cycle holds them
+    finally:
+        gc.enable()

@@ -86,7 +86,7 @@ def _reference_run(self):
     for cell in range(self.cfg.static_train_cells):
         self.plane.join(cell)
     self.send(ev.Begin(0.0))
-    while not self._done.triggered:
+    while not self._done:  # a flag since the driver runs on gyre.sim.clock (was a SimPy event's .triggered)
         if self.env.peek() == float("inf"):
             raise SimulationStalled(self._stall_message())
         self.env.step()

@@ -1,0 +1,67 @@
+"""The simulator's clock (gyre.sim.clock) runs calls in exactly SimPy's order of timeouts, at its times.
+
+The driver, the engines and the training plane moved from ``simpy.Environment``
+to ``Clock`` to save an event object per call; results stay bit-identical only
+if the order of calls due at the same time is the same. The property builds
+random programs of timeouts (zero delays and ties included, scheduled from
+inside other calls) and runs each on both clocks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gyre.sim.clock import Clock, EmptyClock
+
+# a program: each call, when it runs, schedules the children listed for it (delay, child id)
+DELAYS = st.sampled_from([0, 0.0, 0.5, 1.0, 1.5, 3.0, 0.1 + 0.2, 0.3])
+PROGRAMS = st.lists(st.lists(st.tuples(DELAYS, st.integers(0, 30)), max_size=3), min_size=1, max_size=30)
+
+
+def _trace(env, program: list[list[tuple[float, int]]], use_call_in: bool) -> list[tuple[float, int]]:
+    ran: list[tuple[float, int]] = []
+    budget = [200]  # programs may loop; stop scheduling after 200 calls
+
+    def run(node: int) -> None:
+        ran.append((env.now, node))
+        for delay, child in program[node % len(program)]:
+            if budget[0] <= 0:
+                return
+            budget[0] -= 1
+            if use_call_in:
+                env.call_in(delay, run, child)
+            else:
+                env.timeout(delay).callbacks.append(lambda _e, c=child: run(c))
+
+    env.timeout(0).callbacks.append(lambda _e: run(0))
+    env.run()
+    return ran
+
+
+@settings(max_examples=60, deadline=None)
+@given(PROGRAMS, st.booleans())
+def test_calls_run_in_simpy_order_at_simpy_times(program, use_call_in):
+    expected = _trace(simpy.Environment(), program, use_call_in=False)
+    got = _trace(Clock(), program, use_call_in=use_call_in)
+    assert [(type(t), t, n) for t, n in got] == [(type(t), t, n) for t, n in expected]
+
+
+def test_run_until_stops_before_calls_due_then_and_stands_there():
+    for env in (simpy.Environment(), Clock()):
+        ran: list[float] = []
+        for t in (1.0, 2.0, 3.0):
+            env.timeout(t).callbacks.append(lambda _e, t=t, ran=ran: ran.append(t))
+        env.run(until=2.0)
+        assert ran == [1.0] and env.now == 2.0, type(env)
+    assert Clock().peek() == float("inf")
+
+
+def test_a_negative_delay_and_an_empty_clock_are_refused():
+    clock = Clock()
+    with pytest.raises(ValueError, match="negative delay"):
+        clock.call_in(-1e-9, print)
+    with pytest.raises(EmptyClock):
+        clock.step()
