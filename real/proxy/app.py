@@ -209,7 +209,8 @@ class ProxyServer:
         self.chat = chat or ChatTokenizer(config.model_path, stop_tokens=config.stop_tokens)
         self.router = Router(config.engines)
         self.client = EngineClient(config.retry)
-        self.recorder = Recorder(config.records_dir, self.chat, fsync=config.fsync)
+        self.recorder = Recorder(config.records_dir, self.chat, fsync=config.fsync,
+                                 write_timeout_s=config.limits.record_write_timeout_s)
         self.keys = KeyRegistry(self.recorder.root / "keys.json", config.executions)
         self.service = ChatService(config, self.chat, self.router, self.client, self.recorder)
         self.admin = AdminApi(config.admin_token, self.router, self.recorder, self.keys, self.service)
