@@ -30,9 +30,12 @@ Invariants:
 - a client that half-closes its connection after sending a streaming request
   (``shutdown(SHUT_WR)``) is served: the connection stays open for the answer
   and closes after it (``keep_half_open``); one that has really gone is found by
-  the stream's writes failing. A non-streaming call cannot tell a half-close
-  from a disconnect before its answer is written, so there the end of the
-  client's input counts as a disconnect (as above: aborted, not recorded);
+  the stream's writes failing. A non-streaming HTTP/1.1 call is served too:
+  once its client's input ends, the proxy probes the connection with an interim
+  ``100 Continue`` (which every HTTP/1.1 client must skip) at once and every
+  ``HALF_OPEN_PROBE_S``; a peer that has really closed answers the probe with a
+  reset, and the call counts as disconnected (``ClientWatch``). An HTTP/1.0
+  client may not be sent a 1xx, so there the end of its input is a disconnect;
 - a streaming client that stops reading for ``limits.client_write_timeout_s``
   is cut off the same way (its connection aborted, at most a quarter of the
   timeout or 1 s later: ``proxy.write_watch``); a record committed before the
@@ -46,6 +49,7 @@ import contextlib
 import json
 import logging
 import socket
+import time
 import weakref
 import zlib
 from types import ModuleType
@@ -80,6 +84,10 @@ STREAM_SEND_BUFFER = 64 * 1024
 RUNNER_ARGS = {"auto_decompress": False}
 ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 DISCONNECT_POLL_S = 0.1  # how often a non-streaming call checks that its client is still connected
+HALF_OPEN_PROBE_S = 1.0  # how often a half-closed client of a non-streaming call is probed
+# an interim answer: RFC 9110 section 15.2, a client MUST parse 1xx responses it did not expect
+HALF_OPEN_PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"
+TCP_CLOSE = 7  # ``tcpi_state`` of a connection the peer has reset (Linux include/net/tcp_states.h)
 
 
 class _EventStream(web.StreamResponse):
@@ -138,6 +146,41 @@ def keep_half_open(runner: web.AppRunner) -> None:
     runner.server.__class__ = _HalfOpenServer
 
 
+class ClientWatch:
+    """Whether the client of a non-streaming call is still there (module invariants): a closed
+    transport is gone; a client whose input ended is probed, and gone once the probe is reset."""
+
+    def __init__(self, request: web.Request, clock: Any = time.monotonic) -> None:
+        self.request, self.clock = request, clock
+        self.probed_at: float | None = None
+
+    def gone(self) -> bool:
+        transport = self.request.transport
+        if transport is None or transport.is_closing():
+            return True
+        if not getattr(self.request.protocol, "peer_eof", False):
+            return False
+        if self.request.version < (1, 1):
+            return True  # no 1xx for an HTTP/1.0 client: its input's end is its disconnect
+        now = self.clock()
+        if self.probed_at is None or now - self.probed_at >= HALF_OPEN_PROBE_S:
+            self.probed_at = now
+            transport.write(HALF_OPEN_PROBE)  # on loopback the reset is back before this returns
+        return transport.is_closing() or _peer_reset(transport)
+
+
+def _peer_reset(transport: asyncio.BaseTransport) -> bool:
+    """The kernel's TCP state says the peer reset the connection (Linux; elsewhere the next probe's
+    write fails instead and closes the transport)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or not hasattr(socket, "TCP_INFO"):
+        return False
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == TCP_CLOSE
+    except OSError:
+        return True  # a socket the kernel no longer knows
+
+
 def _inflate(raw: bytes, encoding: str, limit: int) -> bytes:
     """``raw`` decoded from ``encoding``; 413 as soon as more than ``limit`` bytes come out (a bomb is
     never inflated whole), 400 when it is not that encoding's data."""
@@ -166,7 +209,8 @@ class ProxyServer:
         self.chat = chat or ChatTokenizer(config.model_path, stop_tokens=config.stop_tokens)
         self.router = Router(config.engines)
         self.client = EngineClient(config.retry)
-        self.recorder = Recorder(config.records_dir, self.chat, fsync=config.fsync)
+        self.recorder = Recorder(config.records_dir, self.chat, fsync=config.fsync,
+                                 write_timeout_s=config.limits.record_write_timeout_s)
         self.keys = KeyRegistry(self.recorder.root / "keys.json", config.executions)
         self.service = ChatService(config, self.chat, self.router, self.client, self.recorder)
         self.admin = AdminApi(config.admin_token, self.router, self.recorder, self.keys, self.service)
@@ -336,12 +380,11 @@ class ProxyServer:
             return finished
 
         consumer = asyncio.ensure_future(last())
+        client = ClientWatch(request)
         try:
             while not consumer.done():
                 await asyncio.wait({consumer}, timeout=DISCONNECT_POLL_S)
-                transport = request.transport
-                if not consumer.done() and (transport is None or transport.is_closing()
-                                            or getattr(request.protocol, "peer_eof", False)):
+                if not consumer.done() and client.gone():
                     raise ClientGone()
             finished = consumer.result()
         finally:

@@ -14,7 +14,7 @@ File shape (JSON shown; TOML has the same keys)::
       "executions": {"<api key>": "<execution id>"},
       "retry": {"attempts": 4, "budget_s": 30, "connect_timeout_s": 2, "read_timeout_s": 120},
       "limits": {"max_body_bytes": 33554432, "default_max_tokens": 1024, "max_context_tokens": 262144,
-                 "client_read_timeout_s": 60, "client_write_timeout_s": 60},
+                 "client_read_timeout_s": 60, "client_write_timeout_s": 60, "record_write_timeout_s": 10},
       "policy_version": 0, "harness": "generic", "fsync": true,
       "dump_requests": false
     }
@@ -130,20 +130,23 @@ class Limits:
     API allows omitting it (OpenAI); a body not received within
     ``client_read_timeout_s`` gets 408; a client that stops reading its
     response for ``client_write_timeout_s`` is cut off (its engine request
-    aborted, its call not recorded unless its record was already committed)."""
+    aborted, its call not recorded unless its record was already committed); a
+    record the disk has not made durable within ``record_write_timeout_s`` fails
+    its call with 503 (``proxy.recording``: a stalled disk holds no one else)."""
 
     max_body_bytes: int = 32 * 1024 * 1024
     default_max_tokens: int = 1024
     max_context_tokens: int = 262_144
     client_read_timeout_s: float = 60.0
     client_write_timeout_s: float = 60.0
+    record_write_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         _check_numbers(self, "limits")
         for name in ("max_body_bytes", "default_max_tokens", "max_context_tokens"):
             if getattr(self, name) < 1:
                 raise ProxyConfigError(f"limits.{name} must be >= 1")
-        for name in ("client_read_timeout_s", "client_write_timeout_s"):
+        for name in ("client_read_timeout_s", "client_write_timeout_s", "record_write_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ProxyConfigError(f"limits.{name} must be > 0")
 

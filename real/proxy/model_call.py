@@ -153,24 +153,36 @@ class ChatService:
             return self._render(state, request)
         return await asyncio.get_running_loop().run_in_executor(self.pool, self._render, state, request)
 
-    async def encode(self, text: str, cache: PrefixCache | None = None) -> tuple[np.ndarray, int]:
+    async def encode(self, text: str, cache: PrefixCache | None = None,
+                     max_tokens: int | None = None) -> tuple[np.ndarray, int]:
         """Ids of ``text`` (int32), reusing the longest cached prefix; returns (ids, reused ids). Long suffixes
-        are encoded on a worker thread so a 100 KB first prompt does not stall every other stream."""
+        are encoded on a worker thread so a 100 KB first prompt does not stall every other stream; with
+        ``max_tokens`` (the answer's budget), one that cannot fit the context is refused from its size
+        before it is tokenized (``proxy.prompt_size``)."""
         covered, ids = cache.best_prefix(text) if cache is not None else (0, np.zeros(0, dtype=np.int32))
         if len(text) - covered < OFFLOAD_CHARS:
             return join_ids(ids, self.chat.encode(text[covered:])), len(ids)
-        suffix = await asyncio.get_running_loop().run_in_executor(self.pool, self.chat.encode, text[covered:])
+        suffix = await asyncio.get_running_loop().run_in_executor(
+            self.pool, self._encode_fitting, text[covered:], len(ids), max_tokens)
         return join_ids(ids, suffix), len(ids)
+
+    def _encode_fitting(self, suffix: str, prefix_ids: int, max_tokens: int | None) -> list[int]:
+        if max_tokens is not None:
+            self._check_fits(prefix_ids + self.chat.size.at_least(suffix), max_tokens, "at least ")
+        return self.chat.encode(suffix)
+
+    def _check_fits(self, prompt_tokens: int, max_tokens: int, bound: str = "") -> None:
+        limit = self.config.limits.max_context_tokens
+        if prompt_tokens + max_tokens > limit:
+            raise bad_request(f"max_tokens: prompt is too long: {bound}{prompt_tokens} tokens + max_tokens "
+                              f"{max_tokens} > {limit} maximum")
 
     async def prepare(self, execution_id: str, request: ChatRequest, size: int = 0) -> Prepared:
         """Render and encode ``request`` (``size``: its body's bytes); 400 when the prompt cannot be served."""
         prompt_text = await self.render_async(execution_id, request, size)
         state = self.recorder.state(execution_id)
-        input_ids, reused = await self.encode(prompt_text, state.prefix)
-        limit = self.config.limits.max_context_tokens
-        if len(input_ids) + request.max_tokens > limit:
-            raise bad_request(f"max_tokens: prompt is too long: {len(input_ids)} tokens + max_tokens "
-                              f"{request.max_tokens} > {limit} maximum")
+        input_ids, reused = await self.encode(prompt_text, state.prefix, request.max_tokens)
+        self._check_fits(len(input_ids), request.max_tokens)
         return Prepared(request=request, execution_id=execution_id, request_id=self._request_id(),
                         prompt_text=prompt_text, input_ids=input_ids, reused_ids=reused,
                         in_thinking=prompt_text.rstrip().endswith(THINK_OPEN), started_at=self.clock())

@@ -34,6 +34,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from gyre.real.proxy.prompt_size import PromptSize
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -113,6 +115,7 @@ class ChatTokenizer:
             raise ValueError(f"tokenizer at {model_path} has no chat template")
         self._backend = getattr(self.tokenizer, "backend_tokenizer", None) if getattr(
             self.tokenizer, "is_fast", False) else None
+        self.size = PromptSize(self.tokenizer)  # a token count's lower bound from a text's size
         vocab = self.tokenizer.get_vocab()
         self.stop_token_ids = tuple(vocab[t] for t in stop_tokens if t in vocab)
         if not self.stop_token_ids and self.tokenizer.eos_token_id is not None:

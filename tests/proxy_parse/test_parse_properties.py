@@ -160,6 +160,16 @@ RESPONSES_BASE = {"model": "m", "input": "hi"}
     ("anthropic", {"stop_sequences": "."}, "stop_sequences"),  # a list in Anthropic's API (a string is OpenAI's)
     ("chat", {"model": "m" * 100_000}, "model"),
     ("responses", {"model": "m" * 257}, "model"),
+    # empty content where the API itself refuses it (api/anthropic.py, api/openai_chat.py module docs)
+    ("anthropic", {"messages": [{"role": "user", "content": ""}]}, "messages.0"),
+    ("anthropic", {"messages": [{"role": "user", "content": []}]}, "messages.0"),
+    ("anthropic", {"messages": [{"role": "user", "content": " \n"}]}, "messages.0.content"),
+    ("anthropic", {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
+     "messages.0.content.0.text"),
+    ("anthropic", {"messages": [{"role": "user", "content": [{"type": "text", "text": "\t"}]}]},
+     "messages.0.content.0.text"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "a", "tool_calls": []},
+                           {"role": "user", "content": "y"}]}, "messages.1.tool_calls"),
 ])
 def test_wrong_values_are_400s_naming_the_field(api, change, param):
     base = {"anthropic": ANTHROPIC_BASE, "chat": CHAT_BASE, "responses": RESPONSES_BASE}[api]
@@ -274,3 +284,21 @@ def test_parsing_imports_no_heavy_stack():
             "print(sorted(m for m in ('aiohttp', 'torch', 'transformers', 'tokenizers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("api,body", [
+    ("anthropic", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [
+        {"type": "text", "text": ""}, {"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": ""}]}], "system": ""}),
+    ("anthropic", {"messages": [{"role": "user", "content": "x"},
+                                {"role": "assistant", "content": [{"type": "text", "text": "\n\n"}]},
+                                {"role": "user", "content": "y"}]}),
+    ("chat", {"messages": [{"role": "system", "content": ""}, {"role": "user", "content": ""}]}),
+    ("chat", {"messages": [{"role": "user", "content": []}, {"role": "assistant", "content": ""},
+                           {"role": "user", "content": "y"}]}),
+    ("responses", {"input": [{"role": "user", "content": ""}]}),
+])
+def test_empty_content_the_api_accepts_is_accepted(api, body):
+    """What the proxy emits (an empty answer) and what the real API takes back, parses."""
+    base = {"anthropic": ANTHROPIC_BASE, "chat": CHAT_BASE, "responses": RESPONSES_BASE}[api]
+    assert isinstance(parse(api, encode(dict(base, **body))), ChatRequest)

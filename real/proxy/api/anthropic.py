@@ -14,6 +14,17 @@ that answers no earlier ``tool_use``, a final assistant message: prefill is
 not supported) is a 400 ``invalid_request_error`` naming the field. The whole
 body is parsed before any response starts.
 
+Empty content, as the API answers it: a user message whose content is ``""``
+or ``[]`` ("all messages must have non-empty content except for the optional
+final assistant message"), or one of its text blocks (the string form is
+shorthand for one) empty ("text content blocks must be non-empty") or only
+whitespace ("... must contain non-whitespace text") is a 400 with the API's
+wording (seen in the API's answers quoted in anthropics/claude-code issues
+#6774, #59812 and #23440). An assistant message may be empty or whitespace:
+the proxy itself answers an empty text block when the model says nothing, and
+what it emits it accepts back. Tool results and ``system`` may be empty (the
+API takes both).
+
 Streaming follows the official event order: ``message_start``, then per
 content block ``content_block_start``, (one ``ping`` after the first start),
 ``content_block_delta``..., ``content_block_stop``; then ``message_delta``
@@ -95,9 +106,21 @@ def _assistant(content: Any, where: str) -> dict[str, Any]:
     return {"role": "assistant", "content": "".join(text), "tool_calls": calls, "thinking": "\n".join(thinking)}
 
 
+def _user_text(text: str, where: str) -> str:
+    """A user's text block as the API takes it: not empty, not only whitespace (module doc)."""
+    if not text:
+        raise bad_request(f"{where}: text content blocks must be non-empty")
+    if text.isspace():
+        raise bad_request(f"{where}: text content blocks must contain non-whitespace text")
+    return text
+
+
 def _user(content: Any, where: str, role: str) -> list[dict[str, Any]]:
+    if role == "user" and (content == "" or content == []):
+        raise bad_request(f"{where}: all messages must have non-empty content except for the optional final "
+                          "assistant message", where)
     if isinstance(content, str):
-        return [{"role": role, "content": content}]
+        return [{"role": role, "content": _user_text(content, f"{where}.content") if role == "user" else content}]
     if not isinstance(content, list):
         raise bad_request(f"{where}.content: expected a string or a list of blocks")
     results, text = [], []
@@ -105,7 +128,8 @@ def _user(content: Any, where: str, role: str) -> list[dict[str, Any]]:
         at = f"{where}.content.{i}"
         kind = _block_kind(block, at)
         if kind == "text":
-            text.append(fields.string(block, "text", where=at, required=True))
+            block_text = fields.string(block, "text", where=at, required=True)
+            text.append(_user_text(block_text, f"{at}.text") if role == "user" else block_text)
         elif kind == "tool_result" and role == "user":
             call_id = fields.string(block, "tool_use_id", where=at, required=True)
             body = _text_of(block["content"], f"{at}.content") if block.get("content") is not None else ""

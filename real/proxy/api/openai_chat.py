@@ -11,6 +11,12 @@ sampled tokens' log-probabilities; ``top_logprobs`` must be 0); ``n`` must be
 ``seed``, ``user``, ``metadata``, ``reasoning_effort``, ``store`` are accepted
 and ignored. Image/audio parts and other tool types are 400s naming the field.
 
+Empty content, as the API answers it: ``""`` and ``[]`` content are accepted
+(openai/openai-python issue #1812: the API answered 200 to an empty content
+array), an assistant's ``tool_calls: []`` is a 400 with the API's wording
+(openai/openai-node pull #1341 quotes it). The Responses API has no empty-content
+rule the proxy knows of: there it accepts.
+
 Shared with ``proxy.api.openai_responses``: ``error_body`` (the OpenAI error shape; an
 engine outage is a 503 with code ``server_is_overloaded``, which the SDKs and
 Codex retry) and ``parse_arguments``.
@@ -78,6 +84,9 @@ def text_content(value: Any, where: str, part_types: tuple[str, ...] = ("text",)
 
 
 def _assistant(message: dict[str, Any], where: str) -> dict[str, Any]:
+    if message.get("tool_calls") == []:  # the proxy never answers one: only a client builds it
+        raise bad_request(f"{where}.tool_calls: empty array. Expected an array with minimum length 1, but got an "
+                          "empty array instead.", f"{where}.tool_calls")
     calls = []
     for k, call in enumerate(fields.objects(fields.array(message, "tool_calls", where=where), f"{where}.tool_calls")):
         at = f"{where}.tool_calls.{k}"

@@ -122,7 +122,7 @@ async def drive(url: str, keys: dict[str, str], rng: np.random.Generator, pid: i
 @pytest.mark.parametrize("seed,executions", [(0, 24), (1, 24), (2, 1)])
 def test_kill_9_under_load_loses_no_acknowledged_call(tmp_path_factory, tmp_path, seed, executions):
     """24 executions: records are committed in groups by the writer thread; 1 execution: each record
-    is committed on the event loop's thread (``Recorder.commit(alone=True)``)."""
+    is waited for on the event loop's thread (``Recorder.commit(alone=True)``)."""
     from gyre.real.proxy.tokenize import ChatTokenizer
     from gyre.real.store.tito_log import ExecutionStore
     from gyre.trajectory.tree import TrajectoryTree
@@ -144,7 +144,7 @@ def test_kill_9_under_load_loses_no_acknowledged_call(tmp_path_factory, tmp_path
             process.wait(20)
     assert proxy.returncode == -signal.SIGKILL
     assert len(acked) >= 60
-    if executions == 1:  # every call alone: committed on the loop's thread unless the writer was still busy
+    if executions == 1:  # every call alone: waited for on the loop's thread unless the disk was slow
         assert commits["here"] >= 0.9 * commits["records"], commits
     else:  # concurrent calls: queued for the writer
         assert commits["here"] <= 0.5 * commits["records"] and commits["batches"] > 0, commits

@@ -1,15 +1,18 @@
-"""A client that half-closes its connection after sending a streaming request is served whole.
+"""A client that half-closes its connection after sending its request is served whole.
 
 ``shutdown(SHUT_WR)`` after the request (what some raw-socket clients do) used to end the
-connection before any answer. Now the whole stream arrives, the connection closes after it,
-and the call is recorded; a non-streaming call still counts the end of its client's input as a
-disconnect (``proxy.app``: it cannot be told apart before the answer is written).
+connection before any answer. Now the whole stream, or the whole non-streaming answer (after
+the interim ``100 Continue`` probes ``proxy.app.ClientWatch`` sends), arrives, the connection
+closes after it, and the call is recorded. A client that closes for good after half-closing is
+still found gone: its engine request is aborted and nothing is recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import time
 
 import pytest
 
@@ -32,7 +35,7 @@ def stack(tmp_path_factory):
     engine_thread = ServerThread(engine.application).start()
     proxy_thread, server = start_proxy(proxy_config(model, tmp_path_factory.mktemp("records"),
                                                     {"e0": engine_thread.url}))
-    yield {"port": proxy_thread.port, "server": server}
+    yield {"port": proxy_thread.port, "server": server, "engine": engine}
     proxy_thread.stop()
     engine_thread.stop()
 
@@ -61,3 +64,54 @@ def test_a_half_closed_streaming_client_gets_the_whole_stream(stack, path):
         (json.loads(line[6:]).get("choices") or [{}])[0].get("delta", {}).get("content", "") or ""
         for line in text.split("\n") if line.startswith("data: {"))
     assert stack["server"].recorder.state("exec-a").requests == before + 1
+
+
+@contextlib.contextmanager
+def slow_engine(engine, token_delay: float):
+    """Tokens slower than the proxy's disconnect polls, so a call lasts long enough to be probed."""
+    before, engine.token_delay = engine.token_delay, token_delay
+    try:
+        yield engine
+    finally:
+        engine.token_delay = before
+
+
+def strip_interim(received: bytes) -> tuple[int, bytes]:
+    """(number of ``100 Continue`` interim answers, the rest)."""
+    probes = 0
+    while received.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"):
+        probes, received = probes + 1, received[len(b"HTTP/1.1 100 Continue\r\n\r\n"):]
+    return probes, received
+
+
+@pytest.mark.parametrize("path", sorted(BODIES))
+def test_a_half_closed_non_streaming_client_gets_its_answer(stack, path):
+    before = stack["server"].recorder.state("exec-a").requests
+    with slow_engine(stack["engine"], 0.05):
+        probes, received = strip_interim(half_closed_call(stack["port"], path, BODIES[path]))
+    assert probes >= 1, "the call ended before the proxy probed its half-closed client"
+    assert received.startswith(b"HTTP/1.1 200"), received[:200]
+    answer = json.loads(received.split(b"\r\n\r\n", 1)[1])
+    text = (answer["content"][0]["text"] if path == "/v1/messages"
+            else answer["choices"][0]["message"]["content"])
+    assert text == "one two three four five six"
+    assert stack["server"].recorder.state("exec-a").requests == before + 1
+
+
+def test_a_client_that_closes_after_half_closing_is_found_gone(stack):
+    engine, before = stack["engine"], stack["server"].recorder.state("exec-a").requests
+    aborted = len(engine.aborted)
+    data = json.dumps(BODIES["/v1/messages"]).encode()
+    with slow_engine(engine, 0.3):
+        sock = socket.create_connection(("127.0.0.1", stack["port"]), timeout=30)
+        sock.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: key-a\r\n"
+                     b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(data) + data)
+        sock.shutdown(socket.SHUT_WR)
+        time.sleep(0.4)  # generating, half-closed (probed once)
+        sock.close()
+        deadline = time.time() + 10
+        while len(engine.aborted) == aborted and time.time() < deadline:
+            time.sleep(0.05)
+    assert len(engine.aborted) > aborted, "the engine request of a closed client was not aborted"
+    time.sleep(0.2)
+    assert stack["server"].recorder.state("exec-a").requests == before
