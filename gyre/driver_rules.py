@@ -73,9 +73,12 @@ def first_fit_decreasing(sizes: Sequence[float], budget: float) -> list[list[int
     """Bins of indices into ``sizes``: first fit in decreasing size, ties in input order."""
     if not budget > 0:
         raise ValueError(f"token_budget must be positive, got {budget!r}")
+    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+    if len(order) < 2 or sizes[order[-1]] + sizes[order[-2]] > budget:
+        return [[i] for i in order]  # no two fit together (the simulator's 122B executions): one bin each
     bins: list[list[int]] = []
     loads: list[float] = []
-    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+    for i in order:
         slot = next((b for b, load in enumerate(loads) if load + sizes[i] <= budget), None)
         if slot is None:
             bins.append([])

@@ -139,6 +139,8 @@ class SimTrainingPlane:
             self._assigning = False
 
     def _claim_free_cells(self) -> None:
+        if not self.queue:
+            return
         now = self.env.now
         for cell in sorted(self.members):
             member = self.members[cell]
