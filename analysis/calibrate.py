@@ -30,7 +30,8 @@ module turns them into a cost file the simulator reads (``gyre sim --costs``):
 | node_peak_tflops      | 6 x parameters x trained tokens / cell compute seconds, at utilisation 1:   |
 |                       | the cells' own forward+backward seconds (``compute_s`` per micro-step) over |
 |                       | the trace's tokens of the groups trained                                    |
-| micro_steps_per_group | micro-steps the packer made per trained group (rounded)                     |
+| micro_step_tokens     | the packer's token budget, ``token_budget`` in ``job.json`` (set, not     |
+|                       | measured: the simulator packs the trace's tokens by the real packer's rule)  |
 | optimizer_s           | mean optimizer update seconds of the core cell                              |
 | weight_pull_s         | mean Mooncake pull of a joining satellite (0 when none joined)              |
 
@@ -237,14 +238,23 @@ def measure(run_dir: str | Path) -> dict[str, Any]:
         "trained_tokens": (sum(trained) * len(fed) / len(trained), len(fed)),
         "groups_trained": (len(fed), len(fed)),
         "parameters": (model_parameters(run_dir), 1),
+        "micro_step_tokens": (_token_budget(run_dir), 0),
     }
+
+
+def _token_budget(run_dir: Path) -> int:
+    """The run's packer token budget (``job.json``, ``runtime.job``)."""
+    job = _read_json(run_dir / "job.json")
+    budget = job.get("token_budget")
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise CalibrationError(f"{run_dir / 'job.json'}: token_budget must be an integer >= 1, got {budget!r}")
+    return budget
 
 
 def calibrate(run_dir: str | Path) -> dict[str, float | int]:
     """The ``CostModel`` fields measured from ``run_dir`` (see the module docstring for each)."""
     m = measure(run_dir)
     params, tokens, compute_s = m["parameters"][0], m["trained_tokens"][0], m["compute_s"][0]
-    groups, microsteps = m["groups_trained"][0], m["compute_s"][1]
     fields = {
         "to_training_s": m["to_training_s"][0], "to_rollout_s": max(0.0, m["to_rollout_s"][0]),
         **{k: max(0.0, m[k][0]) for k in ("satellite_to_training_s", "satellite_to_rollout_s") if k in m},
@@ -252,7 +262,7 @@ def calibrate(run_dir: str | Path) -> dict[str, float | int]:
         "params_b": params / 1e9, "active_params_b": params / 1e9, "bytes_per_param": 4.0,
         "node_peak_tflops": FLOPS_PER_PARAM_TOKEN * params * tokens / compute_s / 1e12,
         "train_utilisation": 1.0,
-        "micro_steps_per_group": max(1, round(microsteps / groups)),
+        "micro_step_tokens": m["micro_step_tokens"][0],
         "optimizer_s": m["optimizer_s"][0], "weight_pull_s": m["weight_pull_s"][0],
         "warmup_s": 0.0, "drain_s": 0.0, "grad_reduce_s": 0.0, "broadcast_s": 0.0,
         "sandbox_start_s": 0.0, "evaluation_s": 0.0, "engine_load_alpha": 0.0,

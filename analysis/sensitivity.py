@@ -19,7 +19,9 @@ Ranges (ours, stated): x0.5 and x2 of each non-zero default, except
 ``engine_reference_load`` 0.5-1.0 (a share of capacity), ``publish_engine_s`` 0-5 s
 (default 0: engines load in parallel), ``rho_min``
 0.25-0.75 (default 0.5), ``tau`` 0-120 s (default 30 s);
-``micro_steps_per_group`` 2 and 8; ``j_max`` 1 and 10; ``evaluation_s`` 0 and 600 s (scoring
+``micro_step_tokens`` 2048 and 4,194,304 (2^22, ours: five or six mean executions
+of the 122B trace, 7.4e5 trained tokens each, share a micro-step; at 4096 each is
+a micro-step of its own); ``j_max`` 1 and 10; ``evaluation_s`` 0 and 600 s (scoring
 folded into the trace vs ten minutes); ``reroute_recompute_s`` 0 and 60 s.
 
 Invariants: the default row is the unvaried CostModel; a variation changes
@@ -43,7 +45,8 @@ from scipy.stats import kendalltau
 FOCAL = "E0"
 STEM = "sensitivity"
 SKIPPED = ("slowdown_per_load", "satellite_to_training_s", "satellite_to_rollout_s")  # None: the core's
-FIXED_RANGES = {"micro_steps_per_group": (2, 8), "j_max": (1, 10), "evaluation_s": (0.0, 600.0),
+FIXED_RANGES = {"micro_step_tokens": (2048, 4_194_304), "j_max": (1, 10),
+                "evaluation_s": (0.0, 600.0),
                 "reroute_recompute_s": (0.0, 60.0), "train_utilisation": (0.15, 0.40),
                 "engine_reference_load": (0.5, 1.0), "publish_engine_s": (0.0, 5.0)}
 SCHEDULER_RANGES = {"rho_min": (0.25, 0.75), "tau": (0.0, 120.0)}  # SchedulerConfig fields, not costs

@@ -15,16 +15,31 @@ backend must agree, the rule lives here, once:
   buffer asks the core for one more group (``GroupWanted``).
 - ``breakdown_category(...)``: the time-breakdown category of one instant;
   the first that holds, in the order of ``CATEGORIES``.
+- ``pack_micro_steps(sizes, token_budget, ...)``: which trainable executions
+  form a micro-step (docs/streaming.md#two-buffers). An execution is never split; executions
+  are packed first-fit decreasing by tokens under the token budget (ties keep
+  input order; one larger than the budget gets a micro-step of its own); a
+  micro-step is emitted once it holds ``EMIT_FILL`` of the budget, or when the
+  batch's last group flushes the rest. The real packer
+  (``gyre.trajectory.packing``) packs its token rows by it and the simulator's
+  plane (``gyre.sim.training``) the trace's trained tokens.
 
 Invariants: pure functions of their arguments (no clock, no I/O, no state);
 ``breakdown_category`` always returns a member of ``CATEGORIES``; a static
-cell and a core-unit cell are never satellites.
+cell and a core-unit cell are never satellites; ``pack_micro_steps`` places
+every index exactly once (in an emitted micro-step or in the kept rest), a
+flush keeps nothing, and an emitted micro-step of two or more executions
+stays within the budget.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from gyre.config import SchedulerConfig
 
+#: a micro-step is emitted before the batch's last group once it holds this share of the token budget
+EMIT_FILL = 0.9
 CATEGORIES = ("rollout_full", "rollout_tail", "training_exposed", "publication", "transitions", "waiting")
 
 
@@ -52,3 +67,41 @@ def breakdown_category(*, running: float, capacity: float, training: bool, publi
     if switching:
         return "transitions"
     return "waiting"
+
+
+def first_fit_decreasing(sizes: Sequence[float], budget: float) -> list[list[int]]:
+    """Bins of indices into ``sizes``: first fit in decreasing size, ties in input order."""
+    if not budget > 0:
+        raise ValueError(f"token_budget must be positive, got {budget!r}")
+    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+    if len(order) < 2 or sizes[order[-1]] + sizes[order[-2]] > budget:
+        return [[i] for i in order]  # no two fit together (the simulator's 122B executions): one bin each
+    bins: list[list[int]] = []
+    loads: list[float] = []
+    for i in order:
+        slot = next((b for b, load in enumerate(loads) if load + sizes[i] <= budget), None)
+        if slot is None:
+            bins.append([])
+            loads.append(0.0)
+            slot = len(bins) - 1
+        bins[slot].append(i)
+        loads[slot] += sizes[i]
+    return bins
+
+
+def pack_micro_steps(sizes: Sequence[float], token_budget: float, *, flush: bool,
+                     emit_fill: float = EMIT_FILL) -> tuple[list[list[int]], list[int]]:
+    """Pending executions' token counts -> (micro-steps emitted now, indices kept pending, in bin order).
+
+    ``flush`` (the batch's last group is in) emits every bin; otherwise a bin is emitted once
+    its tokens reach ``emit_fill`` x ``token_budget``."""
+    if not 0 < emit_fill <= 1:
+        raise ValueError(f"emit_fill must be in (0, 1], got {emit_fill!r}")
+    emitted: list[list[int]] = []
+    kept: list[int] = []
+    for bin_ in first_fit_decreasing(sizes, token_budget):
+        if flush or sum(sizes[i] for i in bin_) >= emit_fill * token_budget:
+            emitted.append(bin_)
+        else:
+            kept.extend(bin_)
+    return emitted, kept

@@ -13,9 +13,13 @@ Times are seconds. Defaults and where they come from:
   formulas): each execution's first ``j_max`` trajectories (docs/trajectories.md#admission,
   default 5) at ``6 x active_params_b`` FLOPs per token, on nodes of
   ``node_peak_tflops`` (7912: 8 GPUs x 989 dense bf16 TFLOP/s, an H100/H200
-  node; ours, the paper names no GPU) at ``train_utilisation``. A group's work is
-  split into ``micro_steps_per_group`` equal micro-steps; a cell of n nodes
-  runs one in work / n seconds. ``train_utilisation`` (0.25, ours) is the
+  node; ours, the paper names no GPU) at ``train_utilisation``. A group's
+  trainable executions become micro-steps by the real packer's rule
+  (``gyre.driver_rules.pack_micro_steps``): an execution is never split, and
+  executions are packed under ``micro_step_tokens`` (the packer's token budget,
+  default 4096: the real job's ``token_budget``, ``gyre.real.runtime.job``), so
+  an execution larger than the budget is a micro-step of its own; a cell of n
+  nodes runs a micro-step in its work / n seconds. ``train_utilisation`` (0.25, ours) is the
   share of peak the forward-backward reaches on the 6 x active FLOPs: no
   figure of the paper pins it, so it is derived, not fitted
   (docs/simulator.md section 4): Megatron-Core reports 468 TFLOP/s per H100
@@ -75,7 +79,7 @@ Times are seconds. Defaults and where they come from:
   work on the destination engine.
 
 Invariant: every field is a finite number >= 0 (the satellite transition
-costs may also be ``None``; ``micro_steps_per_group`` and
+costs may also be ``None``; ``micro_step_tokens`` and
 ``j_max`` integers >= 1; model sizes, throughput, utilisation and bandwidth
 > 0; ``train_utilisation`` <= 1; ``active_params_b`` <= ``params_b``).
 """
@@ -91,7 +95,10 @@ from gyre.sim.engines import DEFAULT_ALPHA as ENGINE_LOAD_ALPHA
 from gyre.sim.engines import EngineCurve
 
 TRAIN_UTILISATION = 0.25  # ours: derived from stated MFU figures, see the module docstring
-REMOVED = {"micro_step_node_s": "micro_step_node_s was removed: training work follows trained tokens; set "
+REMOVED = {"micro_steps_per_group": "micro_steps_per_group was removed: a group's micro-steps follow the real "
+           "packer's rule (one per trainable execution unless small ones pack together); set micro_step_tokens "
+           "(the packer's token budget) instead",
+           "micro_step_node_s": "micro_step_node_s was removed: training work follows trained tokens; set "
            "active_params_b, node_peak_tflops, train_utilisation or j_max instead (see gyre.sim.sizes)",
            "slowdown_per_load": "slowdown_per_load was removed: engines now share their throughput by "
            "processor sharing; set engine_load_alpha (0 = load-independent) and engine_reference_load instead"}
@@ -110,7 +117,7 @@ class CostModel:
     to_rollout_s: float = 3.46
     satellite_to_training_s: float | None = None
     satellite_to_rollout_s: float | None = None
-    micro_steps_per_group: int = 4
+    micro_step_tokens: int = 4096
     j_max: int = 5
     params_b: float = 122.0
     active_params_b: float = 10.0
@@ -141,7 +148,7 @@ class CostModel:
                 raise CostError(f"{f.name} must be a finite number, got {value!r}")
             if value < 0:
                 raise CostError(f"{f.name} must be >= 0, got {value}")
-        for name in ("micro_steps_per_group", "j_max"):
+        for name in ("micro_step_tokens", "j_max"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise CostError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         for name in ("params_b", "active_params_b", "bytes_per_param", "node_peak_tflops", "train_utilisation",

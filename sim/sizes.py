@@ -127,8 +127,8 @@ class BoundCosts:
 
     Every CostModel attribute reads through; ``publish_s`` is the whole
     publication time on this schedule's publishing pool, ``trace`` carries
-    the sandbox start-up in its durations, and ``group_work_node_s(g)`` is
-    group g's training work.
+    the sandbox start-up in its durations, ``group_work_node_s(g)`` is
+    group g's training work and ``execution_tokens(g)`` its executions' trained tokens.
     """
 
     base: CostModel
@@ -145,9 +145,20 @@ class BoundCosts:
         return publication_s(self.base, publishing_nodes(self.cfg))
 
     @cached_property
+    def _execution_tokens(self) -> np.ndarray | None:
+        return trained_tokens(self.trace, self.base.j_max)
+
+    @cached_property
     def _group_tokens(self) -> np.ndarray | None:
-        grid = trained_tokens(self.trace, self.base.j_max)
+        grid = self._execution_tokens
         return None if grid is None else grid.sum(axis=1)
+
+    def execution_tokens(self, g: int) -> list[float]:
+        """Trained tokens of each of group g's N executions (0: it trains nothing)."""
+        grid = self._execution_tokens
+        if grid is None:
+            return [FALLBACK_EXECUTION_TOKENS] * self.cfg.N
+        return grid[g % grid.shape[0]].tolist()
 
     def group_tokens(self, g: int) -> float:
         tokens = self._group_tokens

@@ -1,13 +1,15 @@
 """Simulated training plane: micro-steps claimed by training cells (docs/streaming.md#claiming-micro-steps).
 
 The plane never decides anything the policy core decides: it models *time*.
-A batch opens (StartBatch), groups arrive (FeedGroups), each group becomes
-``micro_steps_per_group`` equal micro-steps in one shared queue, and every
-member cell that is free claims the next one, so faster and earlier cells
-take more. A group's work follows the tokens it trains
-(``costs.group_work_node_s(g)``, ``gyre.sim.sizes``: trained tokens x 6 x
-active parameters / (node throughput x utilisation)); a cell of n nodes runs
-a micro-step of w node-seconds in w / n seconds.
+A batch opens (StartBatch), groups arrive (FeedGroups), and each group's
+trainable executions become micro-steps in one shared queue by the real
+packer's rule (``gyre.driver_rules.pack_micro_steps`` under
+``costs.micro_step_tokens``: an execution is never split, small ones pack
+together, the batch's last group flushes the rest), and every member cell
+that is free claims the next one, so faster and earlier cells take more. A
+micro-step's work follows the tokens it trains (``gyre.sim.sizes``: trained
+tokens x 6 x active parameters / (node throughput x utilisation)); a cell of
+n nodes runs a micro-step of w node-seconds in w / n seconds.
 Each cell pays one warm-up per batch at its first claim; after the last
 micro-step the batch pays drain + gradient reduction + the optimizer update,
 then reports StepDone. Streaming asks the core for one group at a time
@@ -20,7 +22,8 @@ non-streaming receives the whole batch at once.
 Invariants: a micro-step is claimed by exactly one cell; a cell runs at most
 one micro-step at a time; StepDone is reported once per batch, only after all
 B groups were fed and all their micro-steps finished; the node-seconds of a
-batch's micro-steps equal the sum of its groups' work.
+batch's micro-steps equal the sum of its groups' work (a batch whose
+executions train nothing ends with no micro-step).
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ import simpy
 
 from gyre import events as ev
 from gyre.config import SchedulerConfig
-from gyre.driver_rules import asks_for_group
+from gyre.driver_rules import asks_for_group, pack_micro_steps
 from gyre.sim.costs import CostModel
-from gyre.sim.sizes import BoundCosts
+from gyre.sim.sizes import BoundCosts, train_node_s
 
 
 @dataclass
@@ -56,6 +59,7 @@ class SimTrainingPlane:
         self.version: int | None = None
         self.fed = self.wanted = self.in_flight = 0
         self.queue: deque[float] = deque()  # node-seconds of each waiting micro-step
+        self.pending: list[float] = []  # trained tokens of the open batch's executions not yet packed
         self.work_node_s = 0.0  # node-seconds of all micro-steps fed (trained-token work)
         self._assigning = False
         self.micro_steps_by_cell: dict[int, int] = {}
@@ -90,6 +94,7 @@ class SimTrainingPlane:
         self.version = version
         self.fed = self.wanted = self.in_flight = 0
         self.queue.clear()
+        self.pending = []
         for member in self.members.values():
             member.warmed = False
         self._assign()
@@ -97,15 +102,25 @@ class SimTrainingPlane:
     def feed(self, version: int, groups: tuple[int, ...]) -> None:
         if version != self.version:
             raise RuntimeError(f"groups fed to batch {version} while batch {self.version} is open")
-        self.fed += len(groups)
         if self.cfg.streaming:
             self.wanted -= len(groups)
-        per_group = self.costs.micro_steps_per_group
         for g in groups:
-            work = self.costs.group_work_node_s(g)
-            self.work_node_s += work
-            self.queue.extend([work / per_group] * per_group)
+            self.fed += 1
+            self._pack([t for t in self.costs.execution_tokens(g) if t > 0], flush=self.fed == self.cfg.B)
+        if self.fed == self.cfg.B and not self.queue and self.in_flight == 0:
+            self._finish_batch()  # nothing of the batch trains (every execution excluded or failed)
+            return
         self._assign()
+
+    def _pack(self, tokens: list[float], *, flush: bool) -> None:
+        """One group's trainable executions into the pending ones; queue the micro-steps emitted."""
+        self.pending.extend(tokens)
+        emitted, kept = pack_micro_steps(self.pending, self.costs.micro_step_tokens, flush=flush)
+        for bin_ in emitted:
+            work = train_node_s(self.costs.base, sum(self.pending[i] for i in bin_))
+            self.work_node_s += work
+            self.queue.append(work)
+        self.pending = [self.pending[i] for i in kept]
 
     # ---- internals ---------------------------------------------------------------
     def _wake_at(self, when: float) -> None:
@@ -124,6 +139,8 @@ class SimTrainingPlane:
             self._assigning = False
 
     def _claim_free_cells(self) -> None:
+        if not self.queue:
+            return
         now = self.env.now
         for cell in sorted(self.members):
             member = self.members[cell]

@@ -13,7 +13,9 @@ Packing unit: all rows of one execution form a *bundle* that never spans two
 micro-steps, so the per-execution sequence ratio and clip decision (docs/trajectories.md#execution-level-loss) are
 computed exactly inside one micro-step. Bundles are packed first-fit
 decreasing by token count; a bundle larger than the budget gets a micro-step of
-its own (the only case where a micro-step exceeds the budget).
+its own (the only case where a micro-step exceeds the budget). The rule is
+``gyre.driver_rules.pack_micro_steps``: the simulator's training plane packs
+the trace's trained tokens by the same function.
 
 Invariants: every materialized row is emitted exactly once, in exactly one
 micro-step of its batch; each micro-step's ``batch_executions`` is B * N, the
@@ -30,6 +32,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from gyre.driver_rules import EMIT_FILL, first_fit_decreasing, pack_micro_steps
 from gyre.trajectory.admission import DEFAULT_J_MAX, admit_trajectories, check_j_max
 from gyre.trajectory.groups import ReadyGroup, TrajectoryBuffer
 from gyre.trajectory.harness_roles import HarnessRoles
@@ -70,21 +73,8 @@ class MicroStepSink(Protocol):
 
 def pack_bundles(bundles: Sequence[ExecutionBundle], token_budget: int) -> list[list[ExecutionBundle]]:
     """First-fit decreasing; ties keep input order. Every bundle lands in exactly one bin."""
-    if token_budget < 1:
-        raise ValueError(f"token_budget must be positive, got {token_budget!r}")
-    order = sorted(range(len(bundles)), key=lambda i: (-bundles[i].num_tokens, i))
-    bins: list[list[ExecutionBundle]] = []
-    loads: list[int] = []
-    for i in order:
-        size = bundles[i].num_tokens
-        slot = next((b for b, load in enumerate(loads) if load + size <= token_budget), None)
-        if slot is None:
-            bins.append([])
-            loads.append(0)
-            slot = len(bins) - 1
-        bins[slot].append(bundles[i])
-        loads[slot] += size
-    return bins
+    sizes = [b.num_tokens for b in bundles]
+    return [[bundles[i] for i in bin_] for bin_ in first_fit_decreasing(sizes, token_budget)]
 
 
 def execution_rng(seed: int, execution_id: str) -> np.random.Generator:
@@ -97,7 +87,7 @@ class StreamPacker:
     """Turns ready groups into micro-steps, one group per ``step``."""
 
     def __init__(self, buffer: TrajectoryBuffer, roles: HarnessRoles, *, groups_per_batch: int,
-                 token_budget: int, seed: int, j_max: int = DEFAULT_J_MAX, emit_fill: float = 0.9,
+                 token_budget: int, seed: int, j_max: int = DEFAULT_J_MAX, emit_fill: float = EMIT_FILL,
                  first_batch: int = 0) -> None:
         if groups_per_batch < 1:
             raise ValueError(f"groups_per_batch must be positive, got {groups_per_batch!r}")
@@ -149,13 +139,11 @@ class StreamPacker:
         return bundles
 
     def _emit(self, sink: MicroStepSink, *, flush: bool) -> None:
-        keep: list[ExecutionBundle] = []
-        for bin_ in pack_bundles(self._pending, self.token_budget):
-            load = sum(b.num_tokens for b in bin_)
-            if flush or load >= self.emit_fill * self.token_budget:
-                rows = tuple(row for bundle in bin_ for row in bundle.rows)
-                sink.put(MicroStep(self.batch_id, self._steps_in_batch, rows, self.batch_executions))
-                self._steps_in_batch += 1
-            else:
-                keep.extend(bin_)
-        self._pending = keep
+        pending = self._pending
+        emitted, kept = pack_micro_steps([b.num_tokens for b in pending], self.token_budget, flush=flush,
+                                         emit_fill=self.emit_fill)
+        for bin_ in emitted:
+            rows = tuple(row for i in bin_ for row in pending[i].rows)
+            sink.put(MicroStep(self.batch_id, self._steps_in_batch, rows, self.batch_executions))
+            self._steps_in_batch += 1
+        self._pending = [pending[i] for i in kept]

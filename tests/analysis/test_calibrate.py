@@ -61,6 +61,7 @@ def _run_folder(tmp_path, *, joins=True, **transitions):
         ],
     }
     (run / "summary.json").write_text(json.dumps(summary))
+    (run / "job.json").write_text(json.dumps({"token_budget": 512, "seed": 0}))
     return run
 
 
@@ -73,7 +74,7 @@ def test_each_constant_is_the_documented_measure(tmp_path):
     assert costs["publish_s"] == pytest.approx(PUBLISH_S, abs=1e-5)  # off the event log, not "publishes"
     assert costs["optimizer_s"] == pytest.approx(0.2)
     assert costs["weight_pull_s"] == pytest.approx(0.2)
-    assert costs["micro_steps_per_group"] == 2  # 8 micro-steps over 4 groups
+    assert costs["micro_step_tokens"] == 512  # the run's packer budget (job.json)
     tokens = sum(2 * (100 + q + 20) for q in range(4))
     assert costs["node_peak_tflops"] == pytest.approx(6 * 205 * tokens / 1.0 / 1e12)
     CostModel(**costs)

@@ -125,3 +125,14 @@ def test_a_run_is_predicted_with_costs_calibrated_on_another(tmp_path, capsys):
     assert gyre_main(["calibrate", str(run_b), "--costs", str(slower)]) == 0
     worse = capsys.readouterr().out
     assert "(+0.0%)" not in worse and "(-0.0%)" not in worse
+
+
+def test_the_median_step_error_is_each_steps_own_relative_error():
+    from gyre.analysis.sim_vs_real import Comparison, StepRow
+
+    walls = [(1.0, 1.1), (2.0, 2.0), (4.0, 3.0), (10.0, 20.0)]  # (real, sim): 10 %, 0 %, 25 %, 100 %
+    rows = [StepRow(v, 1.0 + v, 1.0 + v, real, sim, "0", "0") for v, (real, sim) in enumerate(walls)]
+    c = Comparison(rows, None, None, {})
+    assert c.step_error_median == pytest.approx(0.175)  # the median of 0, 0.1, 0.25, 1.0
+    assert c.step_error == pytest.approx((0.1 + 0.0 + 1.0 + 10.0) / 4 / (17.0 / 4))
+    assert c.summary()["step_error_median"] == c.step_error_median

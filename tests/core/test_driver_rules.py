@@ -10,9 +10,20 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis_budget import examples
 
 from gyre.config import SchedulerConfig
-from gyre.driver_rules import CATEGORIES, asks_for_group, breakdown_category, is_satellite
+from gyre.driver_rules import (
+    CATEGORIES,
+    EMIT_FILL,
+    asks_for_group,
+    breakdown_category,
+    first_fit_decreasing,
+    is_satellite,
+    pack_micro_steps,
+)
 from gyre.presets import build_preset
 from gyre.staleness import group_staleness, staleness_by_group
 
@@ -84,3 +95,41 @@ def test_group_staleness() -> None:
     with pytest.raises(ValueError, match="dispatched at version 5 cannot be trained at version 4"):
         group_staleness(v_d=5, v_t=4)
     assert list(staleness_by_group({0: 0, 1: 1, 2: 1}, {2: 3, 0: 1}).items()) == [(0, 1), (2, 2)]
+
+
+sizes_st = st.lists(st.integers(min_value=1, max_value=5000), max_size=24)
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(sizes=sizes_st, budget=st.integers(min_value=1, max_value=6000), flush=st.booleans())
+def test_micro_step_packing_places_every_execution_once(sizes: list[int], budget: int, flush: bool) -> None:
+    emitted, kept = pack_micro_steps(sizes, budget, flush=flush)
+    assert sorted([i for bin_ in emitted for i in bin_] + kept) == list(range(len(sizes)))
+    assert all(bin_ for bin_ in emitted)
+    for bin_ in emitted:
+        load = sum(sizes[i] for i in bin_)
+        assert len(bin_) == 1 or load <= budget  # only a lone execution over the budget exceeds it
+        assert flush or load >= EMIT_FILL * budget  # before the flush, only what is full enough leaves
+    if flush:
+        assert kept == []
+    # first-fit decreasing: each bin's first execution is no smaller than any later bin's
+    bins = first_fit_decreasing(sizes, budget)
+    firsts = [sizes[b[0]] for b in bins]
+    assert firsts == sorted(firsts, reverse=True)
+    # no execution of a later bin fitted into an earlier one when it was placed
+    for b, bin_ in enumerate(bins):
+        for i in bin_:
+            placed_before = [sum(sizes[j] for j in earlier if (-sizes[j], j) < (-sizes[i], i)) for earlier in bins[:b]]
+            assert all(load + sizes[i] > budget for load in placed_before)
+
+
+def test_micro_step_packing_by_hand() -> None:
+    # 4000 alone; 3000 + 500 + 200 + 100 = 3800 <= 4096; nothing reaches 0.9 x 4096 = 3686.4 except both bins
+    emitted, kept = pack_micro_steps([3000, 500, 100, 4000, 200], 4096, flush=False)
+    assert emitted == [[3], [0, 1, 4, 2]] and kept == []
+    emitted, kept = pack_micro_steps([3000, 500], 4096, flush=False)
+    assert emitted == [] and kept == [0, 1]  # 3500 waits for more
+    assert pack_micro_steps([3000, 500], 4096, flush=True) == ([[0, 1]], [])
+    assert pack_micro_steps([], 4096, flush=True) == ([], [])
+    with pytest.raises(ValueError, match="token_budget"):
+        pack_micro_steps([1], 0, flush=True)

@@ -222,7 +222,7 @@ def test_the_backends_start_latency_is_inside_the_durations_it_writes():
             return await super().run(execution, task, key)
 
     cfg = build_preset("gyre-1.5", SHAPE)
-    costs = costs_for_differential(micro_steps_per_group=SHAPE.N)
+    costs = costs_for_differential()
     script = scripted_trace(40, seed=1)
     real, backend = run_real(cfg, script, costs, STEPS, runner_class=SlowStart)
     done = Counter(r.query_id for r in backend.metrics.trace if r.outcome != "cancelled")

@@ -35,6 +35,7 @@ from gyre.real.runtime.controller import Controller
 from gyre.scheduler import Scheduler
 from gyre.sim.costs import CostModel
 from gyre.sim.driver import Simulation
+from gyre.sim.sizes import trained_tokens
 from gyre.staleness import staleness_by_group
 
 from .doubles import TOKEN_BUDGET, EngineDouble, PlaneDouble, ProxyDouble, RunnerDouble, TaskDouble
@@ -45,13 +46,6 @@ def costs_for_differential(**fields: Any) -> CostModel:
     """Costs with load-independent engines (executions take exactly their trace durations)."""
     names = {f.name for f in dataclasses.fields(CostModel)}
     base = {"engine_load_alpha": 0.0} if "engine_load_alpha" in names else {}
-    # The cases were laid out at the training utilisation the simulator used before it was derived
-    # (0.108). At the derived 0.25, gyre-1.5 with excluded executions and dropped groups ends step 2
-    # 11.3 s sooner in the sim: at t=5030.4 the sim's plane has the last group as micro_steps_per_group
-    # (2) micro-steps that two cells train at once, the real backend's one micro-step on one cell (seen
-    # by logging both planes' claims; that group holds an excluded execution, the likely reason). A rule
-    # of sim/training.py to align (reported with issue 28).
-    base["train_utilisation"] = 0.108
     return CostModel(**{**base, **fields})
 
 
@@ -60,6 +54,18 @@ class World:
     log: EventLog
     staleness: dict[int, int]  # consumed group -> v_t - v_d
     end_s: float
+
+
+def check_one_micro_step_per_execution(costs: Any) -> None:
+    """The doubles pack each trainable execution into a micro-step of its own (``TOKEN_BUDGET``); the
+    simulator does under the same rule (``gyre.driver_rules.pack_micro_steps``) when none is smaller than
+    its token budget."""
+    tokens = trained_tokens(costs.trace, costs.j_max)
+    smallest = float(tokens[tokens > 0].min()) if tokens is not None and (tokens > 0).any() else math.inf
+    if smallest < costs.micro_step_tokens:
+        raise ValueError(f"an execution trains {smallest:g} tokens, under micro_step_tokens="
+                         f"{costs.micro_step_tokens}: the simulator would pack it with others, the doubles "
+                         "pack one micro-step per execution")
 
 
 class EdgeBackend(RealBackend):
@@ -82,12 +88,10 @@ def run_real(cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
              dropped: frozenset[int] = frozenset(), *, overall_timeout_s: float = 1e6,
              backend_class: type[EdgeBackend] = EdgeBackend,
              runner_class: type[RunnerDouble] = RunnerDouble) -> tuple[World, EdgeBackend]:
-    if costs.micro_steps_per_group != cfg.N:
-        raise ValueError(f"micro_steps_per_group must equal N={cfg.N}: the doubles pack one micro-step per "
-                         f"execution, got {costs.micro_steps_per_group}")
     loop = VirtualLoop()
     costs = costs.bind(cfg, trace)  # the simulator's size-driven times: training work, publication, sandbox start
     trace = costs.trace
+    check_one_micro_step_per_execution(costs)
     with tempfile.TemporaryDirectory(prefix="gyre-diff-") as tmp:
         root = Path(tmp)
         (root / "records").mkdir()

@@ -16,9 +16,9 @@ from hypothesis_budget import examples
 
 def test_a_cost_file_sets_the_fields_it_names(tmp_path):
     path = tmp_path / "costs.toml"
-    path.write_text("[costs]\nto_training_s = 1.5\nmicro_steps_per_group = 3\npublish_s = 2\n")
+    path.write_text("[costs]\nto_training_s = 1.5\nmicro_step_tokens = 3\npublish_s = 2\n")
     fields = load_cost_file(path)
-    assert fields == {"to_training_s": 1.5, "micro_steps_per_group": 3, "publish_s": 2.0}
+    assert fields == {"to_training_s": 1.5, "micro_step_tokens": 3, "publish_s": 2.0}
     assert CostModel(**fields).to_training_s == 1.5
 
 
@@ -43,7 +43,8 @@ def test_a_cost_file_may_set_the_satellites_transitions(tmp_path):
     ("[costs]\nto_training_s = -1\n", ["to_training_s"]),
     ("[costs]\nto_training_s = \"fast\"\n", ["to_training_s", "number"]),
     ("[costs]\nto_training_s = true\n", ["to_training_s", "number"]),
-    ("[costs]\nmicro_steps_per_group = 2.5\n", ["micro_steps_per_group"]),
+    ("[costs]\nmicro_step_tokens = 2.5\n", ["micro_step_tokens"]),
+    ("[costs]\nmicro_steps_per_group = 4\n", ["micro_steps_per_group was removed", "micro_step_tokens"]),
     ("to_training_s = 1\n", ["no [costs] table"]),
     ("[costs\n", ["costs.toml"]),
 ])

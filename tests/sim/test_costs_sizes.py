@@ -21,7 +21,7 @@ from gyre.sim.traces.presets import generate_trace
 from gyre.sim.training import SimTrainingPlane
 
 # 1e9 active parameters -> 6e9 FLOPs per token; 6 TFLOP/s per node at utilisation 1 -> 1000 tokens per node-second
-UNIT = dict(active_params_b=1.0, node_peak_tflops=6.0, train_utilisation=1.0, micro_steps_per_group=2,
+UNIT = dict(active_params_b=1.0, node_peak_tflops=6.0, train_utilisation=1.0,
             warmup_s=0.0, drain_s=0.0, grad_reduce_s=0.0, optimizer_s=0.0)
 
 

@@ -2,8 +2,10 @@
 
 The simulator is made faster (issue 31 item 4) without changing its physics, so
 every table it writes, its summary and the actions of the policy core must stay
-bit for bit what the code gave before. The digests below were recorded from the
-code *before* the speed-ups (commit "golden digests"), over presets that cover
+bit for bit what the code gave before. The digests were first recorded from the
+code *before* the speed-ups (commit "golden digests") and re-recorded once, when
+the shared micro-step rule (gyre.driver_rules.pack_micro_steps) changed the
+physics on purpose, before any later speed-up; they cover presets that cover
 every driver path: elastic cells (streaming on and off), a colocated block with
 and without a separate pool, a global switch, static splits, oversampled
 surplus cancellations, reroutes, harness timeouts at the ceiling, evaluation
@@ -45,18 +47,18 @@ CASES: dict[str, tuple[str, str, int, dict[str, Any], bool]] = {
 }
 
 GOLDEN: dict[str, str] = {
-    "E0-12-steps-s0": "e0157e1b1ae450135131a49bdc6e16355ca18a0459d8d390d13a52f164db214e",
-    "E1-12-steps-s4": "fb34a593102f3b1becc5a5f78c930524470acedf98087f783e64316e4de29a9b",
-    "E0-s0": "6fef0b178e88f3d386945ed943c614a37fcd36ae662528eace0e1b823d5be31f",
-    "E0-streaming-off-s1": "64950e61f230f4dd3fc220df6776f4fef7b7da2ea15d052fb0119e8bd5179138",
-    "E2-s2": "0ed5a06a2c4a656bde38004f724ed36e926598ba8b7f6590882d428758a52c9b",
-    "C1-s0": "893966f949ae8741ea4c4a4c98b084c1c4c54915194ff223f568aacfe0c634f1",
-    "C2-s3": "db38d6e42feac322bb7dcc30492eac1d93751904cf0cacc0319c7f5d22aef2a9",
-    "C0-global-s1": "d667359df328d38283137fb1c28c102afa0895c442231ff2c4b7e499bd667b48",
-    "A0-s2": "588e58eaebc027961c004fc71a21eb1b3c7a9958c4957fc62627e40da28f12c7",
-    "A3-oversample-s0": "ba5eb01c17a07e0ec3757248b598743ff05d59e1560553ee466679a9bbd02b93",
-    "gyre-1-deepswe-s0": "7e5acc5183813a8889eec97fa52445139b8de4dad9062f13f586ee6f43dbe2ac",
-    "sweep-E0-K8-phi1-mu2-s0": "193dbb7e6bb3218ce614851fa35dcf3ce7ee80ac118d1ae48169068aad2d2a9a",
+    "E0-12-steps-s0": "fc296bf9814d160e1eaacbf229b90169c1ba1b19ed5544746c8bfb4347e02ea8",
+    "E1-12-steps-s4": "365ded0625531af7944165d7fe6e224759948c62589676905b169e7095803c3f",
+    "E0-s0": "49c3951d0742f34361f7925233e248a9bda8cb801a4954cc59e9910b2b8c28ec",
+    "E0-streaming-off-s1": "b5d992477c3f2b36e4842e166ab029db2fa23e14aead9f3acd2a641305b26549",
+    "E2-s2": "1af9e058c44b048bb08af231137f812c93e7759b0cc1dc463ae0ef2f4a9d3d27",
+    "C1-s0": "3f7bbf09124cfaf62b8a4d0eca8aa2d9fa67e0b02e78ca82b9309e4b3d69f83e",
+    "C2-s3": "fc7a0d65c1708249f33b07a0e51fa2914bdedfe20a0402bb6a36f56cb6b501da",
+    "C0-global-s1": "43e5df8ee5fe0697ea2b1450d1bc5aa1565ef97a0e00223c332f855bfd860506",
+    "A0-s2": "976949e23385ecc991c96a0f91511e7d0310c5704c44a09059f00d31409899a5",
+    "A3-oversample-s0": "2aa7d64df9e88127d34ede2d4275d8d5ac5e5aa49fe108223b9f67d2a93a9eaa",
+    "gyre-1-deepswe-s0": "e4a917ea5dddc23027deae0b56ea923b91fbab27328e53a972f331ea061042b3",
+    "sweep-E0-K8-phi1-mu2-s0": "9f1034084c27c7830b6769678af7e737b0d06913393a276abd74ed29eba6b1ba",
 }
 
 

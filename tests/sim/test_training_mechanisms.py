@@ -56,7 +56,10 @@ def test_rollout_masks_training_in_e0_with_a_margin(runs):
 
 
 def test_a_static_split_idles_its_training_nodes_waiting_for_data(runs):
-    assert runs["A0"].summary["slack"] > 0.5 > runs["E0"].summary["slack"]
+    # most of its time, and far more than the elastic E0 (0.89 vs 0.52 in docs/simulator.md s. 4: E0's idle
+    # share rose from 0.47 when micro-steps began to follow the real packer's rule)
+    a0, e0 = runs["A0"].summary["slack"], runs["E0"].summary["slack"]
+    assert a0 > 0.5 and a0 > e0 + 0.25, (a0, e0)
     assert _exposure(runs["A0"], "margin_share_mean") > 1.0  # a batch takes far longer to arrive than to train
 
 

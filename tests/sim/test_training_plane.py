@@ -3,27 +3,29 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import simpy
 
 from gyre import events as ev
 from gyre.config import SchedulerConfig
+from gyre.formats.trace import Trace
 from gyre.sim.costs import CostError, CostModel, parse_cost_overrides
 from gyre.sim.runner import run_simulation
 from gyre.sim.sizes import FALLBACK_EXECUTION_TOKENS
 from gyre.sim.traces.presets import generate_trace
 from gyre.sim.training import SimTrainingPlane
 
-# a group of N = 1 trains FALLBACK_EXECUTION_TOKENS (no trace): peak throughput set so its work is 20 node-s,
-# two micro-steps of 10 node-s (6 FLOPs x 1e9 active parameters per token, utilisation 1)
-COSTS = CostModel(micro_steps_per_group=2, active_params_b=1.0, train_utilisation=1.0,
-                  node_peak_tflops=6e9 * FALLBACK_EXECUTION_TOKENS / 20.0 / 1e12, warmup_s=5.0, drain_s=1.0,
+# a group of N = 2 executions, each FALLBACK_EXECUTION_TOKENS (no trace), over the token budget: two
+# micro-steps of 10 node-s (peak throughput set so; 6 FLOPs x 1e9 active parameters per token, utilisation 1)
+COSTS = CostModel(active_params_b=1.0, train_utilisation=1.0,
+                  node_peak_tflops=6e9 * FALLBACK_EXECUTION_TOKENS / 10.0 / 1e12, warmup_s=5.0, drain_s=1.0,
                   grad_reduce_s=1.0, optimizer_s=1.0)
 
 
 def plane_with(members: int, streaming: bool = False) -> tuple[simpy.Environment, SimTrainingPlane, list]:
     env = simpy.Environment()
-    cfg = SchedulerConfig(K=2, C_e=1, C_s=1, N=1, B=1, phi=0.0, mu=1, nodes_per_cell=1, streaming=streaming)
+    cfg = SchedulerConfig(K=2, C_e=2, C_s=2, N=2, B=1, phi=0.0, mu=1, nodes_per_cell=1, streaming=streaming)
     sent: list = []
     plane = SimTrainingPlane(env, cfg, COSTS, sent.append)
     for cell in range(members):
@@ -84,7 +86,40 @@ def test_cost_switches_slow_the_run_down():
 def test_bad_costs_name_the_field():
     with pytest.raises(CostError, match="warmup_s"):
         CostModel(warmup_s=-1)
-    with pytest.raises(CostError, match="micro_steps_per_group"):
-        CostModel(micro_steps_per_group=0)
+    with pytest.raises(CostError, match="micro_step_tokens"):
+        CostModel(micro_step_tokens=0)
+    with pytest.raises(CostError, match="micro_steps_per_group was removed.*micro_step_tokens"):
+        parse_cost_overrides(["micro_steps_per_group=4"])
     with pytest.raises(CostError, match="unknown cost field 'speed'"):
         parse_cost_overrides(["speed=2"])
+
+
+def _token_trace(tokens: list[list[int]], outcomes: list[list[str]]) -> Trace:
+    rows = [{"query_id": q, "execution_index": i, "duration_s": 60.0, "outcome": outcomes[q][i],
+             "input_tokens": 0, "output_tokens": t} for q, group in enumerate(tokens) for i, t in enumerate(group)]
+    return Trace(pd.DataFrame(rows), N=len(tokens[0]), source="test")
+
+
+def test_groups_pack_into_micro_steps_by_the_real_packers_rule():
+    """Excluded executions train nothing; small ones wait for the batch's last group, then pack together."""
+    done, out = "completed", "overall_timeout"
+    trace = _token_trace([[3000, 500, 400], [100, 4000, 200], [50, 60, 70]],
+                         [[done, done, out], [done, done, done], [out, out, out]])
+    cfg = SchedulerConfig(K=2, C_e=3, C_s=3, N=3, B=2, phi=0.0, mu=1, nodes_per_cell=1, streaming=False)
+    costs = CostModel(active_params_b=1.0, train_utilisation=1.0, node_peak_tflops=6e-3, warmup_s=0.0,
+                      drain_s=0.0, grad_reduce_s=0.0, optimizer_s=0.0).bind(cfg, trace)  # 1 node-s per token
+    env, sent = simpy.Environment(), []
+    plane = SimTrainingPlane(env, cfg, costs, sent.append)
+    plane.join(0)
+    plane.join(1)
+    plane.start_batch(0)
+    plane.feed(0, (0,))
+    assert list(plane.queue) == [] and plane.pending == [3000, 500]  # 3500 < 0.9 x 4096: kept; 400 excluded
+    plane.feed(0, (1,))  # the last group flushes: [4000] and [3000 + 500 + 200 + 100]
+    env.run()  # cell 0 trains the 4000 tokens, cell 1 the 3800
+    assert plane.micro_steps_by_cell == {0: 1, 1: 1} and sent == [ev.StepDone(4000.0, 0)]
+    assert plane.work_node_s == pytest.approx(7800.0)
+    plane.start_batch(1)
+    plane.feed(1, (2, 2))  # nothing trains: the batch ends with no micro-step
+    env.run()
+    assert sent[-1] == ev.StepDone(4000.0, 1) and plane.micro_steps_by_cell == {0: 1, 1: 1}
