@@ -55,7 +55,8 @@ def format_summary(summary: dict[str, Any]) -> str:
                      "mean after the last progressing execution ended")
     breakdown = summary.get("time_breakdown_hours")
     if breakdown:
-        lines.append("where the time goes (h):")
+        lines.append("where the time goes (h; any execution running makes an instant rollout, so training hidden")
+        lines.append("  behind rollout is not 'training exposed' here; the per-burst 'exposed' above is):")
         lines += [f"  {name.replace('_', ' '):<{width - 2}}  {hours:.3f}" for name, hours in breakdown.items()]
     return "\n".join(lines)
 
