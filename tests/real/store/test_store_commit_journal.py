@@ -3,9 +3,9 @@ record, however little of the logs' unsynced bytes reached the disk."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -14,8 +14,40 @@ from hypothesis import strategies as st
 
 from gyre.real.store.commit_journal import JOURNAL_NAME, Journal, JournalBusy
 from gyre.real.store.group_commit import GroupCommit
-from gyre.real.store.tito_log import ExecutionStore, RecordLog, read_records
+from gyre.real.store.durable import Disk
+from gyre.real.store.tito_log import ExecutionStore, read_records
 from test_store_tito_log import commit_all, record
+
+
+class CrashDisk(Disk):
+    """The store's disk, watched: what each record log held at its last sync (``synced``: what a crash
+    keeps of it), and an I/O error for a journal write that holds a record marked to fail."""
+
+    def __init__(self, doomed: list[bytes]) -> None:
+        self.doomed = doomed
+        self.synced: dict[Path, bytes] = {}
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        if _path(fd).name == JOURNAL_NAME and any(name in data for name in self.doomed):
+            raise OSError(5, "Input/output error")
+        return super().pwrite(fd, data, offset)
+
+    def fdatasync(self, fd: int) -> None:
+        super().fdatasync(fd)
+        self._seen(fd)
+
+    def fsync(self, fd: int) -> None:
+        super().fsync(fd)
+        self._seen(fd)
+
+    def _seen(self, fd: int) -> None:
+        path = _path(fd)
+        if path.suffix == ".tito":
+            self.synced[path] = path.read_bytes()
+
+
+def _path(fd: int) -> Path:
+    return Path(os.readlink(f"/proc/self/fd/{fd}"))
 
 
 def crash_image(root: Path, image: Path, synced: dict[Path, bytes], rng: np.random.Generator) -> None:
@@ -50,31 +82,22 @@ def test_a_machine_crash_loses_no_acknowledged_record(tmp_path_factory, plan, ca
     by nothing but records whose batch failed. Replaying again changes nothing; a cleanly closed group
     leaves nothing to replay."""
     root = tmp_path_factory.mktemp("crash")
-    synced: dict[Path, bytes] = {}
-    real_sync, real_append = RecordLog.sync, Journal.append
     calls = [record(i, f"e{execution}", size) for i, (execution, size, _) in enumerate(plan)]
     doomed = [b'"request_id":"%s"' % c.request_id.encode() for c, (_, _, fail) in zip(calls, plan) if fail]
+    disk = CrashDisk(doomed)
 
-    def sync(self):
-        real_sync(self)
-        synced[self.path] = self.path.read_bytes()
-
-    def append(self, entries):
-        if any(name in frame for _, _, frame in entries for name in doomed):
-            raise OSError(5, "Input/output error")
-        real_append(self, entries)
-
-    with mock.patch.object(RecordLog, "sync", sync), mock.patch.object(Journal, "append", append):
-        group = GroupCommit(ExecutionStore(root, fsync=True, preallocate=False), journal_capacity=capacity)
-        outcomes: dict[str, BaseException | None] = {}
-        for start in range(0, len(calls), width):  # batches then hold several logs
-            outcomes.update(commit_all(group, calls[start:start + width]))
-        image = root.parent / (root.name + "-image")
-        crash_image(root, image, dict(synced), np.random.default_rng(seed))
-        group.close()  # the original folder, closed cleanly: nothing left to replay
-        journal = Journal(root)
-        assert journal.replay(lambda e: root / f"{e}.tito") == []
-        journal.close()
+    # the store's disk (durable.Disk) is the seam: nothing of the store is patched
+    group = GroupCommit(ExecutionStore(root, fsync=True, preallocate=False, disk=disk),
+                        journal_capacity=capacity)
+    outcomes: dict[str, BaseException | None] = {}
+    for start in range(0, len(calls), width):  # batches then hold several logs
+        outcomes.update(commit_all(group, calls[start:start + width]))
+    image = root.parent / (root.name + "-image")
+    crash_image(root, image, dict(disk.synced), np.random.default_rng(seed))
+    group.close()  # the original folder, closed cleanly: nothing left to replay
+    journal = Journal(root)
+    assert journal.replay(lambda e: root / f"{e}.tito") == []
+    journal.close()
 
     assert all(outcomes[c.request_id] is None for c, (_, _, fail) in zip(calls, plan) if not fail and width == 1)
     expected = {f"e{e}": [c for c in calls if c.execution_id == f"e{e}" and outcomes[c.request_id] is None]

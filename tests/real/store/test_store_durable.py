@@ -9,14 +9,22 @@ import pytest
 from gyre.real.store import durable
 
 
-def test_files_and_folders_are_synced_and_a_missing_path_raises(tmp_path, monkeypatch):
-    synced = []
-    real_fsync = os.fsync
-    monkeypatch.setattr(durable.os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")),
-                                                         real_fsync(fd)))
+class WatchedDisk(durable.Disk):
+    """The store's disk seam, noting the path of every fsync."""
+
+    def __init__(self) -> None:
+        self.synced: list[str] = []
+
+    def fsync(self, fd: int) -> None:
+        self.synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        super().fsync(fd)
+
+
+def test_files_and_folders_are_synced_and_a_missing_path_raises(tmp_path):
+    disk = WatchedDisk()
     (tmp_path / "f").write_text("x")
-    durable.fsync_path(tmp_path / "f")
-    durable.fsync_path(tmp_path)
-    assert synced == [str(tmp_path / "f"), str(tmp_path)]
+    durable.fsync_path(tmp_path / "f", disk)
+    durable.fsync_path(tmp_path, disk)
+    assert disk.synced == [str(tmp_path / "f"), str(tmp_path)]
     with pytest.raises(FileNotFoundError, match="missing"):
         durable.fsync_path(tmp_path / "missing")
