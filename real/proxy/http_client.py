@@ -143,7 +143,8 @@ class _Dechunker:
                 if not buffer:
                     break
                 n = min(self.remaining, len(buffer))
-                out += buffer[:n]
+                with memoryview(buffer) as view:
+                    out += view[:n]  # one copy, not a slice's and then out's
                 del buffer[:n]
                 self.remaining -= n
                 if not self.remaining:
