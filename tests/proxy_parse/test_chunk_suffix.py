@@ -125,7 +125,7 @@ def test_a_cumulative_chunk_costs_a_parse_of_its_new_suffix_only():
         before = decoder.parsed_bytes
         chunk = decoder.decode_event(_sglang_event(ids[:n], n))
         assert chunk.ids == (ids[n - 1],)
-        bound = max(len(_sglang_event(ids[n - 1:n], n)) + 16, engine_client.SUFFIX_PARSE_BYTES)
+        bound = max(len(_sglang_event(ids[n - 1:n], n)) + 16, 4096)  # a chunk under 4 KB may be parsed whole
         assert decoder.parsed_bytes - before <= bound, (n, decoder.parsed_bytes - before)
 
 
