@@ -137,13 +137,14 @@ class _Dechunker:
         return self.state == "done"
 
     def take(self, buffer: bytearray) -> bytes:
-        out = bytearray()
+        pieces: list[bytes] = []
         while self.state != "done":
             if self.state == "data":
                 if not buffer:
                     break
                 n = min(self.remaining, len(buffer))
-                out += buffer[:n]
+                with memoryview(buffer) as view:
+                    pieces.append(bytes(view[:n]))  # one copy per byte (a bytearray would add another)
                 del buffer[:n]
                 self.remaining -= n
                 if not self.remaining:
@@ -168,7 +169,7 @@ class _Dechunker:
                 self.state = "data" if self.remaining else "trailer"
             elif not line:  # "trailer": header lines until an empty one
                 self.state = "done"
-        return bytes(out)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 class Response:

@@ -105,3 +105,31 @@ def test_events_are_the_same_however_the_bytes_arrive(events, reads):
         got += found
     assert got == [d for d in map(engine_client._event_data, events) if d is not None]
     assert not buffer
+
+
+def _sglang_event(ids: list[int], total: int) -> bytes:
+    """A compact SGLang chunk carrying ``ids`` (all so far when cumulative, the new ones when incremental)."""
+    return json.dumps({"text": "", "output_ids": ids, "meta_info": {
+        "id": "r", "finish_reason": None, "completion_tokens": total,
+        "output_token_logprobs": [[-0.25, i, None] for i in ids], "weight_version": "v1"}},
+        separators=(",", ":")).encode()
+
+
+def test_a_cumulative_chunk_costs_a_parse_of_its_new_suffix_only():
+    """Counted, not timed: the bytes each cumulative chunk hands the JSON parser stay within the
+    same chunk's incremental spelling (its new token and the small head), so a stream's parse is
+    linear in its length; a whole parse of the 1,500th chunk would hand it ~35 KB."""
+    decoder = ChunkDecoder("e0")
+    ids = [(7919 * k) % 150_000 for k in range(1500)]
+    for n in range(1, len(ids) + 1):
+        before = decoder.parsed_bytes
+        chunk = decoder.decode_event(_sglang_event(ids[:n], n))
+        assert chunk.ids == (ids[n - 1],)
+        bound = max(len(_sglang_event(ids[n - 1:n], n)) + 16, 4096)  # a chunk under 4 KB may be parsed whole
+        assert decoder.parsed_bytes - before <= bound, (n, decoder.parsed_bytes - before)
+
+
+@PROPERTY
+@given(st.binary(max_size=60).map(lambda b: bytearray(b.replace(b"x", b"\n"))), st.integers(0, 70))
+def test_blank_line_search_finds_what_a_two_byte_search_finds(buffer, at):
+    assert engine_client._blank_line(buffer, at) == buffer.find(b"\n\n", at)
