@@ -173,6 +173,7 @@ class Recorder:
                  write_timeout_s: float = 10.0) -> None:
         self.write_timeout_s = write_timeout_s
         self.waited_here = 0  # lone commits waited for on the loop's thread (``commit_stats``)
+        self.alone = 0  # commits made with no other model call in flight (each first waited for here)
         self.root = Path(records_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self.chat = chat
@@ -250,6 +251,7 @@ class Recorder:
                 return
             landing = _Landing()
             durable = self._submit(call, landing)
+            self.alone += alone
             if alone and landing.wait(ALONE_WAIT_S):  # the future settles a turn later: its outcome is read here
                 durable.add_done_callback(lambda f: f.cancelled() or f.exception())
                 if landing.error is not None:
@@ -316,8 +318,8 @@ class Recorder:
         the event loop's thread (``alone``); all zero without ``fsync``."""
         group = self.group
         if group is None:
-            return {"records": 0, "batches": 0, "here": 0}
-        return {"records": group.records, "batches": group.batches, "here": self.waited_here}
+            return {"records": 0, "batches": 0, "here": 0, "alone": 0}
+        return {"records": group.records, "batches": group.batches, "here": self.waited_here, "alone": self.alone}
 
     def executions(self) -> list[str]:
         return sorted(set(self.store.executions()) | set(self._states))

@@ -144,10 +144,12 @@ def test_kill_9_under_load_loses_no_acknowledged_call(tmp_path_factory, tmp_path
             process.wait(20)
     assert proxy.returncode == -signal.SIGKILL
     assert len(acked) >= 60
-    if executions == 1:  # every call alone: waited for on the loop's thread unless the disk was slow
-        assert commits["here"] >= 0.9 * commits["records"], commits
+    # which path each commit took is structural; how many lone waits landed within ALONE_WAIT_S depends on
+    # the machine's load, so "here" is only required to happen
+    if executions == 1:  # every call alone: first waited for on the loop's thread
+        assert commits["alone"] >= 0.9 * commits["records"] and commits["here"] > 0, commits
     else:  # concurrent calls: queued for the writer
-        assert commits["here"] <= 0.5 * commits["records"] and commits["batches"] > 0, commits
+        assert commits["alone"] <= 0.5 * commits["records"] and commits["batches"] > 0, commits
     chat = ChatTokenizer(str(model))
     store = ExecutionStore(tmp_path / "records")
     by_execution: dict[str, dict] = {}
