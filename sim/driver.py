@@ -295,7 +295,7 @@ class Simulation(ActionHandler):
         if designated is None:
             designated = self._designated[outcome] = designated_outcome(outcome)
         if outcomes.resolve(execution_id(x), designated):
-            self._after(self.costs.evaluation_s, lambda: self._group_ready(g))
+            self.env.call_in(self.costs.evaluation_s, self._group_ready, g)  # _after, without a closure
 
     def _group_ready(self, g: int) -> None:
         outcomes = self._outcomes.pop(g)

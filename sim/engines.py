@@ -278,7 +278,9 @@ class EngineBank:
         tags, heappop = e.tags, heapq.heappop
         done = []
         for clock in e.clocks.values():
-            heap, limit = clock.heap, clock.v + 1e-9 * max(1.0, abs(clock.v))
+            v = clock.v
+            size = v if v >= 0.0 else -v  # max(1.0, abs(v)), as comparisons: once per finish
+            heap, limit = clock.heap, v + 1e-9 * (size if size > 1.0 else 1.0)
             while heap and heap[0][0] <= limit:
                 tag, x = heappop(heap)
                 held = tags.get(x)
