@@ -436,11 +436,12 @@ class Scheduler(CounterViews):
         ledger = self._ledger
         n = rules.startable(self.d - self.p, ledger.running, ledger.capacity)  # queued, holding, capacity
         placements: list[tuple[int, int]] = []
+        popleft, queued, place = self._queue.popleft, self._queued, ledger.place  # once per started execution
         while len(placements) < n:
-            x = self._queue.popleft()
-            if x in self._queued:
-                self._queued.discard(x)
-                placements.append((x, self._ledger.place(x)))
+            x = popleft()
+            if x in queued:
+                queued.discard(x)
+                placements.append((x, place(x)))
         if placements:
             self.p += len(placements)
             out.append(act.StartExecutions(tuple(placements)))
