@@ -408,7 +408,14 @@ class Scheduler(CounterViews):
             self._open_batch(out)
         if self.batch_open and self._feed(out) and self._continuous:
             self._start_queued(out)
-        self._track_supply()
+        # the supply timer runs while the supply suffices (_supply_ok, inlined: once per event)
+        key = (len(self._ready), self.cfg.B - self.fed if self.batch_open else self.cfg.B)
+        if key != self._supply_key:
+            self._supply_key, self._supply_value = key, rules.supply_sufficient(self.cfg, rules.supply(*key))
+        if not self._supply_value:
+            self.supply_since = None
+        elif self.supply_since is None:
+            self.supply_since = self.now
         since, now = self.supply_since, self.now
         assert now is not None  # set by handle() before any rule runs
         if since is not None and rules.timer_elapsed(self.cfg, since, now):  # cheap, and false after most events
@@ -429,11 +436,12 @@ class Scheduler(CounterViews):
         ledger = self._ledger
         n = rules.startable(self.d - self.p, ledger.running, ledger.capacity)  # queued, holding, capacity
         placements: list[tuple[int, int]] = []
+        popleft, queued, place = self._queue.popleft, self._queued, ledger.place  # once per started execution
         while len(placements) < n:
-            x = self._queue.popleft()
-            if x in self._queued:
-                self._queued.discard(x)
-                placements.append((x, self._ledger.place(x)))
+            x = popleft()
+            if x in queued:
+                queued.discard(x)
+                placements.append((x, place(x)))
         if placements:
             self.p += len(placements)
             out.append(act.StartExecutions(tuple(placements)))
@@ -496,12 +504,6 @@ class Scheduler(CounterViews):
         if key != self._supply_key:  # the rule is a pure function of these two: asked when one changed
             self._supply_key, self._supply_value = key, rules.supply_sufficient(self.cfg, rules.supply(*key))
         return self._supply_value
-
-    def _track_supply(self) -> None:
-        if not self._supply_ok():
-            self.supply_since = None
-        elif self.supply_since is None:
-            self.supply_since = self.now
 
     def _restart_timer(self) -> None:
         self.supply_since = self.now if self._supply_ok() else None

@@ -263,7 +263,8 @@ class Simulation(ActionHandler):
     def _execution_done(self, x: int) -> None:
         """``x``'s harness stopped (work done, or its deadline): it ends now, or evaluates first."""
         self._deadlines.pop(x, None)
-        q, i = self._cell(x)
+        g, i = divmod(x, self._group_size)
+        q, i = (g % len(self._durations), i) if i < self.cfg.N else self._cell(x)  # _cell's first case, inlined
         if self._tails is not None and self._tails[q][i] > 0:  # _evaluation_tail, inlined: once per execution
             self._evaluating.add(x)
             self.record.harness_stopped(x, self.env.now)
@@ -294,7 +295,7 @@ class Simulation(ActionHandler):
         if designated is None:
             designated = self._designated[outcome] = designated_outcome(outcome)
         if outcomes.resolve(execution_id(x), designated):
-            self._after(self.costs.evaluation_s, lambda: self._group_ready(g))
+            self.env.call_in(self.costs.evaluation_s, self._group_ready, g)  # _after, without a closure
 
     def _group_ready(self, g: int) -> None:
         outcomes = self._outcomes.pop(g)

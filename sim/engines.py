@@ -244,13 +244,18 @@ class EngineBank:
             e.t = now
 
     def _arm(self, e: _Engine) -> None:
-        tags, due = e.tags, math.inf
+        tags, due, heappop = e.tags, math.inf, heapq.heappop
         for clock in e.clocks.values():
             heap = clock.heap
-            while heap and tags.get(heap[0][1], _GONE)[1] != heap[0][0]:
-                heapq.heappop(heap)  # removed or re-tagged
-            if heap:
-                due = min(due, e.t + max(0.0, heap[0][0] - clock.v) / clock.eff)
+            while heap:
+                tag, x = heap[0]
+                if tags.get(x, _GONE)[1] == tag:
+                    left = tag - clock.v  # max(0, left) and min(due, at), as comparisons: once per flush
+                    at = e.t + (left if left > 0.0 else 0.0) / clock.eff
+                    if at < due:
+                        due = at
+                    break
+                heappop(heap)  # removed or re-tagged
         if len(e.clocks) > 1:  # forget classes with no execution left (their heaps are empty by now)
             for share in [s for s, c in e.clocks.items() if not c.live]:
                 del e.clocks[share]
@@ -270,12 +275,14 @@ class EngineBank:
             for clock in e.clocks.values():
                 clock.v += dt * clock.eff
             e.t = now
-        tags = e.tags
+        tags, heappop = e.tags, heapq.heappop
         done = []
         for clock in e.clocks.values():
-            heap, limit = clock.heap, clock.v + 1e-9 * max(1.0, abs(clock.v))
+            v = clock.v
+            size = v if v >= 0.0 else -v  # max(1.0, abs(v)), as comparisons: once per finish
+            heap, limit = clock.heap, v + 1e-9 * (size if size > 1.0 else 1.0)
             while heap and heap[0][0] <= limit:
-                tag, x = heapq.heappop(heap)
+                tag, x = heappop(heap)
                 held = tags.get(x)
                 if held is not None and held[0] is clock and held[1] == tag:  # not removed, re-tagged or taken
                     del tags[x]
