@@ -66,7 +66,7 @@ def test_a_records_folder_that_cannot_be_created_is_named(tmp_path, model, capsy
 def test_a_disk_too_small_for_the_journal_is_named(tmp_path, model, capsys, monkeypatch):
     from gyre.real.store import commit_journal
 
-    def no_space(fd, start, end):
+    def no_space(fd, start, end, disk=None):  # commit_journal.fill_zeros, the journal's own disk passed
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(commit_journal, "fill_zeros", no_space)
