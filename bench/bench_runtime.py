@@ -39,8 +39,8 @@ def main() -> dict:
     to_roll = [t for t in s["transitions"] if t["role"] == "rollout"]
     stalls = s["move_stalls_ms"]
     return {
-        "bursts": s["steps"] // s["config"]["mu"],
-        "burst_wall_s": s["timings"]["run_s"] / max(1, s["steps"] // s["config"]["mu"]),
+        "bursts": s["bursts"],
+        "burst_wall_s": s["timings"]["run_s"] / max(1, s["bursts"]),
         "startup_s": s["timings"]["startup_s"],
         "rollout_execution_s": float(trace["duration_s"].mean()),
         "transition_to_training_s": mean([t["total_s"] for t in to_train]),
