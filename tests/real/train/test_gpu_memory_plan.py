@@ -117,7 +117,7 @@ def test_gyre_run_dry_run_prints_the_placement_and_the_plan_and_starts_nothing(c
     lines = done.stdout.splitlines()
     assert lines[:2] == ["cell 0: GPUs [0, 1, 2, 3] (TP 4 x PP 1), engine e0 TP 4",
                          "cell 1: GPUs [4, 5, 6, 7] (TP 4 x PP 1), engine e1 TP 4"]
-    assert lines[3].startswith("cell 1: ranks on cuda:4, cuda:5, cuda:6, cuda:7 (nccl); engine e1: sglang --tp-size 4 "
+    assert lines[3].startswith("cell 1: ranks on cuda:4, cuda:5, cuda:6, cuda:7 (nccl; gloo on a node without CUDA); engine e1: sglang --tp-size 4 "
                                "--base-gpu-id 4") and lines[3].endswith("--enable-memory-saver")
     assert lines[4].startswith("memory per GPU (80 GiB): training 74.5 GiB = weights 3.5 + grads 3.5")
     assert not work.exists()
