@@ -106,21 +106,18 @@ def _http(model: Path, clients: int, window_s: float, runs: int) -> dict:
     return figures
 
 
-class _SqliteGroup:
-    """The library alternative: one writer thread, one WAL transaction (synchronous=FULL) per batch."""
+class _BatchWriter:
+    """One writer thread taking whatever was submitted since its last batch; ``_write`` makes a batch
+    durable, then every submitter is told. Subclasses say how (``_write``) and what to release."""
 
-    def __init__(self, path: Path) -> None:
-        self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.execute("CREATE TABLE records (execution TEXT, frame BLOB)")
+    def __init__(self) -> None:
         self.pending: list = []
         self.cond = threading.Condition()
         self.closed = False
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def submit(self, execution: str, frame: bytes, done) -> None:
+    def submit(self, execution, frame, done) -> None:
         with self.cond:
             self.pending.append((execution, frame, done))
             self.cond.notify()
@@ -133,21 +130,44 @@ class _SqliteGroup:
                 if not self.pending:
                     return
                 batch, self.pending = self.pending, []
-            self.db.execute("BEGIN")
-            self.db.executemany("INSERT INTO records VALUES (?, ?)", [(e, f) for e, f, _ in batch])
-            self.db.execute("COMMIT")
+            self._write(batch)
             for _, _, done in batch:
                 done(None)
+
+    def _write(self, batch: list) -> None:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        pass
 
     def close(self) -> None:
         with self.cond:
             self.closed = True
             self.cond.notify()
         self.thread.join()
+        self._release()
+
+
+class _SqliteGroup(_BatchWriter):
+    """The library alternative: one writer thread, one WAL transaction (synchronous=FULL) per batch."""
+
+    def __init__(self, path: Path) -> None:
+        self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("CREATE TABLE records (execution TEXT, frame BLOB)")
+        super().__init__()
+
+    def _write(self, batch: list) -> None:
+        self.db.execute("BEGIN")
+        self.db.executemany("INSERT INTO records VALUES (?, ?)", [(e, f) for e, f, _ in batch])
+        self.db.execute("COMMIT")
+
+    def _release(self) -> None:
         self.db.close()
 
 
-class _PerLogGroup(_SqliteGroup):
+class _PerLogGroup(_BatchWriter):
     """What the journal replaced: the same writer, each touched log synced itself (in parallel)."""
 
     def __init__(self, root: Path) -> None:
@@ -157,31 +177,16 @@ class _PerLogGroup(_SqliteGroup):
 
         self.store = ExecutionStore(root, fsync=True, preallocate=False)
         self.syncers = ThreadPoolExecutor(max_workers=16)
-        self.pending, self.cond, self.closed = [], threading.Condition(), False
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
+        super().__init__()
 
-    def _run(self) -> None:
-        while True:
-            with self.cond:
-                while not self.pending and not self.closed:
-                    self.cond.wait()
-                if not self.pending:
-                    return
-                batch, self.pending = self.pending, []
-            touched = {}
-            for call, _, _ in batch:
-                touched[call.execution_id] = log = self.store.log_for(call.execution_id)
-                log.write(call)
-            list(self.syncers.map(lambda log: log.sync(), touched.values()))
-            for _, _, done in batch:
-                done(None)
+    def _write(self, batch: list) -> None:
+        touched = {}
+        for call, _, _ in batch:
+            touched[call.execution_id] = log = self.store.log_for(call.execution_id)
+            log.write(call)
+        list(self.syncers.map(lambda log: log.sync(), touched.values()))
 
-    def close(self) -> None:
-        with self.cond:
-            self.closed = True
-            self.cond.notify()
-        self.thread.join()
+    def _release(self) -> None:
         self.syncers.shutdown()
         self.store.close()
 
