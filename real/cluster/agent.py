@@ -90,9 +90,9 @@ class NodeAgent:
 
     def free_port(self) -> int:
         """A TCP port free right now on this node's address (an engine binds it next)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((self.address(), 0))
-            return sock.getsockname()[1]
+        from gyre.real.runtime.ports import free_port
+
+        return free_port(self.address())
 
     # ---- launching ----------------------------------------------------------------------------
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -71,15 +71,6 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository: real/engines/manag
 HOST = "127.0.0.1"
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (for engines, proxies, stores)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
 CPU_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
             "--grammar-backend", "none", "--disable-cuda-graph", "--dtype", "float32")
 LOG_TAIL_CHARS = 3000

@@ -37,13 +37,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Hashable
 
 from gyre.actions import SEPARATE
-from gyre.real.engines.manager import HOST, EngineManager, EngineSpec, free_port
+from gyre.real.engines.manager import HOST, EngineManager, EngineSpec
 from gyre.real.harness.runner import HarnessRunner
 from gyre.real.harness.taskset import TaskSet
 from gyre.real.runtime.backend import Parts, RealBackend
 from gyre.real.runtime.controller import Controller
 from gyre.real.runtime.engine_watch import EngineWatch
 from gyre.real.runtime.metrics import LiveMetrics
+from gyre.real.runtime.ports import free_port
 from gyre.real.runtime.proxy_process import ProxyProcess
 from gyre.real.supervisor.client import LeaseRenewer, SupervisorClient
 

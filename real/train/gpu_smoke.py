@@ -122,7 +122,7 @@ def engine_memory_row(checkpoint: str, work: Path) -> Row:
 
     from gyre.real.engines.manager import EngineManager, EngineSpec
     from gyre.real.runtime.layout import GpuLayout
-    from gyre.real.train.publish_memory import free_port
+    from gyre.real.runtime.ports import free_port
 
     manager = EngineManager(work / "engine-logs")
     layout = GpuLayout(gpus_per_node=1, engine_mem_fraction=0.3)

@@ -32,29 +32,22 @@ from __future__ import annotations
 
 import datetime
 import logging
-import socket
 import threading
 import time
 from typing import Iterable
 
 import torch
 
+from gyre.real.runtime.ports import free_port
 from gyre.real.train.publish import EngineUnreachable, PublishError, _buckets, post_json
 
 GROUP = "gyre_weights"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def _join(rank: int, world: int, host: str, port: int, backend: str, timeout: datetime.timedelta):
     """This process's member of a new process group beside (not inside) any default group: what SGLang's
     ``init_custom_process_group`` does on the engines' side, with the same torch."""
-    from torch.distributed.distributed_c10d import (Backend, PrefixStore, _new_process_group_helper, _world,
-                                                    rendezvous)
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
 
     store, rank, world = next(rendezvous(f"tcp://{host}:{port}", rank, world, timeout=timeout))
     store.set_timeout(timeout)
@@ -107,7 +100,7 @@ class MemoryPublisher:
         self.bucket_bytes, self.timeout = bucket_bytes, timeout
         self.group = None
 
-    def open(self, device: torch.device) -> "MemoryPublisher":
+    def open(self, device: torch.device) -> MemoryPublisher:
         backend = self.backend or ("nccl" if device.type == "cuda" else "gloo")
         port, world = free_port(self.host), 1 + sum(self.tps)
         offsets = [1 + sum(self.tps[:i]) for i in range(len(self.tps))]
@@ -155,7 +148,7 @@ class MemoryPublisher:
                        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
                        "shapes": [list(t.shape) for _, t in bucket], "group_name": GROUP,
                        "flush_cache": True, "weight_version": str(version)}
-            threads, results = _post_all(self.urls, "/update_weights_from_distributed", lambda i: payload,
+            threads, results = _post_all(self.urls, "/update_weights_from_distributed", lambda i, body=payload: body,
                                          self.timeout)
             try:
                 for _, tensor in bucket:

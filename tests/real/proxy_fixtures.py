@@ -18,7 +18,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from gyre.real.engines.manager import free_port  # noqa: F401  (re-exported for the tests)
+from gyre.real.runtime.ports import free_port  # noqa: F401  (re-exported for the tests)
 from gyre.real.toy.tiny_model import (ADDED, CHAT_TEMPLATE, SPECIAL, build_tiny_qwen2,  # noqa: F401
                                    build_tiny_tokenizer)
 

@@ -119,7 +119,8 @@ def environ(pid: int) -> dict[str, str]:
 def test_the_processes_a_placed_gpu_cell_starts_see_its_gpus_and_their_local_rank(address, tmp_path):
     from gyre.real.cluster.config import ClusterConfig
     from gyre.real.cluster.placement import Placement
-    from gyre.real.engines.manager import EngineSpec, free_port
+    from gyre.real.engines.manager import EngineSpec
+    from gyre.real.runtime.ports import free_port
 
     fake = tmp_path / "fake-python"  # stands in for SGLang's interpreter: writes what it was given, then waits
     fake.write_text(f"#!/bin/sh\nenv > {tmp_path}/$$.env\necho \"$@\" > {tmp_path}/$$.args\nsleep 600\n")

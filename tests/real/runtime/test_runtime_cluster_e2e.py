@@ -236,7 +236,8 @@ import json, sys, time
 from pathlib import Path
 from gyre.real.cluster.config import ClusterConfig
 from gyre.real.cluster.placement import Placement
-from gyre.real.engines.manager import EngineSpec, free_port
+from gyre.real.engines.manager import EngineSpec
+from gyre.real.runtime.ports import free_port
 from gyre.real.train.context import CellConfig
 
 address, tmp = sys.argv[1], Path(sys.argv[2])

@@ -29,7 +29,8 @@ try:
 except ImportError:
     from .proxy_fixtures import admin, build_tiny_qwen2, new_key, proxy_config, shared_tiny_dir, start_proxy
 
-from gyre.real.engines.manager import EngineError, EngineManager, EngineSpec, free_port, sglang_python
+from gyre.real.engines.manager import EngineError, EngineManager, EngineSpec, sglang_python
+from gyre.real.runtime.ports import free_port
 
 SMALL = ("--mem-fraction-static", "0.05", "--max-total-tokens", "16384", "--skip-server-warmup")
 NO_VENV = f"SGLang CPU venv not found at {sglang_python()} (run tools/setup_sglang_cpu.sh)"

@@ -23,7 +23,7 @@ try:
 except ImportError:
     from .proxy_fixtures import ScriptedEngine, ServerThread, admin, check_records, new_key, proxy_config
 
-from gyre.real.engines.manager import free_port
+from gyre.real.runtime.ports import free_port
 from gyre.real.runtime.proxy_process import ProxyProcess, ProxyStartError, config_mapping
 
 pytestmark = pytest.mark.timeout(180)

@@ -24,7 +24,7 @@ try:
 except ImportError:
     from ..proxy_fixtures import ScriptedEngine, ServerThread, new_key, proxy_config
 
-from gyre.real.engines.manager import free_port
+from gyre.real.runtime.ports import free_port
 from gyre.real.supervisor.client import start_or_reuse
 from gyre.real.supervisor.ledger import read_ledger
 from gyre.real.supervisor.services import SupervisedProxy, bridge_service
