@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -31,9 +30,9 @@ from pathlib import Path
 import pytest
 
 try:
-    from proxy_fixtures import ScriptedEngine, ServerThread, check_records, start_proxy_process, tool_loop_script
+    from proxy_fixtures import check_records, scripted_proxy_process, tool_loop_script
 except ImportError:  # tests/real imported as a package
-    from .proxy_fixtures import ScriptedEngine, ServerThread, check_records, start_proxy_process, tool_loop_script
+    from .proxy_fixtures import check_records, scripted_proxy_process, tool_loop_script
 
 from gyre.real.harness import repair
 from gyre.real.harness.evaluation import close_and_evaluate
@@ -101,17 +100,8 @@ def taskset():
 
 @pytest.fixture(scope="module")
 def proxy(model, taskset, tmp_path_factory):
-    scratch = tmp_path_factory.mktemp("repair-proxy")
-    engine = ServerThread(ScriptedEngine(model, repair_model(taskset)).application).start()
-    config = {"model_path": str(model), "records_dir": str(scratch / "records"), "admin_token": "repair-admin-token",
-              "engines": [{"id": "e0", "url": engine.url}], "fsync": False, "executions": KEYS}
-    process, url = start_proxy_process(config, scratch / "proxy.json")
-    try:
-        yield url, scratch / "records"
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(20)
-        engine.stop()
+    with scripted_proxy_process(model, repair_model(taskset), tmp_path_factory.mktemp("repair-proxy"), KEYS) as up:
+        yield up
 
 
 def run_and_score(taskset, runner: HarnessRunner, jobs: dict[int, str]) -> dict[int, tuple]:
