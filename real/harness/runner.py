@@ -26,7 +26,9 @@ start one at a time (a lock per event loop around workspace and spawn): a
 spawn forks the caller and holds its event loop for ~20-60 ms, so a burst of
 starts taken in one go held the job's loop for seconds while the training
 step behind it waited for its groups; now whatever else is due on the loop
-runs between two starts.
+runs between two starts. A run's workspace and command line (the folders,
+``TASK.md`` and the task's files, whatever the adapter writes) are made on a
+worker thread: a slow disk or a slow adapter holds that start, never the loop.
 """
 
 from __future__ import annotations
@@ -237,7 +239,7 @@ class HarnessRunner:
             started = time.monotonic()
             log = None
             try:
-                workspace, command, env = self._command(execution, task, key, bridge)
+                workspace, command, env = await asyncio.to_thread(self._command, execution, task, key, bridge)
                 log = open(workspace.parent / "harness.log", "ab")
                 # stdin closed: ``codex exec`` reads a piped stdin to its end before it starts
                 proc = await asyncio.create_subprocess_exec(*command, cwd=workspace, env=env,
@@ -271,7 +273,7 @@ class HarnessRunner:
             async with self._starting():
                 started = time.monotonic()
                 try:
-                    workspace, command, env = self._command(execution, task, key, bridge)
+                    workspace, command, env = await asyncio.to_thread(self._command, execution, task, key, bridge)
                 except OSError as exc:
                     return self._start_failed(execution, workspace, started, exc)
                 entry, _ = await self.supervisor.spawn(name, command, env, workspace,

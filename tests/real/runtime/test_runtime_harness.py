@@ -351,3 +351,39 @@ def test_runs_start_one_at_a_time_and_the_loop_serves_others_between_starts(tmp_
     results = asyncio.run(burst())
     assert [r.outcome for r in results] == ["completed"] * 8 and len(spawned) == 8
     assert seen[0] <= 1, f"the loop ran nothing else until {seen[0]} of 8 harnesses were spawned"
+
+
+class SlowSetUp(Quick):
+    """``Quick``, with a task set-up that waits (a slow disk, a slow adapter) until ``go`` is set."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.turns = 0  # the loop's turns so far (the test's ticker counts them)
+        self.turns_at_set_up: int | None = None
+
+    def command(self, task, base_url, key, home):
+        self.go.wait(5.0)  # on the loop nothing could set it: the test fails after 5 s instead of hanging
+        self.turns_at_set_up = self.turns
+        return super().command(task, base_url, key, home)
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_task_set_up_holds_its_start_not_the_loop(tmp_path):
+    """While a run's workspace and command are being made, a ticker on the loop keeps turning: the set-up
+    is let through only once the ticker turned ``turns_needed`` times (on the loop it would turn 0 times)."""
+    adapter, turns_needed = SlowSetUp(), 5
+    runner = HarnessRunner(tmp_path, "http://127.0.0.1:9", adapter, Budgets(harness_timeout_s=30.0), isolate="never")
+
+    async def main():
+        run = asyncio.ensure_future(runner.run(1, EmitTokenTask().task("q0"), key="k1"))
+        while not run.done():
+            adapter.turns += 1
+            if adapter.turns == turns_needed:
+                adapter.go.set()
+            await asyncio.sleep(0.005)
+        return run.result()
+
+    result = asyncio.run(main())
+    assert result.outcome == "completed" and (result.workspace / "TASK.md").is_file()
+    assert adapter.turns_at_set_up >= turns_needed, \
+        f"the loop turned {adapter.turns_at_set_up} times while the task was set up"
