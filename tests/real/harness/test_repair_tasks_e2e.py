@@ -141,6 +141,14 @@ def log_tail(result) -> str:
     return log.read_text(errors="replace")[-3000:] if log.exists() else "(no harness.log)"
 
 
+def assert_scored(taskset, task_id: str, result, state, reward):
+    """A completed run, validly scored by its tests: full marks when repaired, the planted share when not."""
+    assert (result.outcome, state) == ("completed", EvalState.VALID), log_tail(result)
+    assert reward == pytest.approx(passing_share(taskset, task_id, result.workspace))
+    assert reward == (pytest.approx(base_share(taskset, task_id)) if task_id == UNREPAIRED else 1.0)
+    return result
+
+
 @pytest.mark.timeout(300)
 def test_the_scripted_harness_repairs_through_the_proxy_and_the_tests_score_it(proxy, model, taskset, tmp_path):
     url, records = proxy
@@ -149,10 +157,7 @@ def test_the_scripted_harness_repairs_through_the_proxy_and_the_tests_score_it(p
     jobs = {0: "repair-textkit", 1: "repair-statkit", 2: UNREPAIRED, 3: "repair-wordcount"}
     done = run_and_score(taskset, runner, jobs)
     for x, task_id in jobs.items():
-        result, state, reward = done[x]
-        assert (result.outcome, state) == ("completed", EvalState.VALID), log_tail(result)
-        assert reward == pytest.approx(passing_share(taskset, task_id, result.workspace))
-        assert reward == (pytest.approx(base_share(taskset, task_id)) if task_id == UNREPAIRED else 1.0)
+        assert_scored(taskset, task_id, *done[x])
         assert len(check_records(records, f"x{x}", model)) == 3  # every call went through the proxy
     assert base_share(taskset, UNREPAIRED) < 1.0
     assert (done[3][0].workspace / "tests" / "test_count.py").exists()  # built inside the execution's process
@@ -180,10 +185,7 @@ def test_mini_swe_agent_repairs_through_the_proxy_and_the_tests_score_it(proxy, 
     jobs = {20: "repair-textkit", 21: "repair-wordcount", 22: UNREPAIRED}
     done = run_and_score(taskset, runner, jobs)
     for x, task_id in jobs.items():
-        result, state, reward = done[x]
-        assert (result.outcome, state) == ("completed", EvalState.VALID), log_tail(result)
-        assert reward == pytest.approx(passing_share(taskset, task_id, result.workspace))
-        assert reward == (pytest.approx(base_share(taskset, task_id)) if task_id == UNREPAIRED else 1.0)
+        result = assert_scored(taskset, task_id, *done[x])
         trajectory = json.loads((result.workspace.parent / "home" / "trajectory.json").read_text())
         assert trajectory["info"]["exit_status"] == "Submitted", trajectory["info"]
         assert len(check_records(records, f"x{x}", model)) == (1 if task_id == UNREPAIRED else 2)
