@@ -55,7 +55,7 @@ class RepairEvaluator:
     """Scores a repair task's workspace by running its tests (see the module docstring)."""
 
     def __init__(self, tests: dict[str, str], expected: list[str], sources: list[str] = (),
-                 timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 60.0, runner: str | os.PathLike = RUNNER) -> None:
         if not isinstance(tests, dict) or not tests or not all(isinstance(v, str) for v in tests.values()):
             raise ValueError("tests must map test file paths to their text")
         for path in [*tests, *sources]:
@@ -71,6 +71,7 @@ class RepairEvaluator:
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"timeout_s must be > 0, not {timeout_s!r}")
         self.tests, self.expected, self.sources, self.timeout_s = dict(tests), list(expected), list(sources), timeout_s
+        self.runner = Path(runner)  # the script that runs the tests and writes their outcomes
 
     def outcomes(self, workspace: Path) -> dict[str, str]:
         """Each test id the run reported, with its outcome (tests that never reported are absent)."""
@@ -87,7 +88,7 @@ class RepairEvaluator:
                 target.write_text(text)
             env = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
                    "PYTHONDONTWRITEBYTECODE": "1", "HOME": scratch}
-            argv = [sys.executable, "-I", "-B", str(RUNNER), str(root), str(out), *self.tests]
+            argv = [sys.executable, "-I", "-B", str(self.runner), str(root), str(out), *self.tests]
             try:
                 subprocess.run(argv, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, timeout=self.timeout_s, start_new_session=True)

@@ -26,7 +26,9 @@ start one at a time (a lock per event loop around workspace and spawn): a
 spawn forks the caller and holds its event loop for ~20-60 ms, so a burst of
 starts taken in one go held the job's loop for seconds while the training
 step behind it waited for its groups; now whatever else is due on the loop
-runs between two starts.
+runs between two starts. A run's workspace and command line (the folders,
+``TASK.md`` and the task's files, whatever the adapter writes) are made on a
+worker thread: a slow disk or a slow adapter holds that start, never the loop.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any, Protocol
 from gyre.ids import execution_id
 from gyre.real.runtime.lifetime import die_with_parent
 
-from gyre.real.harness.sandbox import (HostBridge, choose_isolation, hidden_paths, mountns_problem,
+from gyre.real.harness.sandbox import (HOST_NAMESPACES, HostBridge, Namespaces, choose_isolation, hidden_paths,
                                        require_executable, sandbox_argv)
 
 log = logging.getLogger(__name__)
@@ -178,20 +180,23 @@ class MiniSweAgent:
 class HarnessRunner:
     """Runs harness executions; ``isolate`` ("auto", "always", "never") puts each in a loopback-only
     network namespace bridged to the proxy (gyre.real.harness.sandbox), with ``hide`` (and
-    ``$GYRE_SANDBOX_HIDE``) covered where a mount namespace can be made. Call ``close()`` after the last run."""
+    ``$GYRE_SANDBOX_HIDE``) covered where a mount namespace can be made (``namespaces``: what the host can
+    make, probed by default). Call ``close()`` after the last run."""
 
     def __init__(self, root: str | Path, base_url: str, adapter: HarnessAdapter, budgets: Budgets = Budgets(),
-                 isolate: str = "auto", hide: list[str | os.PathLike] = (), supervisor: Any = None) -> None:
+                 isolate: str = "auto", hide: list[str | os.PathLike] = (), supervisor: Any = None,
+                 namespaces: Namespaces = HOST_NAMESPACES) -> None:
         self.root, self.base_url, self.adapter, self.budgets = Path(root), base_url, adapter, budgets
         self.supervisor = supervisor  # a supervisor.client.SupervisorClient: harnesses outlive this process
         self.attached: dict[int, int] = {}  # execution -> pid of the harness a resumed run attached to
         self._supervised: set[int] = set()
         self._supervised_bridge: Any = None  # supervisor.services.BridgeAddress
-        self.isolated = choose_isolation(isolate, base_url)
+        self.namespaces = namespaces
+        self.isolated = choose_isolation(isolate, base_url, namespaces)
         self.hide = list(dict.fromkeys([*hidden_paths(list(hide)), *hidden_paths(None)]))
         self.hiding = False  # whether the hidden paths are really covered in each harness's view
         if self.hide:
-            problem = "the harnesses are not sandboxed (isolate)" if not self.isolated else mountns_problem()
+            problem = "the harnesses are not sandboxed (isolate)" if not self.isolated else namespaces.mount()[1]
             self.hiding = problem is None
             if problem is not None:
                 log.warning("harness runner: %s stay visible to harnesses: %s",
@@ -222,7 +227,7 @@ class HarnessRunner:
         env.update({k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "VIRTUAL_ENV")})
         if bridge is not None:
             require_executable(argv[0], workspace, env["PATH"])
-        command = argv if bridge is None else sandbox_argv(argv, bridge.path, bridge.port, hide=self.hide)
+        command = argv if bridge is None else sandbox_argv(argv, bridge.path, bridge.port, self.hide, self.namespaces)
         return workspace, command, env
 
     async def run(self, execution: int, task: Task, key: str) -> ExecutionResult:
@@ -234,7 +239,7 @@ class HarnessRunner:
             started = time.monotonic()
             log = None
             try:
-                workspace, command, env = self._command(execution, task, key, bridge)
+                workspace, command, env = await asyncio.to_thread(self._command, execution, task, key, bridge)
                 log = open(workspace.parent / "harness.log", "ab")
                 # stdin closed: ``codex exec`` reads a piped stdin to its end before it starts
                 proc = await asyncio.create_subprocess_exec(*command, cwd=workspace, env=env,
@@ -268,7 +273,7 @@ class HarnessRunner:
             async with self._starting():
                 started = time.monotonic()
                 try:
-                    workspace, command, env = self._command(execution, task, key, bridge)
+                    workspace, command, env = await asyncio.to_thread(self._command, execution, task, key, bridge)
                 except OSError as exc:
                     return self._start_failed(execution, workspace, started, exc)
                 entry, _ = await self.supervisor.spawn(name, command, env, workspace,

@@ -18,7 +18,8 @@ Invariants:
   runner's killpg ends both; TERM and INT are passed on, and the sandbox ends
   the way the harness did (its exit status, or death by the same signal);
 - ``netns_problem()`` probes once per process; where no namespace can be made
-  the reason is a sentence, and demanded isolation raises with it;
+  the reason is a sentence, and demanded isolation raises with it; a caller
+  may pass its own ``Namespaces`` (what the host can make) instead of the probe;
 - with a mount namespace, every existing path in ``hide`` is covered before
   the harness starts, or the sandbox exits with ``SANDBOX_FAILED`` naming it.
 
@@ -114,6 +115,23 @@ def _mountns_probe() -> tuple[tuple[str, ...], str | None]:
     return prefix, None
 
 
+class Namespaces:
+    """The namespaces this host can make for a harness: each method returns (``unshare`` prefix, None),
+    or ((), the reason in words) where it cannot be made. This one probes the host once per process;
+    ``HarnessRunner``, ``choose_isolation`` and ``sandbox_argv`` take another where the host's answer
+    should not decide (a test of the fallback, a caller that already knows)."""
+
+    def network(self) -> tuple[tuple[str, ...], str | None]:
+        return _netns_probe()
+
+    def mount(self) -> tuple[tuple[str, ...], str | None]:
+        """The prefix with ``-m`` (a private mount namespace inside the network one)."""
+        return _mountns_probe()
+
+
+HOST_NAMESPACES = Namespaces()
+
+
 def mountns_problem() -> str | None:
     """None when harnesses can get a private mount namespace here, else the reason in words (cached)."""
     return _mountns_probe()[1]
@@ -136,21 +154,21 @@ def netns_problem() -> str | None:
     return _netns_probe()[1]
 
 
-def isolation_problem(base_url: str) -> str | None:
+def isolation_problem(base_url: str, namespaces: Namespaces = HOST_NAMESPACES) -> str | None:
     """None when harnesses for ``base_url`` can be sandboxed here, else the reason."""
     host = urlsplit(base_url).hostname
     if host not in LOOPBACK_HOSTS:
         return f"the proxy's host {host!r} in {base_url} is not one of {LOOPBACK_HOSTS}"
-    return netns_problem()
+    return namespaces.network()[1]
 
 
-def choose_isolation(mode: str, base_url: str) -> bool:
+def choose_isolation(mode: str, base_url: str, namespaces: Namespaces = HOST_NAMESPACES) -> bool:
     """Whether to sandbox harnesses: ``mode`` is "auto", "always" (raise where impossible) or "never"."""
     if mode not in ISOLATE_MODES:
         raise ValueError(f"isolate must be one of {ISOLATE_MODES}, not {mode!r}")
     if mode == "never":
         return False
-    problem = isolation_problem(base_url)
+    problem = isolation_problem(base_url, namespaces)
     if mode == "always" and problem is not None:
         raise SandboxUnavailable(f"isolate='always' but harnesses cannot be sandboxed here: {problem}")
     return problem is None
@@ -171,17 +189,17 @@ def proxy_address(base_url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def sandbox_argv(argv: list[str], unix_path: Path, port: int,
-                 hide: list[str | os.PathLike] | None = None) -> list[str]:
+def sandbox_argv(argv: list[str], unix_path: Path, port: int, hide: list[str | os.PathLike] | None = None,
+                 namespaces: Namespaces = HOST_NAMESPACES) -> list[str]:
     """``argv`` wrapped to run in a fresh loopback-only namespace bridged to ``unix_path``, with
     ``hide`` (default: ``$GYRE_SANDBOX_HIDE``) covered in a private mount namespace where one can be made."""
-    prefix, problem = _netns_probe()
+    prefix, problem = namespaces.network()
     if problem is not None:
         raise SandboxUnavailable(f"cannot isolate the harness: {problem}")
     paths = hidden_paths(hide)
     hiding: list[str] = []
     if paths:
-        mount_prefix, mount_problem = _mountns_probe()
+        mount_prefix, mount_problem = namespaces.mount()
         if mount_problem is None:
             prefix = mount_prefix
             for path in paths:

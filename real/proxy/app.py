@@ -69,6 +69,7 @@ from gyre.real.proxy.request import ApiError, Finished, LastChunk, bad_request, 
 from gyre.real.proxy.routing import Router
 from gyre.real.proxy.tokenize import ChatTokenizer
 from gyre.real.proxy.write_watch import WriteWatchdog
+from gyre.real.store.durable import SYSTEM_DISK, Disk
 
 log = logging.getLogger("gyre.proxy")
 HINT_HEADERS = ("x-openai-subagent", "x-codex-parent-thread-id", "user-agent")
@@ -204,13 +205,13 @@ def _api_for(path: str) -> ModuleType:
 class ProxyServer:
     """Owns the service objects; ``application()`` builds the aiohttp app."""
 
-    def __init__(self, config: ProxyConfig, *, chat: ChatTokenizer | None = None) -> None:
+    def __init__(self, config: ProxyConfig, *, chat: ChatTokenizer | None = None, disk: Disk = SYSTEM_DISK) -> None:
         self.config = config
         self.chat = chat or ChatTokenizer(config.model_path, stop_tokens=config.stop_tokens)
         self.router = Router(config.engines)
         self.client = EngineClient(config.retry)
         self.recorder = Recorder(config.records_dir, self.chat, fsync=config.fsync,
-                                 write_timeout_s=config.limits.record_write_timeout_s)
+                                 write_timeout_s=config.limits.record_write_timeout_s, disk=disk)
         self.keys = KeyRegistry(self.recorder.root / "keys.json", config.executions)
         self.service = ChatService(config, self.chat, self.router, self.client, self.recorder)
         self.admin = AdminApi(config.admin_token, self.router, self.recorder, self.keys, self.service)

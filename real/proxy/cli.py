@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 STOP_GRACE_S = 5.0  # calls in flight at SIGTERM get this long (``ProxyProcess.stop`` SIGKILLs after 15 s)
 
@@ -46,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "objects; 7-22%% less CPU under load) or CPython's default")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, disk: Any = None) -> int:
+    """Serve until SIGINT/SIGTERM; ``disk``: the record store's writes and syncs (``store.durable.Disk``;
+    the system calls when None)."""
     import asyncio
     import logging
 
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from gyre.real.store.commit_journal import JournalBusy
 
     try:
-        _runner(args.loop)(_serve(config, args.gc))
+        _runner(args.loop)(_serve(config, args.gc, disk))
     except KeyboardInterrupt:
         pass
     except (JournalBusy, ProxyConfigError, OSError) as exc:
@@ -91,7 +94,7 @@ def _runner(loop: str):
     return uvloop.run
 
 
-async def _serve(config, gc_mode: str = "tuned") -> None:
+async def _serve(config, gc_mode: str = "tuned", disk: Any = None) -> None:
     import asyncio
     import signal
 
@@ -99,8 +102,9 @@ async def _serve(config, gc_mode: str = "tuned") -> None:
 
     from gyre.real.proxy import collector
     from gyre.real.proxy.app import RUNNER_ARGS, ProxyServer, keep_half_open
+    from gyre.real.store.durable import SYSTEM_DISK
 
-    server = ProxyServer(config)
+    server = ProxyServer(config, disk=disk if disk is not None else SYSTEM_DISK)
     collector.tune(gc_mode)  # after everything startup builds, before the first request
     runner = web.AppRunner(server.application(), access_log=None, handle_signals=False,
                             shutdown_timeout=STOP_GRACE_S, **RUNNER_ARGS)
@@ -120,10 +124,10 @@ async def _serve(config, gc_mode: str = "tuned") -> None:
         await runner.cleanup()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, disk: Any = None) -> int:
     parser = argparse.ArgumentParser(prog="gyre proxy")
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run(parser.parse_args(argv), disk)
 
 
 if __name__ == "__main__":

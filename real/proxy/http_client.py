@@ -18,7 +18,7 @@ Invariants:
   chunk) raises ``HttpError``, which is a ``ConnectionError``;
 - a connection goes back to the pool only after its whole response was read and
   neither side said ``Connection: close``; an idle pooled connection is dropped
-  after ``IDLE_S``, below the 5 s keep-alive of uvicorn (SGLang's
+  after ``idle_s`` (``IDLE_S`` by default), below the 5 s keep-alive of uvicorn (SGLang's
   ``SGLANG_TIMEOUT_KEEP_ALIVE`` default), so the pool never hands out one the
   server is about to close;
 - a request sent on a reused connection that ends before the first byte of an
@@ -115,8 +115,8 @@ class _Connection(asyncio.Protocol):
             timer.cancel()
             self._waiter = None
 
-    def reusable(self, now: float) -> bool:
-        return not self.ended and not self.buffer and now - self.idle_since < IDLE_S and \
+    def reusable(self, now: float, idle_s: float = IDLE_S) -> bool:
+        return not self.ended and not self.buffer and now - self.idle_since < idle_s and \
             self.transport is not None and not self.transport.is_closing()
 
 
@@ -267,8 +267,9 @@ class Response:
 class HttpClient:
     """Requests to engines over pooled keep-alive connections (see the module invariants)."""
 
-    def __init__(self, connect_timeout_s: float, read_timeout_s: float) -> None:
+    def __init__(self, connect_timeout_s: float, read_timeout_s: float, idle_s: float = IDLE_S) -> None:
         self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
+        self.idle_s = idle_s  # a pooled connection idle this long is dropped, not reused
         self._idle: dict[tuple, list[_Connection]] = {}
         self._targets: dict[str, tuple] = {}
         self._tls: ssl.SSLContext | None = None
@@ -326,7 +327,7 @@ class HttpClient:
         idle, now = self._idle.get(key), time.monotonic()
         while idle:
             conn = idle.pop()
-            if conn.reusable(now):
+            if conn.reusable(now, self.idle_s):
                 return conn
             conn.abort("idle too long")
         return None

@@ -22,7 +22,7 @@ interleave inside ``encode``.
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -37,7 +37,8 @@ def encode_ids(ids: Sequence[int]) -> str:
 class IdsJson:
     """Per-execution cache of id lists and their JSON text, most recently used last."""
 
-    def __init__(self) -> None:
+    def __init__(self, encode_new: Callable[[Sequence[int]], str] = encode_ids) -> None:
+        self._encode_new = encode_new  # how ids not cached are encoded (``encode_ids``)
         self._entries: list[tuple[np.ndarray, str]] = []
 
     def encode(self, ids: Sequence[int]) -> str:
@@ -49,11 +50,11 @@ class IdsJson:
                     and np.array_equal(array[:n], cached)):
                 best = index
         if best < 0 or not len(self._entries[best][0]):
-            text = encode_ids(array)
+            text = self._encode_new(array)
         else:
             cached, cached_text = self._entries.pop(best)
             tail = array[len(cached):]
-            text = cached_text if not len(tail) else f"{cached_text[:-1]},{encode_ids(tail)[1:]}"
+            text = cached_text if not len(tail) else f"{cached_text[:-1]},{self._encode_new(tail)[1:]}"
         kept = array.copy()
         kept.setflags(write=False)
         self._entries.append((kept, text))

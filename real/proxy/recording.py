@@ -170,7 +170,7 @@ class Recorder:
     """Durable TITO records of every execution, plus their in-memory states."""
 
     def __init__(self, records_dir: str | os.PathLike, chat: ChatTokenizer, *, fsync: bool = True,
-                 write_timeout_s: float = 10.0) -> None:
+                 write_timeout_s: float = 10.0, disk: Disk = SYSTEM_DISK) -> None:
         self.write_timeout_s = write_timeout_s
         self.waited_here = 0  # lone commits waited for on the loop's thread (``commit_stats``)
         self.alone = 0  # commits made with no other model call in flight (each first waited for here)
@@ -178,7 +178,7 @@ class Recorder:
         self.root.mkdir(parents=True, exist_ok=True)
         self.chat = chat
         # no preallocated log tails: a log is synced only at the journal's checkpoints, not per batch
-        self.store = ExecutionStore(self.root, fsync=fsync, preallocate=False)
+        self.store = ExecutionStore(self.root, fsync=fsync, preallocate=False, disk=disk)  # logs and journal
         self.fsync = fsync
         self.group = GroupCommit(self.store) if fsync else None
         self._states: dict[str, ExecutionState] = {}

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from gyre import actions as act
 from gyre.loop import HANDLER_METHODS, ActionHandler
@@ -152,7 +152,7 @@ class RealBackend(ActionHandler):
     def rollout_ready(self) -> set[int]:
         return self.cells.rollout_ready
 
-    def set_hooks(self, *, on_step: Callable[[int], None] | None = None,
+    def set_hooks(self, *, on_step: Callable[[int], Awaitable[None] | None] | None = None,
                   on_burst_end: Callable[[int], None] | None = None) -> None:
         """``on_step(version)``: live metrics, once per step before its StepDone (``runtime.metrics``);
         ``on_burst_end(version)``: the resume checkpoint, before a publication is sent (``runtime.restore``)."""

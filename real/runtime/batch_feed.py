@@ -21,13 +21,13 @@ asks outstanding, the groups packed into it, and the packer's next batch id.
 Invariants: every group is fed to the packer exactly once; each group's v_t
 is recorded when it is fed; ``on_step(version)`` (live metrics) runs once
 per step, after its report is in ``metrics`` and before ``StepDone`` is
-reported.
+reported (an awaitable it returns is awaited first: its writing runs off the loop).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from gyre import actions as act
 from gyre import events as ev
@@ -50,7 +50,7 @@ class BatchFeed:
         self.packer = StreamPacker(buffer, GenericRoles(), groups_per_batch=ctx.cfg.B,
                                    token_budget=token_budget, seed=seed)
         self._of = "" if steps is None else f"/{steps}"
-        self.on_step: Callable[[int], None] = lambda version: None  # live metrics (runtime.metrics)
+        self.on_step: Callable[[int], Awaitable[None] | None] = lambda version: None  # live metrics (runtime.metrics)
         self.open: int | None = None   # version of the open batch
         self.wanted = 0                # asked for, not fed yet
         self.packed = 0                # groups packed into the open batch
@@ -136,7 +136,9 @@ class BatchFeed:
                           f"cells {report['participants']}, {metrics.steps[version]['wall_s']:.2f} s")
         if self.open == version:
             self.open = None
-        self.on_step(version)  # the step's metrics are on disk before the core hears of it
+        written = self.on_step(version)  # the step's metrics are on disk before the core hears of it
+        if written is not None:
+            await written
         self.ctx.report(ev.StepDone, version=version)
 
     # ---- resume ------------------------------------------------------------------------

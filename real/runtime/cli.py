@@ -165,9 +165,29 @@ def _resume(args: argparse.Namespace) -> int:
     return _run(plan.job, plan)
 
 
+def run_restarting(job, plan=None, *, run, replan) -> dict:
+    """``run(job, plan)``'s summary; after a dead training cell (``CellFailed``) the job resumes from
+    ``replan(job.workdir)`` (its last checkpoint), at most ``cell_restarts`` times, then the failure is
+    raised. ``gyre run`` passes ``job.run_job`` and ``resume.plan_resume``."""
+    from gyre.real.runtime.job import CellFailed
+
+    restarts = job.training.cell_restarts
+    for restart in range(restarts + 1):
+        try:
+            return run(job, plan)
+        except CellFailed as exc:  # the cell comes back: the whole job resumes from its last checkpoint
+            if restart == restarts:
+                raise
+            plan = replan(job.workdir)
+            job = plan.job
+            print(f"gyre run: {exc}; resuming at version {plan.version} from "
+                  f"{plan.checkpoint.name if plan.checkpoint else 'the start'} (restart {restart + 1} of "
+                  f"{restarts})", file=sys.stderr)
+    raise AssertionError("unreachable: the last restart returns or raises")
+
+
 def _run(job, plan=None) -> int:
     from gyre.real.runtime import job as job_module
-    from gyre.real.runtime.job import CellFailed
     from gyre.real.runtime.lifetime import terminate_on_sigterm
     from gyre.real.runtime.progress import RunDisplay
     from gyre.real.runtime.resume import ResumeError, plan_resume
@@ -175,18 +195,8 @@ def _run(job, plan=None) -> int:
     terminate_on_sigterm()  # `kill PID` stops engines, cells and harnesses in order, as Ctrl-C does
     display = RunDisplay(job.steps, sys.stderr)  # a bar on a terminal, plain lines otherwise
     try:
-        for restart in range(job.training.cell_restarts + 1):
-            try:
-                summary = job_module.run_job(job, progress=display.line, watch=display.record, resume=plan)
-                break
-            except CellFailed as exc:  # the cell comes back: the whole job resumes from its last checkpoint
-                if restart == job.training.cell_restarts:
-                    raise
-                plan = plan_resume(job.workdir)
-                job = plan.job
-                print(f"gyre run: {exc}; resuming at version {plan.version} from "
-                      f"{plan.checkpoint.name if plan.checkpoint else 'the start'} (restart {restart + 1} of "
-                      f"{job.training.cell_restarts})", file=sys.stderr)
+        summary = run_restarting(job, plan, replan=plan_resume, run=lambda job, plan: job_module.run_job(
+            job, progress=display.line, watch=display.record, resume=plan))
     except ResumeError as exc:  # a work folder a live job holds (nothing wiped or moved), or a resume that cannot go on
         print(f"gyre run: error: {exc}", file=sys.stderr)
         return 2

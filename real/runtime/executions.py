@@ -165,7 +165,7 @@ class Executions:
         if exited is None:
             if keys is None:
                 raise RuntimeError(f"execution {x}: neither its keys' future nor a harness result to take")
-            key = (await keys)[execution_id(x)]
+            key = (await asyncio.shield(keys))[execution_id(x)]  # shared: one cancelled start leaves the others
             exited = await self.ctx.parts.runner.run(x, self._tasks[g], key)
             if x in getattr(self.ctx.parts.runner, "attached", ()):  # one the crashed driver started: its true start
                 self._start_s.pop(x, None)

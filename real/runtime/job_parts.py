@@ -284,7 +284,7 @@ class JobParts:
         redone = None if self.resume is None else self.resume.version + 1  # the first redone step
         live = LiveMetrics(cfg, work, self.names, log=self.say, watch=watch, wandb=job.metrics.wandb,
                            purge_step=redone).bind(controller, backend)
-        backend.set_hooks(on_step=live.on_step)  # metrics.jsonl + tb/, one record per step
+        backend.set_hooks(on_step=live.on_step_off_loop)  # metrics.jsonl + tb/, one record per step
         wiring = ResumeWiring(self.resume, controller, backend, work=work, tp=job.cell_tp(), seed=job.seed)
         return Wired(plane=plane, watch=engine_watch, proxy=proxy, backend=backend, controller=controller,
                      live=live, wiring=wiring)

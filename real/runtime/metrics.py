@@ -41,11 +41,15 @@ is null and named in ``problems``) and never emits a non-finite number; the
 breakdown's categories sum to the time from the ``Begin`` event to the
 record's ``time_s``; ``LiveMetrics.on_step`` and ``MetricsWriter.write`` never
 raise: a failure is logged and the run continues; every record is on disk
-(flushed) when ``write`` returns.
+(flushed) when ``write`` returns. ``LiveMetrics.on_step_off_loop`` (what a
+run uses) builds the record on the event loop, from state the loop owns, and
+writes it on a worker thread, one step after another in order: a slow disk or
+TensorBoard's first import holds the step, never the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -280,6 +284,7 @@ class LiveMetrics:
         self.controller: Controller | None = None
         self.backend: RealBackend | None = None
         self.records: list[dict[str, Any]] = []
+        self._writing = asyncio.Lock()
 
     def bind(self, controller: Controller, backend: RealBackend) -> LiveMetrics:
         self.controller, self.backend = controller, backend
@@ -287,6 +292,21 @@ class LiveMetrics:
 
     def on_step(self, version: int) -> None:
         """Record step ``version`` (its report is in the backend's metrics); never raises."""
+        record = self._record(version)
+        if record is not None:
+            self.writer.write(record)
+            self._show(record)
+
+    async def on_step_off_loop(self, version: int) -> None:
+        """``on_step``, with the record's sinks written on a worker thread; returns once it is on disk."""
+        record = self._record(version)
+        if record is None:
+            return
+        async with self._writing:  # records reach the files in step order
+            await asyncio.to_thread(self.writer.write, record)
+        self._show(record)
+
+    def _record(self, version: int) -> dict[str, Any] | None:
         try:
             if self.controller is None or self.backend is None:
                 raise RuntimeError("LiveMetrics.on_step before bind(controller, backend)")
@@ -294,11 +314,13 @@ class LiveMetrics:
                                  now=self.controller.clock(), engine_names=self.engine_names)
         except Exception as exc:
             self.log(f"metrics: step {version + 1} not recorded ({type(exc).__name__}: {exc}); the run continues")
-            return
+            return None
         if record["problems"]:
             self.log(f"metrics: step {version + 1}: missing or non-finite {', '.join(record['problems'])}")
         self.records.append(record)
-        self.writer.write(record)
+        return record
+
+    def _show(self, record: dict[str, Any]) -> None:
         if self.watch is not None:
             try:
                 self.watch(record)

@@ -136,6 +136,8 @@ class ProxyAdmin:
         keys = asyncio.get_running_loop().create_future()
 
         def take(done: asyncio.Future) -> None:
+            if keys.done():  # its waiters were cancelled (the run ended while the call waited): no one to tell
+                return
             error = done.exception()
             if error is not None:
                 keys.set_exception(error)

@@ -106,7 +106,7 @@ class Checkpointer:
         await asyncio.to_thread(_fresh_folder, tmp, send)
         await asyncio.to_thread((tmp / METRICS).write_text, measured)
         await asyncio.to_thread(ticket.result, 600.0)
-        self.controller.log.sync()  # events[0:P] are on disk before the manifest names P
+        await asyncio.to_thread(self.controller.log.sync)  # events[0:P] are on disk before the manifest names P
         final = await asyncio.to_thread(finalize, tmp, manifest)
         self.written.append(manifest["version"])
         for _, older, _ in complete_checkpoints(self.root)[:-self.KEEP]:  # superseded: a resume takes the newest

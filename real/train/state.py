@@ -34,6 +34,7 @@ offload that is the host). Processes and communication groups are untouched.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -73,8 +74,11 @@ class UpdateStats:
 
 class TrainingState:
     def __init__(self, model, flat: FlatParameters, optim: OptimConfig, loss: LossConfig, *, owns_optimizer: bool,
-                 tp_group=None, device: torch.device | str | None = None):
+                 tp_group=None, device: torch.device | str | None = None,
+                 place_weights: Callable[[torch.Tensor, torch.device], torch.Tensor] | None = None):
         self.model = model
+        # How restore moves the weights to ``device`` (``place``); a test may observe the move instead.
+        self.place_weights = place_weights if place_weights is not None else place
         # The device this state trains on; offload/restore round-trip to it (default: where the weights are now).
         self.device = torch.device(device) if device is not None else flat.data.device
         self.tp_group = tp_group if tp_group is not None and dist.get_world_size(tp_group) > 1 else None
@@ -194,7 +198,7 @@ class TrainingState:
     def restore_weights(self) -> None:
         """The model buffer onto the training device (wherever it sits now)."""
         if self.flat.data.device != self.device:
-            self.flat.rebind(place(self.flat.data, self.device))
+            self.flat.rebind(self.place_weights(self.flat.data, self.device))
 
     def resident_bytes(self) -> int:
         """Bytes of training-only buffers held now (grads, accumulator, masters, optimizer state)."""

@@ -32,7 +32,6 @@ from gyre import events as ev
 from gyre.formats.trace import Trace
 from gyre.presets import ClusterShape, build_preset
 
-from . import worlds
 from .doubles import EngineDouble
 from .virtual_loop import Pending
 from .worlds import EdgeBackend, costs_for_differential, first_difference, run_real, run_sim, times_match, transcript
@@ -64,12 +63,13 @@ def scripted_trace(queries: int, seed: int, timeout_share: float = 0.0, retry_sh
     return Trace(frame if retry_share else frame.drop(columns=["harness_s"]), N=SHAPE.N, source="differential")
 
 
-def both(preset: str, trace: Trace, dropped: frozenset[int] = frozenset(), backend_class=EdgeBackend):
+def both(preset: str, trace: Trace, dropped: frozenset[int] = frozenset(), backend_class=EdgeBackend,
+         engine_class=EngineDouble):
     cfg = build_preset(preset, SHAPE)
     costs = costs_for_differential()
     sim = run_sim(cfg, trace, costs, STEPS, dropped)
     real, backend = run_real(cfg, trace, costs, STEPS, dropped, overall_timeout_s=OVERALL_TIMEOUT_S,
-                             backend_class=backend_class)
+                             backend_class=backend_class, engine_class=engine_class)
     return cfg, sim, real, backend
 
 
@@ -179,9 +179,8 @@ class NoPublicationWait(EdgeBackend):
 
 
 @pytest.mark.slow
-def test_a_slower_double_shows_the_first_differing_event(monkeypatch):
-    monkeypatch.setattr(worlds, "EngineDouble", SlowWeightLoad)
-    cfg, sim, real, _ = both("colocate-1.5", scripted_trace(40, seed=1))
+def test_a_slower_double_shows_the_first_differing_event():
+    cfg, sim, real, _ = both("colocate-1.5", scripted_trace(40, seed=1), engine_class=SlowWeightLoad)
     diff = first_difference(transcript(cfg, sim.log), transcript(cfg, real.log))
     assert diff is not None and "- sim:" in diff and "+ real:" in diff
     assert "transition_done" in diff  # the first event it moves is a return to rollout

@@ -87,7 +87,8 @@ def run_sim(cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
 def run_real(cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
              dropped: frozenset[int] = frozenset(), *, overall_timeout_s: float = 1e6,
              backend_class: type[EdgeBackend] = EdgeBackend,
-             runner_class: type[RunnerDouble] = RunnerDouble) -> tuple[World, EdgeBackend]:
+             runner_class: type[RunnerDouble] = RunnerDouble,
+             engine_class: type[EngineDouble] = EngineDouble) -> tuple[World, EdgeBackend]:
     loop = VirtualLoop()
     costs = costs.bind(cfg, trace)  # the simulator's size-driven times: training work, publication, sandbox start
     trace = costs.trace
@@ -101,7 +102,7 @@ def run_real(cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
             names[SEPARATE] = "separate"
         budgets = Budgets(harness_timeout_s=overall_timeout_s, overall_timeout_s=overall_timeout_s)
         runner = runner_class(loop, cfg, trace, root / "records", root / "workspace", budgets)
-        parts = Parts(proxy_url="http://proxy.invalid", admin_token="-", engines=EngineDouble(loop, names, costs),
+        parts = Parts(proxy_url="http://proxy.invalid", admin_token="-", engines=engine_class(loop, names, costs),
                       engine_names=names, plane=PlaneDouble(loop, cfg, costs), runner=runner,
                       records_dir=root / "records", checkpoint_dir=root / "checkpoints",
                       task=TaskDouble(runner, dropped, seed=7))

@@ -75,16 +75,26 @@ def test_suffix_parse_matches_a_whole_parse(payloads):
     assert _outcomes(suffix.decode_event, payloads) == expected
 
 
-def test_suffix_parse_is_taken_for_long_cumulative_chunks(monkeypatch):
+class WholeParseCounter(ChunkDecoder):
+    """A decoder that notes every payload it parses whole (``decode``: the path the suffix parse skips)."""
+
+    def __init__(self, engine_id: str) -> None:
+        super().__init__(engine_id)
+        self.whole: list[bytes] = []
+
+    def decode(self, payload):
+        self.whole.append(payload)
+        return super().decode(payload)
+
+
+def test_suffix_parse_is_taken_for_long_cumulative_chunks():
     """The property above would pass with the suffix parse never taken: check it is."""
     payloads = [json.dumps({"text": "", "output_ids": list(range(k)), "meta_info": {
         "completion_tokens": k, "finish_reason": None,
         "output_token_logprobs": [[-0.5, i, None] for i in range(k)]}}, separators=(",", ":")).encode()
         for k in range(1, 400)]
-    decoder = ChunkDecoder("e0")
-    whole = []
-    monkeypatch.setattr(decoder, "decode",
-                        lambda payload: whole.append(payload) or ChunkDecoder.decode(decoder, payload))
+    decoder = WholeParseCounter("e0")
+    whole = decoder.whole
     chunks = [decoder.decode_event(p) for p in payloads]
     assert [c.ids for c in chunks] == [(k,) for k in range(399)]
     assert sum(len(p) >= engine_client.SUFFIX_PARSE_BYTES for p in payloads) > 250

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import threading
@@ -493,6 +494,29 @@ def start_proxy_process(config: dict, path: Path, extra_env: dict | None = None)
     if not line:
         raise RuntimeError(f"proxy did not start: {process.stderr.read()}")
     return process, json.loads(line)["url"]
+
+
+@contextlib.contextmanager
+def scripted_proxy_process(model: Path, script: Any, scratch: Path, executions: dict[str, str],
+                           admin_token: str = "harness-admin-token") -> Any:
+    """A ``gyre proxy`` process (records under ``scratch/records``, no fsync, ``executions``: key -> id) in
+    front of one scripted engine answering ``script``; yields (url, records folder), then stops both."""
+    import signal
+
+    engine = ServerThread(ScriptedEngine(model, script).application).start()
+    config = {"model_path": str(model), "records_dir": str(scratch / "records"), "admin_token": admin_token,
+              "engines": [{"id": "e0", "url": engine.url}], "fsync": False, "executions": executions}
+    try:
+        process, url = start_proxy_process(config, scratch / "proxy.json")
+    except BaseException:
+        engine.stop()
+        raise
+    try:
+        yield url, scratch / "records"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(20)
+        engine.stop()
 
 
 # -- a standalone scripted engine process (benchmarks, harness tests) --------------------

@@ -138,15 +138,17 @@ def test_evaluation_is_pure_and_leaves_the_workspace_untouched(tmp_path, taskset
     assert not list(ws.rglob("__pycache__"))
 
 
-def test_no_repository_is_no_evaluable_work_and_a_dead_runner_is_a_failure(tmp_path, taskset, monkeypatch):
+def test_no_repository_is_no_evaluable_work_and_a_dead_runner_is_a_failure(tmp_path, taskset):
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "TASK.md").write_text("prompt only")
-    assert taskset.evaluators["repair-spans"].evaluate("x1", empty) is None
+    evaluator = taskset.evaluators["repair-spans"]
+    assert evaluator.evaluate("x1", empty) is None
     ws = workspace(tmp_path, taskset, "repair-spans")
-    monkeypatch.setattr(repair, "RUNNER", tmp_path / "missing_runner.py")  # the runner exits before its file
+    dead = RepairEvaluator(evaluator.tests, evaluator.expected, evaluator.sources, evaluator.timeout_s,
+                           runner=tmp_path / "missing_runner.py")  # the runner exits before its file
     with pytest.raises(EvaluatorFailure, match="left no results"):
-        taskset.evaluators["repair-spans"].evaluate("x1", ws)
+        dead.evaluate("x1", ws)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -31,9 +30,9 @@ from pathlib import Path
 import pytest
 
 try:
-    from proxy_fixtures import ScriptedEngine, ServerThread, check_records, start_proxy_process, tool_loop_script
+    from proxy_fixtures import check_records, scripted_proxy_process, tool_loop_script
 except ImportError:  # tests/real imported as a package
-    from .proxy_fixtures import ScriptedEngine, ServerThread, check_records, start_proxy_process, tool_loop_script
+    from .proxy_fixtures import check_records, scripted_proxy_process, tool_loop_script
 
 from gyre.real.harness import repair
 from gyre.real.harness.evaluation import close_and_evaluate
@@ -101,17 +100,8 @@ def taskset():
 
 @pytest.fixture(scope="module")
 def proxy(model, taskset, tmp_path_factory):
-    scratch = tmp_path_factory.mktemp("repair-proxy")
-    engine = ServerThread(ScriptedEngine(model, repair_model(taskset)).application).start()
-    config = {"model_path": str(model), "records_dir": str(scratch / "records"), "admin_token": "repair-admin-token",
-              "engines": [{"id": "e0", "url": engine.url}], "fsync": False, "executions": KEYS}
-    process, url = start_proxy_process(config, scratch / "proxy.json")
-    try:
-        yield url, scratch / "records"
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(20)
-        engine.stop()
+    with scripted_proxy_process(model, repair_model(taskset), tmp_path_factory.mktemp("repair-proxy"), KEYS) as up:
+        yield up
 
 
 def run_and_score(taskset, runner: HarnessRunner, jobs: dict[int, str]) -> dict[int, tuple]:
@@ -151,6 +141,14 @@ def log_tail(result) -> str:
     return log.read_text(errors="replace")[-3000:] if log.exists() else "(no harness.log)"
 
 
+def assert_scored(taskset, task_id: str, result, state, reward):
+    """A completed run, validly scored by its tests: full marks when repaired, the planted share when not."""
+    assert (result.outcome, state) == ("completed", EvalState.VALID), log_tail(result)
+    assert reward == pytest.approx(passing_share(taskset, task_id, result.workspace))
+    assert reward == (pytest.approx(base_share(taskset, task_id)) if task_id == UNREPAIRED else 1.0)
+    return result
+
+
 @pytest.mark.timeout(300)
 def test_the_scripted_harness_repairs_through_the_proxy_and_the_tests_score_it(proxy, model, taskset, tmp_path):
     url, records = proxy
@@ -159,10 +157,7 @@ def test_the_scripted_harness_repairs_through_the_proxy_and_the_tests_score_it(p
     jobs = {0: "repair-textkit", 1: "repair-statkit", 2: UNREPAIRED, 3: "repair-wordcount"}
     done = run_and_score(taskset, runner, jobs)
     for x, task_id in jobs.items():
-        result, state, reward = done[x]
-        assert (result.outcome, state) == ("completed", EvalState.VALID), log_tail(result)
-        assert reward == pytest.approx(passing_share(taskset, task_id, result.workspace))
-        assert reward == (pytest.approx(base_share(taskset, task_id)) if task_id == UNREPAIRED else 1.0)
+        assert_scored(taskset, task_id, *done[x])
         assert len(check_records(records, f"x{x}", model)) == 3  # every call went through the proxy
     assert base_share(taskset, UNREPAIRED) < 1.0
     assert (done[3][0].workspace / "tests" / "test_count.py").exists()  # built inside the execution's process
@@ -190,10 +185,7 @@ def test_mini_swe_agent_repairs_through_the_proxy_and_the_tests_score_it(proxy, 
     jobs = {20: "repair-textkit", 21: "repair-wordcount", 22: UNREPAIRED}
     done = run_and_score(taskset, runner, jobs)
     for x, task_id in jobs.items():
-        result, state, reward = done[x]
-        assert (result.outcome, state) == ("completed", EvalState.VALID), log_tail(result)
-        assert reward == pytest.approx(passing_share(taskset, task_id, result.workspace))
-        assert reward == (pytest.approx(base_share(taskset, task_id)) if task_id == UNREPAIRED else 1.0)
+        result = assert_scored(taskset, task_id, *done[x])
         trajectory = json.loads((result.workspace.parent / "home" / "trajectory.json").read_text())
         assert trajectory["info"]["exit_status"] == "Submitted", trajectory["info"]
         assert len(check_records(records, f"x{x}", model)) == (1 if task_id == UNREPAIRED else 2)

@@ -18,7 +18,6 @@ from typing import Awaitable, Callable
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gyre.real.proxy import http_client
 from gyre.real.proxy.http_client import HttpClient, HttpError, _Dechunker
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
@@ -291,9 +290,7 @@ def test_a_refused_connection_and_a_non_http_url_are_http_errors() -> None:
     run(main())
 
 
-def test_an_idle_connection_is_not_reused_after_idle_s(monkeypatch) -> None:
-    monkeypatch.setattr(http_client, "IDLE_S", 0.1)
-
+def test_an_idle_connection_is_not_reused_after_idle_s() -> None:
     async def main() -> None:
         async def handler(reader, writer, n):
             while True:
@@ -301,7 +298,7 @@ def test_an_idle_connection_is_not_reused_after_idle_s(monkeypatch) -> None:
 
         server = Server(handler)
         async with server as url:
-            client = HttpClient(1.0, 5.0)
+            client = HttpClient(1.0, 5.0, idle_s=0.1)
             for pause in (0.0, 0.0, 0.25):
                 await asyncio.sleep(pause)
                 async with await client.request("GET", url) as resp:

@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from gyre.real.proxy.engine_client import generate_body, generate_payload
-from gyre.real.proxy.ids_json import KEEP, IdsJson
+from gyre.real.proxy.ids_json import KEEP, IdsJson, encode_ids
 
 ids = st.lists(st.integers(min_value=0, max_value=200_000), max_size=40)
 # each step: start a new context (or pick one of the known contexts) and extend, cut or keep it
@@ -47,13 +47,14 @@ def test_every_encoding_equals_a_fresh_one(sequence):
         assert len(cache._entries) <= KEEP
 
 
-def test_a_follow_up_encodes_only_its_new_tail(monkeypatch):
-    import gyre.real.proxy.ids_json as module
-
+def test_a_follow_up_encodes_only_its_new_tail():
     encoded: list[int] = []
-    original = module.encode_ids
-    monkeypatch.setattr(module, "encode_ids", lambda values: encoded.append(len(values)) or original(values))
-    cache = IdsJson()
+
+    def counted(values) -> str:
+        encoded.append(len(values))
+        return encode_ids(values)
+
+    cache = IdsJson(encode_new=counted)
     context = list(range(30_000))
     cache.encode(context)
     cache.encode(context + [7, 8, 9])

@@ -21,6 +21,7 @@ from hypothesis_budget import examples
 
 from gyre.real.proxy.config import Limits
 from gyre.real.proxy.prompt_size import PromptSize, max_bytes_per_token
+from gyre.real.proxy.tokenize import ChatTokenizer
 
 pytestmark = pytest.mark.timeout(120)
 CORPUS = ["hello world agent tool call", "한국어 텍스트 é è ü 中文 日本語", "def f(x):\n    return x + 1",
@@ -139,6 +140,18 @@ def test_no_bound_is_claimed_where_a_token_may_cover_unbounded_text():
     assert PromptSize(_fast(cases["WordPiece"])).at_least("a" * 1000) == 0
 
 
+class CountingChat(ChatTokenizer):
+    """The proxy's tokenizer (passed as ``ProxyServer(chat=...)``), noting the size of every text it encodes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.encoded: list[int] = []
+
+    def encode(self, text: str) -> list[int]:
+        self.encoded.append(len(text))
+        return super().encode(text)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     model = build_tiny_tokenizer(shared_tiny_dir(tmp_path_factory))
@@ -146,8 +159,9 @@ def stack(tmp_path_factory):
     engine_thread = ServerThread(engine.application).start()
     config = proxy_config(model, tmp_path_factory.mktemp("records"), {"e0": engine_thread.url},
                           limits=Limits(max_context_tokens=4096))
-    proxy_thread, server = start_proxy(config)
-    yield {"url": proxy_thread.url, "server": server}
+    chat = CountingChat(config.model_path, stop_tokens=config.stop_tokens)
+    proxy_thread, server = start_proxy(config, chat=chat)
+    yield {"url": proxy_thread.url, "server": server, "chat": chat}
     proxy_thread.stop()
     engine_thread.stop()
 
@@ -162,11 +176,9 @@ def post(url: str, body: dict) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
-def test_a_prompt_too_big_for_the_context_is_refused_without_tokenizing_it(stack, monkeypatch):
-    chat = stack["server"].chat
-    encoded: list[int] = []
-    original = chat.encode
-    monkeypatch.setattr(chat, "encode", lambda text: encoded.append(len(text)) or original(text))
+def test_a_prompt_too_big_for_the_context_is_refused_without_tokenizing_it(stack):
+    encoded = stack["chat"].encoded
+    del encoded[:]
     huge = " ".join(["hello world agent tool call"] * 20_000)  # ~540 KB: >= 20k tokens by the bound alone
     status, body = post(stack["url"], {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": huge}]})
     assert status == 400 and body["error"]["type"] == "invalid_request_error", body

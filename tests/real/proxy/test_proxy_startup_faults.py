@@ -12,6 +12,8 @@ import json
 
 import pytest
 
+from gyre.real.store.durable import Disk
+
 try:
     from proxy_fixtures import build_tiny_tokenizer, shared_tiny_dir
 except ImportError:
@@ -25,14 +27,14 @@ def model(tmp_path_factory):
     return build_tiny_tokenizer(shared_tiny_dir(tmp_path_factory))
 
 
-def run_proxy(tmp_path, model, records, capsys, fsync: bool = True) -> tuple[int, str]:
+def run_proxy(tmp_path, model, records, capsys, fsync: bool = True, disk=None) -> tuple[int, str]:
     from gyre.real.proxy import cli
 
     config = tmp_path / "proxy.json"
     config.write_text(json.dumps({"model_path": str(model), "records_dir": str(records), "fsync": fsync,
                                   "admin_token": "admin-secret-token", "port": 0,
                                   "engines": [{"id": "e0", "url": "http://127.0.0.1:9"}]}))
-    status = cli.main(["--config", str(config), "--port", "0", "--loop", "asyncio"])
+    status = cli.main(["--config", str(config), "--port", "0", "--loop", "asyncio"], disk=disk)
     return status, capsys.readouterr().err
 
 
@@ -63,13 +65,16 @@ def test_a_records_folder_that_cannot_be_created_is_named(tmp_path, model, capsy
     assert_one_line(err, str(blocker))
 
 
-def test_a_disk_too_small_for_the_journal_is_named(tmp_path, model, capsys, monkeypatch):
-    from gyre.real.store import commit_journal
+class FullDisk(Disk):
+    """A disk with no space left: every write fails (the proxy's ``disk`` seam, which the journal writes on)."""
 
-    def no_space(fd, start, end, disk=None):  # commit_journal.fill_zeros, the journal's own disk passed
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(commit_journal, "fill_zeros", no_space)
-    status, err = run_proxy(tmp_path, model, tmp_path / "records", capsys)
+
+def test_a_disk_too_small_for_the_journal_is_named(tmp_path, model, capsys):
+    from gyre.real.store import commit_journal
+
+    status, err = run_proxy(tmp_path, model, tmp_path / "records", capsys, disk=FullDisk())
     assert status == 2
     assert_one_line(err, str(tmp_path / "records" / commit_journal.JOURNAL_NAME), "No space left")

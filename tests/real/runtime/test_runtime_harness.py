@@ -27,6 +27,11 @@ from gyre.real.harness.scripted import MAIN_SYSTEM, SUB_SYSTEM, SUMMARY_REQUEST
 from gyre.real.harness.tasks import artifact_version
 from gyre.real.toy.tasks import EmitTokenTask
 
+try:
+    from sandboxing import READ_PATHS, NoMountNamespace
+except ImportError:
+    from ..sandboxing import READ_PATHS, NoMountNamespace
+
 
 class ChatServer:
     def __init__(self, fail_first: int = 0, always_fail: bool = False) -> None:
@@ -211,12 +216,7 @@ def test_scripted_harness_through_the_real_proxy_builds_its_tree(tmp_path_factor
 SNOOP = r"""
 import json, os, sys
 paths, argv = sys.argv[1].split(os.pathsep), sys.argv[2:]
-seen = {}
-for path in paths:
-    try:
-        seen[path] = sorted(os.listdir(path)) if os.path.isdir(path) else open(path).read()
-    except OSError as exc:
-        seen[path] = type(exc).__name__
+""" + READ_PATHS + r"""
 json.dump(seen, open("snooped.json", "w"))
 os.execv(argv[0], argv)
 """
@@ -305,11 +305,10 @@ def test_without_a_mount_namespace_the_runner_falls_back_and_says_why(model, rea
     with caplog.at_level(logging.WARNING, logger="gyre.real.harness.runner"):
         plain = HarnessRunner(tmp_path / "plain", proxy.url, ScriptedHarness(), isolate="never", hide=[records])
     assert not plain.hiding and "stay visible to harnesses: the harnesses are not sandboxed" in caplog.text
-    monkeypatch.setattr(runtime_sandbox, "_mountns_probe", lambda: ((), "no mount namespaces in this test"))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="gyre.real.harness.runner"):
         runner = HarnessRunner(tmp_path / "runs", proxy.url, SnoopingScripted(records, keys_file), isolate="always",
-                               hide=[records, keys_file])
+                               hide=[records, keys_file], namespaces=NoMountNamespace())
     assert runner.isolated and not runner.hiding
     assert f"{records}, {keys_file} stay visible to harnesses: no mount namespaces in this test" in caplog.text
     result = run_and_close(runner, 9, key)
@@ -325,21 +324,24 @@ class Quick:
         return [sys.executable, "-c", "pass"], {}
 
 
+class CountedQuick(Quick):
+    """``Quick``, counting the command lines it was asked for: the runner spawns each right after asking."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def command(self, task, base_url, key, home):
+        self.asked.append(key)
+        return super().command(task, base_url, key, home)
+
+
 @pytest.mark.timeout(60)
-def test_runs_start_one_at_a_time_and_the_loop_serves_others_between_starts(tmp_path, monkeypatch):
+def test_runs_start_one_at_a_time_and_the_loop_serves_others_between_starts(tmp_path):
     """A burst of starts must not hold the event loop: something due on the loop right after 8 runs were
     started (the step waiting for its groups, in a job) runs after at most one spawn, not after all 8."""
-    from gyre.real.harness import runner as runner_module
-
-    spawned, seen = [], []
-    real_exec = asyncio.create_subprocess_exec
-
-    async def counting_exec(*args, **kwargs):
-        spawned.append(args[0])
-        return await real_exec(*args, **kwargs)
-
-    monkeypatch.setattr(runner_module.asyncio, "create_subprocess_exec", counting_exec)
-    runner = HarnessRunner(tmp_path, "http://127.0.0.1:9", Quick(), Budgets(harness_timeout_s=30.0), isolate="never")
+    adapter, seen = CountedQuick(), []
+    spawned = adapter.asked
+    runner = HarnessRunner(tmp_path, "http://127.0.0.1:9", adapter, Budgets(harness_timeout_s=30.0), isolate="never")
 
     async def burst():
         runs = [asyncio.ensure_future(runner.run(x, EmitTokenTask().task("q0"), key=f"k{x}")) for x in range(8)]
@@ -349,3 +351,39 @@ def test_runs_start_one_at_a_time_and_the_loop_serves_others_between_starts(tmp_
     results = asyncio.run(burst())
     assert [r.outcome for r in results] == ["completed"] * 8 and len(spawned) == 8
     assert seen[0] <= 1, f"the loop ran nothing else until {seen[0]} of 8 harnesses were spawned"
+
+
+class SlowSetUp(Quick):
+    """``Quick``, with a task set-up that waits (a slow disk, a slow adapter) until ``go`` is set."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.turns = 0  # the loop's turns so far (the test's ticker counts them)
+        self.turns_at_set_up: int | None = None
+
+    def command(self, task, base_url, key, home):
+        self.go.wait(5.0)  # on the loop nothing could set it: the test fails after 5 s instead of hanging
+        self.turns_at_set_up = self.turns
+        return super().command(task, base_url, key, home)
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_task_set_up_holds_its_start_not_the_loop(tmp_path):
+    """While a run's workspace and command are being made, a ticker on the loop keeps turning: the set-up
+    is let through only once the ticker turned ``turns_needed`` times (on the loop it would turn 0 times)."""
+    adapter, turns_needed = SlowSetUp(), 5
+    runner = HarnessRunner(tmp_path, "http://127.0.0.1:9", adapter, Budgets(harness_timeout_s=30.0), isolate="never")
+
+    async def main():
+        run = asyncio.ensure_future(runner.run(1, EmitTokenTask().task("q0"), key="k1"))
+        while not run.done():
+            adapter.turns += 1
+            if adapter.turns == turns_needed:
+                adapter.go.set()
+            await asyncio.sleep(0.005)
+        return run.result()
+
+    result = asyncio.run(main())
+    assert result.outcome == "completed" and (result.workspace / "TASK.md").is_file()
+    assert adapter.turns_at_set_up >= turns_needed, \
+        f"the loop turned {adapter.turns_at_set_up} times while the task was set up"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,11 +26,11 @@ from pathlib import Path
 import pytest
 
 try:
-    from proxy_fixtures import (ScriptedEngine, ServerThread, build_tiny_tokenizer, check_records, shared_tiny_dir,
-                                start_proxy_process, tool_loop_script)
+    from proxy_fixtures import (build_tiny_tokenizer, check_records, scripted_proxy_process, shared_tiny_dir,
+                                tool_loop_script)
 except ImportError:  # tests/real imported as a package
-    from .proxy_fixtures import (ScriptedEngine, ServerThread, build_tiny_tokenizer, check_records, shared_tiny_dir,
-                                 start_proxy_process, tool_loop_script)
+    from .proxy_fixtures import (build_tiny_tokenizer, check_records, scripted_proxy_process, shared_tiny_dir,
+                                 tool_loop_script)
 
 from gyre.real.harness.runner import Budgets, ClaudeCode, Codex, HarnessRunner, MiniSweAgent, Task
 from gyre.trajectory.tree import TrajectoryTree
@@ -74,18 +73,9 @@ def per_adapter_script() -> Callable[[str], str]:
 @pytest.fixture(scope="module")
 def proxy(model, tmp_path_factory):
     """(proxy url, records dir) of one proxy process in front of one scripted engine."""
-    scratch = tmp_path_factory.mktemp("adapter-proxy")
-    engine = ServerThread(ScriptedEngine(model, per_adapter_script()).application).start()
-    config = {"model_path": str(model), "records_dir": str(scratch / "records"), "admin_token": "adapter-admin-token",
-              "engines": [{"id": "e0", "url": engine.url}], "fsync": False,
-              "executions": {f"key-{name}": f"adapter-{name}" for name in TOOL_LOOPS}}
-    process, url = start_proxy_process(config, scratch / "proxy.json")
-    try:
-        yield url, scratch / "records"
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(20)
-        engine.stop()
+    keys = {f"key-{name}": f"adapter-{name}" for name in TOOL_LOOPS}
+    with scripted_proxy_process(model, per_adapter_script(), tmp_path_factory.mktemp("adapter-proxy"), keys) as up:
+        yield up
 
 
 async def run_once(runner: HarnessRunner, name: str):

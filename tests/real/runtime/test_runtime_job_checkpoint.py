@@ -18,22 +18,13 @@ from gyre.real.engines.manager import sglang_python
 from gyre.real.runtime.job import load_job_config
 from gyre.real.toy.tiny_model import build_tiny_qwen3
 
-JOB = """[job]
-workdir = "{work}"
-preset = "gyre-1"
-nodes = 1
-C_e = 4
-N = 2
-B = 2
-steps = 2
-calls = 1
-max_tokens = 8
-timeout_s = 300.0
-[job.schedule]
-tau = 0.0
-[model]
-checkpoint = "{checkpoint}"
-"""
+try:
+    from jobs import small_job
+    from jobs import write_job as write_job_file
+except ImportError:
+    from ..jobs import small_job
+    from ..jobs import write_job as write_job_file
+
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +33,8 @@ def qwen3(tmp_path_factory):
 
 
 def write_job(tmp_path: Path, checkpoint: Path, extra: str = "") -> Path:
-    path = tmp_path / "job.toml"
-    path.write_text(JOB.format(work=tmp_path / "run", checkpoint=checkpoint) + extra)
-    return path
+    model = f"[model]\ncheckpoint = {json.dumps(str(checkpoint))}\n{extra}"
+    return write_job_file(tmp_path, small_job(tmp_path / "run", tables=model))
 
 
 def test_the_model_table_names_a_checkpoint_the_cells_load(qwen3, tmp_path):

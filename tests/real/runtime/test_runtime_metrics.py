@@ -9,9 +9,12 @@ records (v_d, v_t) plus made-up step reports: the record is a pure function of t
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import math
+import os
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -164,6 +167,46 @@ def test_on_step_never_raises_and_says_why():
     live.bind(SimpleNamespace(log=None, clock=lambda: 0.0), SimpleNamespace(metrics=None))
     live.on_step(0)
     assert live.records == [] and said and "step 1 not recorded" in said[0]
+
+
+def test_a_stalled_metrics_disk_holds_the_step_not_the_loop(tmp_path):
+    """``metrics.jsonl`` is a FIFO nobody reads yet, so opening it blocks, as on a stalled disk. While the
+    step's record waits, a ticker on the loop must keep turning: the reader is let in only once it turned
+    ``TURNS`` times (a timer thread lets it in after ``HANG_S`` anyway: a write on the loop holds every turn,
+    and the ticker is found at zero)."""
+    turns_needed, hang_s = 5, 5.0
+    os.mkfifo(tmp_path / "metrics.jsonl")
+    result = run_simulation("gyre-1", steps=1)
+    live = LiveMetrics(result.cfg, tmp_path, {0: "e0"}, log=pytest.fail, tensorboard=False)
+    live.bind(SimpleNamespace(log=result.record.log, clock=lambda: 1.0), SimpleNamespace(metrics=fake_metrics(result)))
+    read: list[str] = []
+    reader = threading.Thread(target=lambda: read.append((tmp_path / "metrics.jsonl").read_text()), daemon=True)
+    let_in = threading.Lock()
+
+    def let_the_reader_in() -> None:
+        with let_in:
+            if not reader.is_alive() and not read:
+                reader.start()
+
+    timer = threading.Timer(hang_s, let_the_reader_in)
+    timer.daemon = True
+    timer.start()
+
+    async def main() -> int:
+        step = asyncio.ensure_future(live.on_step_off_loop(0))
+        turns = 0
+        while not step.done():
+            turns += 1
+            if turns == turns_needed:
+                let_the_reader_in()
+            await asyncio.sleep(0.005)
+        return turns
+
+    turns = asyncio.run(main())
+    timer.cancel()
+    reader.join(hang_s)
+    assert turns >= turns_needed, f"the loop turned {turns} times while the record waited for the disk"
+    assert [json.loads(line)["step"] for line in read[0].splitlines()] == [1] and len(live.records) == 1
 
 
 def test_scalars_flatten_the_numbers_and_leave_out_nulls():

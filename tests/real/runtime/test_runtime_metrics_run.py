@@ -29,25 +29,15 @@ import pytest
 from gyre.real.engines.manager import sglang_python
 from gyre.formats.eventlog import replay_run
 
+try:
+    from jobs import small_job, write_job
+except ImportError:
+    from ..jobs import small_job, write_job
+
 NO_VENV = f"SGLang CPU venv not found at {sglang_python()} (run tools/setup_sglang_cpu.sh)"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
               pytest.mark.skipif(not sglang_python().exists(), reason=NO_VENV)]
 
-JOB = """[job]
-workdir = "{work}"
-model_dir = "{tok}"
-preset = "gyre-1"
-nodes = 1
-C_e = 4
-N = 2
-B = 2
-steps = 4
-calls = 1
-max_tokens = 8
-timeout_s = 400.0
-[job.schedule]
-tau = 0.0
-"""
 
 
 def numbers(value):
@@ -62,7 +52,7 @@ def numbers(value):
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("metrics-run")
     work = tmp / "run"
-    (tmp / "job.toml").write_text(JOB.format(work=work, tok=tmp / "tok"))
+    write_job(tmp, small_job(work, model_dir=tmp / "tok", steps=4, timeout_s=400.0))
     proc = subprocess.Popen([sys.executable, "-m", "gyre.cli", "run", "--config", str(tmp / "job.toml")],
                             cwd=tmp, stdout=subprocess.PIPE, stderr=(tmp / "stderr.txt").open("w"), text=True)
     live_lines = 0

@@ -6,6 +6,9 @@ control store on another thread; the ``Checkpointer`` makes its folder there
 too, before the command that fills it. A control store that hangs leaves the
 loop running: the handlers return while the write still waits, and the
 writes land with the numbers the handlers gave them, whatever their order.
+The event journal's sync that a checkpoint waits for (events[0:P] on disk
+before its manifest names P) runs there too: a slow disk holds the
+checkpoint, not the loop.
 """
 
 from __future__ import annotations
@@ -89,3 +92,44 @@ def test_a_checkpoint_folder_is_made_off_the_loop_before_its_command(tmp_path):
     assert [w[:4] for w in plane.written] == [(0, 0, "save_checkpoint", True)]
     checkpointer(2)  # the same burst end again (a resumed run): no second command
     assert plane.numbers == {0: 0}
+
+
+class SlowSyncLog(list):
+    """An event journal whose ``sync`` waits (a slow disk) until ``go`` is set; it notes the loop's turns then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+        self.turns = 0  # the loop's turns so far (the test's ticker counts them)
+        self.turns_at_sync: int | None = None
+
+    def sync(self) -> None:
+        self.go.wait(HANG_S)  # on the loop nothing could set it: the test fails after HANG_S instead of hanging
+        self.turns_at_sync = self.turns
+
+
+def test_a_slow_journal_sync_holds_the_checkpoint_not_the_loop(tmp_path):
+    log, turns_needed = SlowSyncLog(), 5
+    plane = SimpleNamespace(prepare=lambda cell, op, **args: (SimpleNamespace(result=lambda timeout: None),
+                                                               lambda: None))
+    ctx = context(HangingPlane(), tmp_path)
+    core = SimpleNamespace(published=1, burst=1, now=0.0)
+    controller = SimpleNamespace(core=SimpleNamespace(snapshot=lambda: core), log=log, cfg=ctx.cfg)
+    said: list[str] = []
+    backend = SimpleNamespace(ctx=ctx, metrics=Metrics(), progress=said.append)
+    checkpointer = Checkpointer(tmp_path / "checkpoints", plane, controller, backend, tp=1, seed=0)
+
+    async def main() -> None:
+        checkpointer(2)
+        while not said and log.turns < 2000:
+            log.turns += 1
+            if log.turns == turns_needed:
+                log.go.set()
+            await asyncio.sleep(0.005)
+        if ctx.tasks:
+            await asyncio.wait(list(ctx.tasks), timeout=HANG_S * 2)
+
+    asyncio.run(main())
+    assert not ctx.errors and said and said[0].startswith("checkpoint resume-v000002"), (said, ctx.errors)
+    assert log.turns_at_sync is not None and log.turns_at_sync >= turns_needed, \
+        f"the loop turned {log.turns_at_sync} times while the journal synced"

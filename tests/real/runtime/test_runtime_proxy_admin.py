@@ -96,3 +96,37 @@ def test_http_admin_retries_a_refused_connection_until_its_wait_ends():
     admin = HttpAdmin("http://127.0.0.1:9", "-", wait_s=0.3)  # port 9 (discard): nothing listens here
     with pytest.raises(urllib.error.URLError):
         admin.request("GET", "/admin/engines")
+
+
+class KeysProxy(BlockingProxy):
+    """Answers ``/admin/executions/start`` with a key per execution, once ``go`` is set."""
+
+    def request(self, method, path, body=None):
+        answer = super().request(method, path, body)
+        if path != "/admin/executions/start":
+            return answer
+        return {"api_keys": {e["execution_id"]: f"key-{e['execution_id']}" for e in body["executions"]}}
+
+
+def test_keys_that_come_after_their_waiters_were_cancelled_raise_nowhere():
+    """The run ends (every execution's task cancelled) while a start call waits: the keys future is cancelled
+    with its waiters, and the answer that comes after must not raise in a loop callback."""
+    proxy = KeysProxy()
+    admin, errors = admin_with(proxy)
+    loop_errors: list[str] = []
+
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: loop_errors.append(context["message"]))
+        keys = admin.start_executions({0: "e0", 1: "e0"})
+        waiter = asyncio.ensure_future(keys)
+        await asyncio.sleep(0)
+        waiter.cancel()  # as the run's stop cancels the executions awaiting their keys
+        await asyncio.sleep(0)
+        proxy.go.set()
+        await admin.call("GET", "/after")  # in order: the start call's answer has come by now
+        await asyncio.sleep(0)
+        return keys
+
+    keys = asyncio.run(main())
+    assert keys.cancelled() and proxy.seen == ["/admin/executions/start", "/after"]
+    assert loop_errors == [] and errors == []

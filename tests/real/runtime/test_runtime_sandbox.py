@@ -23,12 +23,14 @@ import pytest
 
 from gyre.real.harness import sandbox as runtime_sandbox
 from gyre.real.harness.runner import Budgets, HarnessRunner, ScriptedHarness, Task
-from gyre.real.harness.sandbox import SandboxUnavailable, netns_problem
+from gyre.real.harness.sandbox import HOST_NAMESPACES, SandboxUnavailable, netns_problem
 from gyre.real.harness.scripted import MAIN_SYSTEM, SUB_SYSTEM
 
 try:
+    from sandboxing import READ_PATHS, NoMountNamespace, NoNamespaces
     from test_runtime_harness import ChatServer
 except ImportError:
+    from ..sandboxing import READ_PATHS, NoMountNamespace, NoNamespaces
     from .test_runtime_harness import ChatServer
 
 needs_netns = pytest.mark.skipif(netns_problem() is not None, reason=f"no network namespace: {netns_problem()}")
@@ -166,11 +168,11 @@ def test_exit_status_and_death_by_signal_pass_through_the_sandbox(tmp_path, serv
     assert [r.returncode for r in results] == [-signal.SIGUSR1] * 2  # the same with and without the sandbox
 
 
-def test_always_raises_with_the_reason_where_namespaces_are_unavailable(tmp_path, server, monkeypatch):
-    monkeypatch.setattr(runtime_sandbox, "netns_problem", lambda: "no namespaces in this test")
+def test_always_raises_with_the_reason_where_namespaces_are_unavailable(tmp_path, server):
     with pytest.raises(SandboxUnavailable, match="no namespaces in this test"):
-        HarnessRunner(tmp_path, server.url, ScriptedHarness(), isolate="always")
-    assert not HarnessRunner(tmp_path, server.url, ScriptedHarness(), isolate="auto").isolated
+        HarnessRunner(tmp_path, server.url, ScriptedHarness(), isolate="always", namespaces=NoNamespaces())
+    assert not HarnessRunner(tmp_path, server.url, ScriptedHarness(), isolate="auto",
+                             namespaces=NoNamespaces()).isolated
     with pytest.raises(SandboxUnavailable, match="'example.org'"):
         HarnessRunner(tmp_path, "http://example.org:80", ScriptedHarness(), isolate="always")
     with pytest.raises(ValueError, match="isolate must be one of"):
@@ -222,7 +224,7 @@ def test_bridge_failures_name_the_port_and_the_socket(tmp_path, caplog):
 def test_loopback_comes_up_without_ip(tmp_path):
     def in_namespace(code: str) -> subprocess.CompletedProcess:
         prelude = "import socket; from gyre.real.harness.sandbox import bring_loopback_up; "
-        return subprocess.run([*runtime_sandbox._netns_probe()[0], sys.executable, "-c", prelude + code],
+        return subprocess.run([*HOST_NAMESPACES.network()[0], sys.executable, "-c", prelude + code],
                               capture_output=True, text=True, timeout=30, env={**os.environ, "PATH": str(tmp_path)})
 
     serve_and_connect = "s = socket.create_server(('127.0.0.1', 0)); socket.create_connection(s.getsockname())"
@@ -234,12 +236,7 @@ def test_loopback_comes_up_without_ip(tmp_path):
 READER = r"""
 import json, os, sys, urllib.request
 base_url, key, *paths = sys.argv[1:]
-seen = {}
-for path in paths:
-    try:
-        seen[path] = sorted(os.listdir(path)) if os.path.isdir(path) else open(path).read()
-    except OSError as exc:
-        seen[path] = type(exc).__name__
+""" + READ_PATHS + r"""
 body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 request = urllib.request.Request(base_url + "/v1/chat/completions", data=body, method="POST",
                                  headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})
@@ -296,13 +293,13 @@ def test_hiding_a_folder_that_holds_the_workspace_is_refused(tmp_path, server, m
 def test_without_a_mount_namespace_the_harness_runs_unhidden_with_a_warning(tmp_path, server, monkeypatch, caplog):
     """The documented fallback: network isolation only, the paths stay visible, a warning says why."""
     records, keys_file = secrets_in(tmp_path)
-    monkeypatch.setattr(runtime_sandbox, "_mountns_probe", lambda: ((), "no mount namespaces in this test"))
     monkeypatch.setenv(runtime_sandbox.HIDE_ENV, str(records))
-    argv = runtime_sandbox.sandbox_argv(["true"], tmp_path / "s.sock", 1)
+    argv = runtime_sandbox.sandbox_argv(["true"], tmp_path / "s.sock", 1, namespaces=NoMountNamespace())
     assert "--hide" not in argv and "-m" not in argv[:argv.index(sys.executable)]  # no mount namespace asked
     harness = PythonHarness(READER, (str(records),))
     with caplog.at_level(logging.WARNING, logger="gyre.real.harness.sandbox"):
-        result = run_one(HarnessRunner(tmp_path / "in", server.url, harness, isolate="always"))
+        result = run_one(HarnessRunner(tmp_path / "in", server.url, harness, isolate="always",
+                                       namespaces=NoMountNamespace()))
     assert result.outcome == "completed" and result.isolated
     assert json.loads((result.workspace / "observed.json").read_text())[str(records)] == ["exec-7.tito", "keys.json"]
     assert "no mount namespaces in this test" in caplog.text

@@ -18,7 +18,6 @@ import json
 import re
 import resource
 import time
-from pathlib import Path
 
 import pytest
 
@@ -26,22 +25,11 @@ from gyre.real.engines.manager import sglang_python
 from gyre.real.harness.sandbox import mountns_problem
 from gyre.real.runtime.job import load_job_config, run_job
 
-JOB = """[job]
-workdir = "{work}"
-model_dir = "{model_dir}"
-preset = "gyre-1"
-nodes = 1
-C_e = 4
-N = 2
-B = 2
-steps = 2
-calls = 1
-max_tokens = 8
-tp = 2
-timeout_s = 240.0
-[job.schedule]
-tau = 0.0
-"""
+try:
+    from jobs import small_job, write_job
+except ImportError:
+    from ..jobs import small_job, write_job
+
 
 UP = re.compile(r"cell 0 rank (\d) up: (\d+) parameters .* tp 2,")
 
@@ -50,9 +38,7 @@ UP = re.compile(r"cell 0 rank (\d) up: (\d+) parameters .* tp 2,")
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not sglang_python().exists(), reason="SGLang CPU venv not built")
 def test_a_job_trains_on_a_two_rank_cell_and_replays(model, tmp_path):
-    path = tmp_path / "job.toml"
-    path.write_text(JOB.format(work=tmp_path / "run", model_dir=model))
-    job = load_job_config(path)
+    job = load_job_config(write_job(tmp_path, small_job(tmp_path / "run", model_dir=model, tp=2, timeout_s=240.0)))
     assert job.cell_tp() == 2
     cpu0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     summary = run_job(job)

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from gyre.real.train import state as state_module
 from gyre.real.train.checkpoint import load_rank, save_rank
 from gyre.real.train.cpu_compat import device_problem, seed_model_rng
 from gyre.real.train.model import FlatParameters, LossConfig, ModelConfig, build_gpt
@@ -36,22 +35,28 @@ LR = OptimConfig(lr=1e-6)
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def new_state(setup, cfg: ModelConfig, *, optim=LR, device=None, weights=None) -> TrainingState:
+def new_state(setup, cfg: ModelConfig, *, optim=LR, device=None, weights=None, place_weights=None) -> TrainingState:
     seed_model_rng(cfg.init_seed, setup)
     model = build_gpt(cfg, setup.device)
     flat = FlatParameters(model)
     if weights is not None:
         flat.data.copy_(weights)
-    return TrainingState(model, flat, optim, LossConfig(), owns_optimizer=True, device=device)
+    return TrainingState(model, flat, optim, LossConfig(), owns_optimizer=True, device=device,
+                         place_weights=place_weights)
 
 
-def test_restore_returns_to_the_recorded_device_not_to_where_the_tensors_sit(megatron, monkeypatch):
+def test_restore_returns_to_the_recorded_device_not_to_where_the_tensors_sit(megatron):
     """The training device is recorded apart from where the tensors sit. A CPU build has no second device whose
-    tensors can hold CPU parameters' data, so the one move ``restore`` makes (``state.place``) is observed and left
-    undone: the tensors stay on the CPU, and every restore must still ask for the recorded device."""
+    tensors can hold CPU parameters' data, so the one move ``restore`` makes (the state's ``place_weights``) is
+    observed and left undone: the tensors stay on the CPU, and every restore must still ask for the recorded
+    device."""
     asked: list[torch.device] = []
-    monkeypatch.setattr(state_module, "place", lambda tensor, device: asked.append(device) or tensor)
-    state = new_state(megatron, FP32, device="meta")
+
+    def observed(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        asked.append(device)
+        return tensor
+
+    state = new_state(megatron, FP32, device="meta", place_weights=observed)
     built = len(asked)
     assert state.device == torch.device("meta") and built > 0 and set(asked) == {torch.device("meta")}
     assert state.acc.device.type == "meta"
