@@ -120,11 +120,12 @@ class SimTrainingPlane:
         """One group's trainable executions into the pending ones; queue the micro-steps emitted."""
         self.pending.extend(tokens)
         emitted, kept = pack_micro_steps(self.pending, self.costs.micro_step_tokens, flush=flush)
+        pending = self.pending
         for bin_ in emitted:
-            work = train_node_s(self.costs.base, sum(self.pending[i] for i in bin_))
+            work = train_node_s(self.costs.base, sum([pending[i] for i in bin_]))  # a list: no generator frames
             self.work_node_s += work
             self.queue.append(work)
-        self.pending = [self.pending[i] for i in kept]
+        self.pending = [pending[i] for i in kept]
 
     # ---- internals ---------------------------------------------------------------
     def _wake_at(self, when: float) -> None:
