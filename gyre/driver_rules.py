@@ -100,7 +100,7 @@ def pack_micro_steps(sizes: Sequence[float], token_budget: float, *, flush: bool
     emitted: list[list[int]] = []
     kept: list[int] = []
     for bin_ in first_fit_decreasing(sizes, token_budget):
-        if flush or sum(sizes[i] for i in bin_) >= emit_fill * token_budget:
+        if flush or sum([sizes[i] for i in bin_]) >= emit_fill * token_budget:  # a list: no generator frames
             emitted.append(bin_)
         else:
             kept.extend(bin_)

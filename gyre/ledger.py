@@ -81,13 +81,14 @@ class RolloutLedger:
 
     def place(self, execution: int, exclude: frozenset[int] = frozenset()) -> int:
         """Put an execution on the most preferred accepting engine with room."""
+        accepting, members, capacity = self._accepting, self._members, self._capacity  # once per placement
         for engine in self._preference:
-            if engine in self._accepting and engine not in exclude and (
-                len(self._members[engine]) < self._capacity[engine]
-            ):
-                self._members[engine].add(execution)
-                self._where[execution] = engine
-                return engine
+            if engine in accepting and engine not in exclude:
+                on_engine = members[engine]
+                if len(on_engine) < capacity[engine]:
+                    on_engine.add(execution)
+                    self._where[execution] = engine
+                    return engine
         raise LedgerError(f"no accepting engine has room for execution {execution}")
 
     def release(self, execution: int) -> None:

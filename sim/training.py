@@ -28,15 +28,15 @@ executions train nothing ends with no micro-step).
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-import simpy
-
 from gyre import events as ev
 from gyre.config import SchedulerConfig
 from gyre.driver_rules import asks_for_group, pack_micro_steps
+from gyre.sim.clock import Clock
 from gyre.sim.costs import CostModel
 from gyre.sim.sizes import BoundCosts, train_node_s
 
@@ -51,17 +51,17 @@ class Member:
 
 
 class SimTrainingPlane:
-    def __init__(self, env: simpy.Environment, cfg: SchedulerConfig, costs: CostModel,
+    def __init__(self, env: Clock, cfg: SchedulerConfig, costs: CostModel,
                  send: Callable[[ev.Event], None]) -> None:
         self.env, self.cfg, self._send = env, cfg, send
         self.costs = costs if isinstance(costs, BoundCosts) else costs.bind(cfg)  # no trace: fallback tokens
         self.members: dict[int, Member] = {}
+        self._claim_order: list[int] = []  # sorted(self.members), kept as members join and leave
         self.version: int | None = None
         self.fed = self.wanted = self.in_flight = 0
         self.queue: deque[float] = deque()  # node-seconds of each waiting micro-step
         self.pending: list[float] = []  # trained tokens of the open batch's executions not yet packed
         self.work_node_s = 0.0  # node-seconds of all micro-steps fed (trained-token work)
-        self._assigning = False
         self.micro_steps_by_cell: dict[int, int] = {}
         self.busy_node_s = 0.0  # node-seconds of micro-steps, warm-ups, drains and updates (the slack's busy part)
 
@@ -71,12 +71,16 @@ class SimTrainingPlane:
 
         One more member makes the queue shorter relative to the cells, so the packing
         buffer may ask for a group at once (the real backend asks at the same moment)."""
+        if cell not in self.members:
+            insort(self._claim_order, cell)
         self.members[cell] = Member(self.cfg.nodes_per_cell, self.env.now + delay)
         self._assign()
         self._wake_at(self.env.now + delay)
 
     def leave(self, cell: int) -> None:
         member = self.members.pop(cell, None)
+        if member is not None:
+            self._claim_order.remove(cell)
         if member is not None and member.busy:
             raise RuntimeError(f"cell {cell} left training while running a micro-step")
 
@@ -116,46 +120,46 @@ class SimTrainingPlane:
         """One group's trainable executions into the pending ones; queue the micro-steps emitted."""
         self.pending.extend(tokens)
         emitted, kept = pack_micro_steps(self.pending, self.costs.micro_step_tokens, flush=flush)
+        pending = self.pending
         for bin_ in emitted:
-            work = train_node_s(self.costs.base, sum(self.pending[i] for i in bin_))
+            work = train_node_s(self.costs.base, sum([pending[i] for i in bin_]))  # a list: no generator frames
             self.work_node_s += work
             self.queue.append(work)
-        self.pending = [self.pending[i] for i in kept]
+        self.pending = [pending[i] for i in kept]
 
     # ---- internals ---------------------------------------------------------------
     def _wake_at(self, when: float) -> None:
         if when > self.env.now:
-            self.env.timeout(when - self.env.now).callbacks.append(lambda _e: self._assign())
+            self.env.call_in(when - self.env.now, self._assign)
 
     def _assign(self) -> None:
-        if self._assigning or self.version is None:
+        """Free cells claim queued micro-steps, then the plane asks for a group if it needs one.
+
+        Neither step calls back into the plane (micro-steps end and asks reach the core as later
+        calls on the clock), so nothing changes between them and one claim pass suffices."""
+        if self.version is None:
             return
-        self._assigning = True
-        try:
-            self._claim_free_cells()
-            self._ask_for_groups()
-            self._claim_free_cells()
-        finally:
-            self._assigning = False
+        self._claim_free_cells()
+        self._ask_for_groups()
 
     def _claim_free_cells(self) -> None:
         if not self.queue:
             return
-        now = self.env.now
-        for cell in sorted(self.members):
-            member = self.members[cell]
-            if not self.queue:
+        now, members, queue = self.env.now, self.members, self.queue
+        for cell in self._claim_order:
+            member = members[cell]
+            if not queue:
                 return
             if member.busy or member.available_at > now:
                 continue
-            work = self.queue.popleft()
+            work = queue.popleft()
             self.in_flight += 1
             member.busy = True
             seconds = work / member.nodes + (0.0 if member.warmed else self.costs.warmup_s)
             member.warmed = True
             self.micro_steps_by_cell[cell] = self.micro_steps_by_cell.get(cell, 0) + 1
             self.busy_node_s += seconds * member.nodes
-            self.env.timeout(seconds).callbacks.append(lambda _e, c=cell: self._micro_step_done(c))
+            self.env.call_in(seconds, self._micro_step_done, cell)
 
     def _ask_for_groups(self) -> None:
         if not self.cfg.streaming:
@@ -165,7 +169,7 @@ class SimTrainingPlane:
                                                        queued=len(self.queue), training_cells=len(self.members)):
             self.wanted = 1
             # asynchronously, as any real plane must ask: cells free now claim before the core answers
-            self.env.timeout(0).callbacks.append(lambda _e, now=self.env.now: self._send(ev.GroupWanted(now)))
+            self.env.call_in(0, self._send, ev.GroupWanted(self.env.now))
 
     def _micro_step_done(self, cell: int) -> None:
         self.in_flight -= 1
@@ -181,4 +185,7 @@ class SimTrainingPlane:
         assert version is not None  # a batch is open
         tail = self.costs.drain_s + self.costs.grad_reduce_s + self.costs.optimizer_s
         self.busy_node_s += tail * sum(m.nodes for m in self.members.values())
-        self.env.timeout(tail).callbacks.append(lambda _e: self._send(ev.StepDone(self.env.now, version)))
+        self.env.call_in(tail, self._step_done, version)
+
+    def _step_done(self, version: int) -> None:
+        self._send(ev.StepDone(self.env.now, version))

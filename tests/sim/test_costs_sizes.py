@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-import simpy
 
 from gyre import events as ev
 from gyre.config import SchedulerConfig
 from gyre.formats.trace import Trace
 from gyre.presets import build_preset
+from gyre.sim.clock import Clock
 from gyre.sim.costs import CostError, CostModel, parse_cost_overrides
 from gyre.sim.driver import Simulation
 from gyre.sim.runner import run_simulation
@@ -37,7 +37,7 @@ def tiny_trace(trajectories: list[list[int]], outcomes: list[str] | None = None)
 
 def step_time(trace: Trace, costs: CostModel, group: int = 0) -> tuple[float, float]:
     """(StepDone time, work node-s) of one batch of one group on one 1-node cell."""
-    env = simpy.Environment()
+    env = Clock()
     cfg = SchedulerConfig(K=2, C_e=1, C_s=1, N=2, B=1, phi=0.0, mu=1, nodes_per_cell=1)
     sent: list = []
     plane = SimTrainingPlane(env, cfg, costs.bind(cfg, trace), sent.append)

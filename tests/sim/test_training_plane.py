@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-import simpy
 
 from gyre import events as ev
 from gyre.config import SchedulerConfig
 from gyre.formats.trace import Trace
+from gyre.sim.clock import Clock
 from gyre.sim.costs import CostError, CostModel, parse_cost_overrides
 from gyre.sim.runner import run_simulation
 from gyre.sim.sizes import FALLBACK_EXECUTION_TOKENS
@@ -23,8 +23,8 @@ COSTS = CostModel(active_params_b=1.0, train_utilisation=1.0,
                   grad_reduce_s=1.0, optimizer_s=1.0)
 
 
-def plane_with(members: int, streaming: bool = False) -> tuple[simpy.Environment, SimTrainingPlane, list]:
-    env = simpy.Environment()
+def plane_with(members: int, streaming: bool = False) -> tuple[Clock, SimTrainingPlane, list]:
+    env = Clock()
     cfg = SchedulerConfig(K=2, C_e=2, C_s=2, N=2, B=1, phi=0.0, mu=1, nodes_per_cell=1, streaming=streaming)
     sent: list = []
     plane = SimTrainingPlane(env, cfg, COSTS, sent.append)
@@ -108,7 +108,7 @@ def test_groups_pack_into_micro_steps_by_the_real_packers_rule():
     cfg = SchedulerConfig(K=2, C_e=3, C_s=3, N=3, B=2, phi=0.0, mu=1, nodes_per_cell=1, streaming=False)
     costs = CostModel(active_params_b=1.0, train_utilisation=1.0, node_peak_tflops=6e-3, warmup_s=0.0,
                       drain_s=0.0, grad_reduce_s=0.0, optimizer_s=0.0).bind(cfg, trace)  # 1 node-s per token
-    env, sent = simpy.Environment(), []
+    env, sent = Clock(), []
     plane = SimTrainingPlane(env, cfg, costs, sent.append)
     plane.join(0)
     plane.join(1)
