@@ -34,6 +34,7 @@ folder on the shared run folder, readable when the actor is gone.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import threading
@@ -50,6 +51,7 @@ from gyre.real.supervisor.ledger import LOST, RUNNING, Entry, read_ledger
 
 NAMESPACE = "gyre"      # the job's Ray namespace (placement.Placement.open connects in it)
 NODES_DIR = "nodes"     # RUN_DIR/supervisor/nodes/<node id>: one daemon folder per node
+CLUSTER_FILE = "cluster.json"  # RUN_DIR/supervisor/nodes/cluster.json: the cluster's address and the nodes
 CALL_TIMEOUT_S = 60.0
 
 
@@ -208,6 +210,8 @@ class NodeSupervisors:
                 .remote(str(folder), grace_s, lease_s))
         for supervisor in handles.values():
             supervisor.describe()  # up and listening (a daemon that cannot start fails here, naming why)
+        record = Path(run_dir).resolve() / SUPERVISOR_DIR / NODES_DIR / CLUSTER_FILE
+        record.write_text(json.dumps({"address": ray.get_runtime_context().gcs_address, "nodes": node_ids}))
         return cls(run_dir, handles)
 
     @classmethod
@@ -247,3 +251,26 @@ class NodeSupervisors:
         self.release()
         return {node: s.stop(timeout) for node, s in self.live().items()}
 
+
+
+def stop_on_cluster(run_dir: str | os.PathLike, timeout: float = 60.0) -> list[str]:
+    """``gyre stop RUN_DIR``'s part on a Ray cluster: stop every node supervisor the run opened (its
+    ``cluster.json``), with what each owns; one line per node, none when the run never used a cluster."""
+    record = Path(run_dir).resolve() / SUPERVISOR_DIR / NODES_DIR / CLUSTER_FILE
+    if not record.is_file():
+        return []
+    placed = json.loads(record.read_text())
+    try:
+        import ray
+
+        ray.init(address=placed["address"], namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING")
+    except Exception as exc:  # noqa: BLE001 - no Ray, or the cluster is gone (and its actors with it)
+        return [f"node supervisors: cannot reach the Ray cluster at {placed['address']} "
+                f"({type(exc).__name__}: {exc})"]
+    try:
+        found = NodeSupervisors.find(run_dir, list(placed["nodes"]))
+        gone = found.stop(timeout)
+        return [f"node supervisor of node {node[:12]}: " + ("gone already" if node not in gone else
+                "stopped with everything it owned" if gone[node] else "still stopping") for node in found.supervisors]
+    finally:
+        ray.shutdown()

@@ -211,7 +211,7 @@ class LeaseRenewer:
 
 def stop_run(run_dir: str | os.PathLike, timeout: float = 60.0) -> list[str]:
     """``gyre stop RUN_DIR``: SIGTERM to the driver holding the folder (if any), then stop its supervisor and
-    everything it owns; one line per thing done."""
+    everything it owns, and on a Ray cluster every node's supervisor; one line per thing done."""
     from gyre.real.runtime.resume import LOCK_FILE, ResumeError, refuse_if_held
 
     work, done = Path(run_dir), []
@@ -228,6 +228,9 @@ def stop_run(run_dir: str | os.PathLike, timeout: float = 60.0) -> list[str]:
     if client is not None:
         gone = client.stop(timeout)
         done.append(f"supervisor {client.pid}: {'stopped with everything it owned' if gone else 'still stopping'}")
+    from gyre.real.cluster.node_supervisor import stop_on_cluster  # a Ray run's node supervisors (none: [])
+
+    done.extend(stop_on_cluster(work, timeout))
     if not done:
         done.append(f"{run_dir}: no live driver or supervisor")
     return done

@@ -15,7 +15,9 @@ long-running process on each node through them, then is SIGKILLed. Checked, in o
   its name is free, and that node's process reads as ``lost`` (the re-run path), while the
   other node's still runs;
 - once nobody renews, the other node's lease expires past its short grace (3 s + 2 s): its
-  process is gone, its ledger says its supervisor ended it, and its actor has ended itself.
+  process is gone, its ledger says its supervisor ended it, and its actor has ended itself;
+- supervisors opened again on both nodes start the key again (its second start: re-run), and
+  ``gyre stop RUN_DIR`` (the CLI, a subprocess) stops both with their processes and ends both actors.
 Nothing outlives the test: the actors are killed by name and the processes by pid in ``finally``.
 Skipped, with the reason, without Ray or outside a loopback-only namespace.
 """
@@ -42,6 +44,7 @@ pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(not LOOPBACK_ONLY, reason="not in a loopback-only network namespace "
                                  "(run under tools/isolated.sh as root, as make test does)")]
 LEASE_S, GRACE_S = 3.0, 2.0
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 DRIVER = """
 import json, sys, time
 import ray
@@ -125,6 +128,18 @@ def test_node_supervisors_outlive_a_killed_driver_reattach_expire_and_fall_back(
             "the actor did not end itself with its daemon"
         ended = NodeSupervisors.find(run, [head]).view()[head]["x0"]
         assert ended.state == ENDED and ended.killed and ended.pid == pids[head]
+
+        again = NodeSupervisors.open(run, [head, other], GRACE_S, lease_s=60.0)  # a resumed driver re-runs x0
+        reruns = {node: s.spawn("x0", SLEEPER, cwd=str(run), log=str(run / "x0-again.log"))
+                  for node, s in again.live().items()}
+        assert all(started and entry.starts == 2 for entry, started in reruns.values())
+        pids.update({f"{node}-again": entry.pid for node, (entry, _) in reruns.items()})
+        daemons.update({f"{node}-again": s.describe()["daemon_pid"] for node, s in again.live().items()})
+        stop = subprocess.run([sys.executable, "-m", "gyre.cli", "stop", str(run)], capture_output=True, text=True,
+                              timeout=120)
+        assert stop.returncode == 0 and stop.stdout.count("stopped with everything it owned") == 2, stop
+        assert not any(alive(entry.pid) for entry, _ in reruns.values())
+        assert NodeSupervisors.find(run, [head, other]).live() == {}, "gyre stop left a node supervisor"
     finally:
         _clean_up(driver, cluster.address, run, [*pids.values(), *daemons.values()])
 
