@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -259,18 +260,40 @@ def stop_on_cluster(run_dir: str | os.PathLike, timeout: float = 60.0) -> list[s
     record = Path(run_dir).resolve() / SUPERVISOR_DIR / NODES_DIR / CLUSTER_FILE
     if not record.is_file():
         return []
-    placed = json.loads(record.read_text())
+    try:
+        placed = json.loads(record.read_text())
+        address, nodes = str(placed["address"]), [str(node) for node in placed["nodes"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        return [f"node supervisors: {record} is damaged ({type(exc).__name__}: {exc}); they stop on their own "
+                f"once their lease and grace expire"]
+    unreachable = _unreachable(address)
+    if unreachable:
+        return [f"node supervisors: cannot reach the Ray cluster at {address} ({unreachable}); if it is gone, "
+                f"its actors went with it"]
     try:
         import ray
 
-        ray.init(address=placed["address"], namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING")
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING")
     except Exception as exc:  # noqa: BLE001 - no Ray, or the cluster is gone (and its actors with it)
-        return [f"node supervisors: cannot reach the Ray cluster at {placed['address']} "
+        return [f"node supervisors: cannot reach the Ray cluster at {address} "
                 f"({type(exc).__name__}: {exc})"]
     try:
-        found = NodeSupervisors.find(run_dir, list(placed["nodes"]))
+        found = NodeSupervisors.find(run_dir, nodes)
         gone = found.stop(timeout)
         return [f"node supervisor of node {node[:12]}: " + ("gone already" if node not in gone else
                 "stopped with everything it owned" if gone[node] else "still stopping") for node in found.supervisors]
     finally:
         ray.shutdown()
+
+
+def _unreachable(address: str) -> str:
+    """Why the GCS at ``HOST:PORT`` cannot be reached now ("" when it answers a TCP connect): ``ray.init``
+    would otherwise retry a dead address for minutes."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return "not HOST:PORT"
+    try:
+        socket.create_connection((host, int(port)), timeout=5.0).close()
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
