@@ -144,6 +144,7 @@ class Placement:
         self.started: dict[str, dict[str, int]] = {}  # group name -> {process name: pid} its agent started
         self.store_host = ""
         self.head: dict[str, str] = {}
+        self.supervisors: Any = None  # node_supervisor.NodeSupervisors, once open_supervisors ran
         self._agents: list[Any] = []  # node agents and placement groups made so far (``close`` ends them)
         self._pgs: list[Any] = []
         self._connected = False
@@ -221,6 +222,20 @@ class Placement:
         return {name: Group(name, pgs[name], agents[name], nodes[name]["node_id"], nodes[name]["address"],
                             nodes[name]["hostname"], tuple(nodes[name]["gpus"])) for name in pgs}
 
+    def nodes(self) -> list[str]:
+        """The node ids the job's groups sit on, in order of first use."""
+        return list(dict.fromkeys(g.node_id for g in [*self.cells.values(), *self.engine_groups.values()]))
+
+    def open_supervisors(self, run_dir: str | os.PathLike, grace_s: float, lease_s: float | None = None) -> Any:
+        """One supervisor per node the job uses (``node_supervisor``: detached actors, found again by a resumed
+        driver), their leases renewed until ``close``; what a node runs past the driver goes through them."""
+        from gyre.real.cluster.node_supervisor import NodeSupervisors
+        from gyre.real.supervisor.daemon import LEASE_S
+
+        lease_s = LEASE_S if lease_s is None else lease_s
+        self.supervisors = NodeSupervisors.open(run_dir, self.nodes(), grace_s, lease_s).renew_leases(lease_s / 4)
+        return self.supervisors
+
     # ---- what the plane and the engine manager call ------------------------------------------------
     def cell_config(self, cfg: Any) -> Any:
         """The plane's ``CellConfig`` with the head's store address and each cell's node address."""
@@ -285,13 +300,21 @@ class Placement:
                           timeout=self.config.start_timeout_s)
         return dict(zip(self.cells, answers))
 
-    def close(self) -> None:
-        """Kill every process the agents started, then the agents and groups; disconnect. Idempotent."""
+    def close(self, keep_supervisors: bool = False) -> None:
+        """Kill every process the agents started, then the agents and groups; stop the node supervisors and
+        what they own (``keep_supervisors``: stop renewing their leases only, a resume re-attaches); disconnect.
+        Idempotent."""
         if not self._connected:
             return
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        if self.supervisors is not None:
+            if keep_supervisors:
+                self.supervisors.release()
+            else:
+                self.supervisors.stop()
+            self.supervisors = None
         agents, pgs = self._agents, self._pgs
         try:
             ray.get([a.shutdown.remote() for a in agents], timeout=60)

@@ -4,7 +4,8 @@ The run's driver (``gyre run``, the pid holding ``RUN_DIR/.gyre-run.lock``)
 gets SIGTERM and stops its engines, cells, proxy and harnesses in order, as
 after Ctrl-C; the run's supervisor (``RUN_DIR/supervisor``) stops every
 process it owns and exits, also when the driver is already gone (a killed
-run: nothing then waits for its lease to expire). Exits 0 with one line per
+run: nothing then waits for its lease to expire); so does each node's
+supervisor of a run placed on a Ray cluster (``cluster.node_supervisor``). Exits 0 with one line per
 thing stopped; 2 when RUN_DIR is not a folder.
 """
 

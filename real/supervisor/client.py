@@ -20,6 +20,7 @@ process (same pid) and starts nothing.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gyre.real.runtime.lifetime import die_with_parent
 from gyre.real.supervisor.daemon import LEASE_S, LOG_NAME, REQUEST_LIMIT, STATE_NAME
 from gyre.real.supervisor.ledger import Entry
 
@@ -151,9 +153,11 @@ def _gone_within(pid: int, timeout: float) -> bool:
     return False
 
 
-def start_or_reuse(folder: str | os.PathLike, grace_s: float, timeout: float = 30.0,
-                   lease_s: float = LEASE_S) -> tuple[SupervisorClient, bool]:
-    """The folder's live supervisor (reused: True) or a new one (False); RuntimeError names why it did not start."""
+def start_or_reuse(folder: str | os.PathLike, grace_s: float, timeout: float = 30.0, lease_s: float = LEASE_S,
+                   parent_death_signal: int | None = None) -> tuple[SupervisorClient, bool]:
+    """The folder's live supervisor (reused: True) or a new one (False); RuntimeError names why it did not start.
+    A new one outlives this process, unless ``parent_death_signal`` ties it to the calling thread (a Ray
+    node supervisor's host actor: ``cluster.node_supervisor``)."""
     folder = Path(folder)
     found = SupervisorClient.find(folder)
     if found is not None:
@@ -164,7 +168,9 @@ def start_or_reuse(folder: str | os.PathLike, grace_s: float, timeout: float = 3
         proc = subprocess.Popen([sys.executable, "-m", "gyre.real.supervisor", str(folder), "--grace-s", str(grace_s),
                                  "--lease-s", str(lease_s)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=folder)
+                                start_new_session=True, cwd=folder,
+                                preexec_fn=None if parent_death_signal is None
+                                else functools.partial(die_with_parent, parent_death_signal))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = SupervisorClient.find(folder)
@@ -205,7 +211,7 @@ class LeaseRenewer:
 
 def stop_run(run_dir: str | os.PathLike, timeout: float = 60.0) -> list[str]:
     """``gyre stop RUN_DIR``: SIGTERM to the driver holding the folder (if any), then stop its supervisor and
-    everything it owns; one line per thing done."""
+    everything it owns, and on a Ray cluster every node's supervisor; one line per thing done."""
     from gyre.real.runtime.resume import LOCK_FILE, ResumeError, refuse_if_held
 
     work, done = Path(run_dir), []
@@ -222,6 +228,9 @@ def stop_run(run_dir: str | os.PathLike, timeout: float = 60.0) -> list[str]:
     if client is not None:
         gone = client.stop(timeout)
         done.append(f"supervisor {client.pid}: {'stopped with everything it owned' if gone else 'still stopping'}")
+    from gyre.real.cluster.node_supervisor import stop_on_cluster  # a Ray run's node supervisors (none: [])
+
+    done.extend(stop_on_cluster(work, timeout))
     if not done:
         done.append(f"{run_dir}: no live driver or supervisor")
     return done
