@@ -13,7 +13,9 @@ takes it along (the parent-death signal of every process it spawns).
 ``SupervisedProcess`` is the handle the manager drives, with the calls of
 ``subprocess.Popen`` it uses (``pid``, ``poll``, ``wait``) and
 ``signal_group``: the state comes from the supervisor's ledger, the signals go
-straight to the engine's process group (same node). ``running_engine(ID)``
+to the engine's process group through the supervisor (so the ledger records
+a manager's stop as a driver's kill), or straight to it once the supervisor
+no longer runs it. ``running_engine(ID)``
 hands a resumed manager the engine the supervisor still runs (``adopt``).
 
 Invariants: at most one process per engine id (the supervisor's key); a
@@ -91,7 +93,14 @@ class SupervisedProcess:
                 raise subprocess.TimeoutExpired(self.key, timeout)
 
     def signal_group(self, sig: int) -> None:
-        """Signal the engine's process group (its pid is the group's id); ProcessLookupError when it is gone."""
+        """Signal the engine's process group (its pid is the group's id): through the supervisor while it runs
+        the engine, so its ledger records the end as a driver's kill; else directly (what is left of the group
+        once the leader has ended). ProcessLookupError when the group is gone."""
+        try:
+            if self.client.call("signal", key=self.key, pid=self.pid, sig=int(sig)):
+                return
+        except SupervisorGone:
+            pass
         os.killpg(self.pid, sig)
 
 

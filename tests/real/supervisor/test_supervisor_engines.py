@@ -173,6 +173,7 @@ def test_an_engine_whose_record_cannot_be_trusted_is_stopped_not_adopted(tmp_pat
         adopted, why = _manager(logs, client, python).adopt(engine.spec)
         assert adopted is None and ("unknown" if damage == "memory" else "record names pid") in why, why
         assert not group_members(engine.process.pid)
+        assert read_ledger(client.folder / "ledger.jsonl")["engine-e0"].killed  # a driver's stop, not its own end
         relaunched = _manager(logs, client, python).launch(engine.spec)  # what the resumed job does next
         assert wait_until(lambda: _healthy(relaunched.url), 30.0)
     finally:
