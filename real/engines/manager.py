@@ -40,8 +40,9 @@ process ended without ``shutdown``; ``restart`` refuses an engine that is
 still running or was shut down, and keeps the dead process's log beside the
 new one (``ID.log.N``); no address other than 127.0.0.1 is used (on a cluster: the
 node's own); an engine's
-process group ends with the job that launched it, even a job killed by SIGKILL
-(``engines.reaper`` leads the group, armed with ``runtime.lifetime.die_with_parent``).
+process group ends with the process that launched it (the job, its node agent,
+or the run's supervisor), even one killed by SIGKILL (``engines.reaper`` leads
+the group, armed with ``runtime.lifetime.die_with_parent``).
 
 On a Ray cluster (``cluster.placement``, given as ``launcher``) an engine is
 started by the node agent of its cell's placement group, with this module's
