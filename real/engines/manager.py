@@ -54,11 +54,11 @@ supervisor (``supervisor.engines.SupervisedEngines`` as ``launcher``: the same
 reaper command line, environment and log), so they outlive the job, and a
 resumed job's manager ``adopt``s each one the supervisor still runs.
 
-Adoption: ``ID.state.json`` beside each log records the engine's pid, spec and
-memory (``resident``, ``releasing``, ``released``, ``resuming``: written before
-and after each release and resume). ``adopt(spec)`` takes the engine only if
-that record names the running process, the spec matches but for the port (the
-record's is used) and its memory is known; its memory is resumed if released,
+Adoption: ``ID.state.json`` beside each log (``engines.record``) holds the
+engine's pid, spec and memory state, written before and after each release
+and resume. ``adopt(spec)`` takes the engine only if that record names the
+running process, the spec matches but for the port (the record's is used)
+and its memory is known; its memory is resumed if released,
 and it must answer ``/health_generate``. Anything else stops it, and it is
 launched afresh. Its weights are never assumed: the caller loads the version
 it needs. ``detach_all`` stops watching the engines the launcher keeps past the
@@ -80,6 +80,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gyre.real.engines.record import read_record, unadoptable, write_record
 from gyre.real.runtime.lifetime import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: real/engines/manager.py -> ../../
@@ -208,10 +209,10 @@ class EngineManager:
         handle = running(spec.engine_id) if running is not None else None
         if handle is None:
             return None, "not running"
-        record = _read_record(self._record_path(spec.engine_id))
+        record = read_record(self.log_dir, spec.engine_id)
         engine = Engine(replace(spec, port=int(record.get("port", spec.port))), handle,
                         self.log_dir / f"{spec.engine_id}.log", adopted=True)
-        why = _unadoptable(record, handle.pid, spec)
+        why = unadoptable(record, handle.pid, spec)
         if why is None:
             try:
                 if record["memory"] == "released":
@@ -377,18 +378,8 @@ class EngineManager:
         return self._post(engine, "/generate", body)
 
     # ---- plumbing ----------------------------------------------------------------------
-    def _record_path(self, engine_id: str) -> Path:
-        return self.log_dir / f"{engine_id}.state.json"
-
     def _record(self, engine: Engine, memory: str) -> None:
-        """``ID.state.json``: pid, spec and memory state, replaced atomically (a later job's ``adopt`` reads it)."""
-        spec = engine.spec
-        record = {"pid": engine.process.pid, "port": spec.port, "host": spec.host, "model_path": str(spec.model_path),
-                  "cpu": spec.cpu, "extra_args": list(spec.extra_args), "memory": memory}
-        path = self._record_path(engine.engine_id)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(record) + "\n")
-        tmp.replace(path)
+        write_record(self.log_dir, engine.engine_id, engine.process.pid, engine.spec, memory)
 
     def _get(self, engine: Engine | str) -> Engine:
         if isinstance(engine, Engine):
@@ -424,28 +415,6 @@ class EngineManager:
         except (urllib.error.URLError, OSError) as exc:
             self._check_alive(engine)
             raise EngineError(f"engine {engine.engine_id!r}: {method} {path} failed: {exc}") from exc
-
-
-def _read_record(path: Path) -> dict[str, Any]:
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
-def _unadoptable(record: dict[str, Any], pid: int, spec: EngineSpec) -> str | None:
-    """Why a running engine with ``record`` cannot serve as ``spec`` (None: it can)."""
-    if record.get("pid") != pid:
-        return f"its record names pid {record.get('pid')}, not the running {pid}"
-    wanted = {"host": spec.host, "model_path": str(spec.model_path), "cpu": spec.cpu,
-              "extra_args": list(spec.extra_args)}
-    differs = sorted(k for k, v in wanted.items() if record.get(k) != v)
-    if differs:
-        return f"started with another {', '.join(differs)}"
-    if record.get("memory") not in ("resident", "released"):
-        return f"its memory state is unknown ({record.get('memory')!r}: a release or resume was cut)"
-    return None
 
 
 def _decode(raw: bytes) -> Any:

@@ -12,7 +12,8 @@ is found by ``exited()`` and restarted through the supervisor on the same
 port (its key started twice in the ledger); ``gyre stop RUN_DIR`` stops an
 engine with the supervisor; an engine whose record says a release was cut, or
 names another pid, is not adopted but stopped; a launch while the supervisor
-runs the key stops the old process first.
+runs the key stops the old process first. Whatever bytes an engine's record
+holds, it is adopted only when every field matches (Hypothesis).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 try:
     from processes import group_members, wait_until
@@ -36,6 +39,7 @@ except ImportError:
 
 from gyre.cli import main
 from gyre.real.engines.manager import EngineManager, EngineSpec, sglang_python
+from gyre.real.engines.record import read_record, unadoptable, write_record
 from gyre.real.supervisor.client import LeaseRenewer, start_or_reuse
 from gyre.real.supervisor.engines import SupervisedEngines
 from gyre.real.supervisor.ledger import read_ledger
@@ -193,3 +197,35 @@ def test_a_launch_never_attaches_to_the_engine_the_supervisor_runs(tmp_path):
         assert read_ledger(client.folder / "ledger.jsonl")["engine-e0"].starts == 2
     finally:
         client.stop()
+
+
+GOOD = {"pid": 1, "port": 5, "host": "127.0.0.1", "model_path": "/m", "cpu": True, "extra_args": [],
+        "memory": "resident"}
+VALUES = st.one_of(st.none(), st.integers(0, 2), st.text(max_size=5), st.booleans(), st.lists(st.text(max_size=3)),
+                   st.sampled_from(["/m", "127.0.0.1", True, 1.0, 1, ()]))
+MEMORY = st.sampled_from(["resident", "released", "releasing", "resuming", "", 0])
+DAMAGED = st.builds(lambda changes, dropped, memory: json.dumps({k: v for k, v in {**GOOD, "memory": memory,
+                                                                                   **changes}.items()
+                                                                 if k not in dropped}).encode(),
+                    st.dictionaries(st.sampled_from(sorted(GOOD)), VALUES, max_size=2),
+                    st.sets(st.sampled_from(sorted(GOOD)), max_size=1), MEMORY)
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=st.one_of(st.binary(max_size=200), DAMAGED))
+@example(raw=json.dumps({**GOOD, "pid": True}).encode())  # equal to 1 in Python, not in JSON
+@example(raw=json.dumps({**GOOD, "cpu": 1}).encode())
+@example(raw=json.dumps({**GOOD, "memory": "releasing"}).encode())
+def test_a_damaged_record_is_never_adopted_by_accident(tmp_path_factory, raw):
+    """Whatever ``ID.state.json`` holds (any bytes, a good record with fields changed or dropped), it reads as a
+    dict, and a running engine is adoptable only if every field matches but the port and its memory is settled."""
+    logs = tmp_path_factory.mktemp("record")
+    (logs / "e0.state.json").write_bytes(raw)
+    record = read_record(logs, "e0")
+    spec = EngineSpec(engine_id="e0", model_path="/m", port=9)
+    matches = record.get("memory") in ("resident", "released") and all(
+        record.get(k) == GOOD[k] and type(record.get(k)) is type(GOOD[k])
+        for k in ("pid", "host", "model_path", "cpu", "extra_args"))
+    assert isinstance(record, dict) and (unadoptable(record, 1, spec) is None) == matches, record
+    write_record(logs, "e0", 1, spec, "released")
+    assert unadoptable(read_record(logs, "e0"), 1, spec) is None
