@@ -237,7 +237,7 @@ class JobParts:
     def _adopt(self, engines: EngineManager, spec: EngineSpec) -> bool:
         """Whether the engine a killed attempt left under the supervisor serves ``spec`` for this run (its weights
         are loaded later, never assumed); one that cannot is stopped and launched afresh."""
-        engine, why = engines.adopt(spec)
+        engine, why = engines.adopt(spec, timeout=300)  # as a launch: it may still be loading its model
         if engine is not None or why != "not running":
             self.say(f"engine {spec.engine_id}: {why}")
         return engine is not None
