@@ -40,15 +40,30 @@ process ended without ``shutdown``; ``restart`` refuses an engine that is
 still running or was shut down, and keeps the dead process's log beside the
 new one (``ID.log.N``); no address other than 127.0.0.1 is used (on a cluster: the
 node's own); an engine's
-process group ends with the job that launched it, even a job killed by SIGKILL
-(``engines.reaper`` leads the group, armed with ``runtime.lifetime.die_with_parent``).
+process group ends with the process that launched it (the job, its node agent,
+or the run's supervisor), even one killed by SIGKILL (``engines.reaper`` leads
+the group, armed with ``runtime.lifetime.die_with_parent``).
 
 On a Ray cluster (``cluster.placement``, given as ``launcher``) an engine is
 started by the node agent of its cell's placement group, with this module's
 command line and environment, and binds its node's address (``EngineSpec.host``);
 the manager drives it through a handle with the ``subprocess.Popen`` calls used
 here, and signals its process group through the agent. Without a launcher
-everything stays on 127.0.0.1.
+everything stays on 127.0.0.1. Alone, a run's engines are launched by its
+supervisor (``supervisor.engines.SupervisedEngines`` as ``launcher``: the same
+reaper command line, environment and log), so they outlive the job, and a
+resumed job's manager ``adopt``s each one the supervisor still runs.
+
+Adoption: ``ID.state.json`` beside each log (``engines.record``) holds the
+engine's pid, spec and memory state, written before and after each release
+and resume. ``adopt(spec)`` takes the engine only if that record names the
+running process, the spec matches but for the port (the record's is used)
+and its memory is known; its memory is resumed if released,
+and it must answer ``/health_generate``. Anything else stops it, and it is
+launched afresh. Its weights are never assumed: the caller loads the version
+it needs. ``detach_all`` stops watching the engines the launcher keeps past the
+job (it has ``running_engine``) and leaves them running (a failed job: the next
+attempt adopts them).
 """
 
 from __future__ import annotations
@@ -61,10 +76,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gyre.real.engines.record import read_record, unadoptable, write_record
 from gyre.real.runtime.lifetime import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: real/engines/manager.py -> ../../
@@ -110,6 +126,7 @@ class Engine:
     log_path: Path
     stopped: bool = field(default=False)
     restarts: int = 0
+    adopted: bool = False  # a resumed job took it running from the supervisor (``EngineManager.adopt``)
 
     @property
     def engine_id(self) -> str:
@@ -134,6 +151,11 @@ def launch_command(spec: EngineSpec, python: Path) -> list[str]:
     if spec.cpu:
         args += list(CPU_ARGS)
     return args + list(spec.extra_args)
+
+
+def reaped_command(spec: EngineSpec, python: Path) -> list[str]:
+    """``launch_command`` under the reaper, which leads its process group and ends all of it (``engines.reaper``)."""
+    return [sys.executable, "-m", "gyre.real.engines.reaper", "--"] + launch_command(spec, python)
 
 
 def launch_env(spec: EngineSpec) -> dict[str, str]:
@@ -170,19 +192,48 @@ class EngineManager:
                               "(run tools/setup_sglang_cpu.sh)")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{spec.engine_id}.log"
-        if self.launcher is not None:  # on its node, by its agent, with this module's command line
-            engine = self.engines[spec.engine_id] = Engine(spec, self.launcher.start_engine(spec, self.python,
-                                                                                            log_path), log_path)
-            return engine
-        with open(log_path, "w") as sink:
-            # the reaper leads the engine's process group and ends all of it with the job (engines.reaper)
-            reaper = [sys.executable, "-m", "gyre.real.engines.reaper", "--"]
-            process = subprocess.Popen(reaper + launch_command(spec, self.python), stdout=sink,
-                                       stderr=subprocess.STDOUT, env=launch_env(spec), start_new_session=True,
-                                       preexec_fn=die_with_parent)
-        engine = Engine(spec, process, log_path)
-        self.engines[spec.engine_id] = engine
+        if self.launcher is not None:  # its node's agent, or the run's supervisor, with this module's command line
+            process = self.launcher.start_engine(spec, self.python, log_path)
+        else:
+            with open(log_path, "w") as sink:  # the reaper ends the engine's whole group with the job
+                process = subprocess.Popen(reaped_command(spec, self.python), stdout=sink, stderr=subprocess.STDOUT,
+                                           env=launch_env(spec), start_new_session=True, preexec_fn=die_with_parent)
+        engine = self.engines[spec.engine_id] = Engine(spec, process, log_path)
+        self._record(engine, "resident")
         return engine
+
+    def adopt(self, spec: EngineSpec, timeout: float = 60.0) -> tuple[Engine | None, str]:
+        """The engine the launcher still runs under ``spec.engine_id``, healthy, on its recorded port (module
+        docstring); else None, with why (one it runs but cannot be adopted is stopped first)."""
+        running = getattr(self.launcher, "running_engine", None)
+        handle = running(spec.engine_id) if running is not None else None
+        if handle is None:
+            return None, "not running"
+        record = read_record(self.log_dir, spec.engine_id)
+        engine = Engine(replace(spec, port=int(record.get("port", spec.port))), handle,
+                        self.log_dir / f"{spec.engine_id}.log", adopted=True)
+        why = unadoptable(record, handle.pid, spec)
+        if why is None:
+            try:
+                if record["memory"] == "released":
+                    self.resume_memory(engine)
+                self.wait_healthy(engine, timeout)
+                self.engines[spec.engine_id] = engine
+                self._record(engine, "resident")
+                return engine, f"adopted (pid {handle.pid}, {engine.url})"
+            except EngineError as exc:
+                why = f"not healthy: {exc}"
+        self._stop([engine], grace_s=10.0)
+        return None, f"pid {handle.pid} stopped: {why}"
+
+    def detach_all(self) -> list[str]:
+        """Stop watching every engine the launcher can hand to a later job (``adopt``), leaving it running."""
+        if not hasattr(self.launcher, "running_engine"):
+            return []
+        kept = [name for name, engine in self.engines.items() if not engine.stopped and engine.process.poll() is None]
+        for name in kept:
+            self.engines[name].stopped = True
+        return kept
 
     def wait_healthy(self, engine: Engine | str, timeout: float = 180.0) -> None:
         """Poll ``/health_generate`` until 200; raise naming the engine, with the log tail."""
@@ -264,10 +315,16 @@ class EngineManager:
 
     # ---- control endpoints -------------------------------------------------------------
     def release_memory(self, engine: Engine | str, tags: list[str] | None = None) -> Any:
-        return self._post(engine, "/release_memory_occupation", {"tags": tags})
+        self._record(self._get(engine), "releasing")
+        answer = self._post(engine, "/release_memory_occupation", {"tags": tags})
+        self._record(self._get(engine), "released")
+        return answer
 
     def resume_memory(self, engine: Engine | str, tags: list[str] | None = None) -> Any:
-        return self._post(engine, "/resume_memory_occupation", {"tags": tags})
+        self._record(self._get(engine), "resuming")
+        answer = self._post(engine, "/resume_memory_occupation", {"tags": tags})
+        self._record(self._get(engine), "resident")
+        return answer
 
     def update_weights_from_disk(self, engine: Engine | str, path: str | os.PathLike, *,
                                  weight_version: str | None = None, abort_all_requests: bool = False) -> Any:
@@ -321,6 +378,9 @@ class EngineManager:
         return self._post(engine, "/generate", body)
 
     # ---- plumbing ----------------------------------------------------------------------
+    def _record(self, engine: Engine, memory: str) -> None:
+        write_record(self.log_dir, engine.engine_id, engine.process.pid, engine.spec, memory)
+
     def _get(self, engine: Engine | str) -> Engine:
         if isinstance(engine, Engine):
             return engine

@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 GRACE_S = 10.0
@@ -40,6 +41,18 @@ def _end_like(status: int) -> int:
     return 128 - status  # not reached for a fatal signal
 
 
+def _exited_within(pid: int, seconds: float) -> bool:
+    """Whether child ``pid`` exits within ``seconds``, without reaping it. Not ``Popen.wait(timeout)``: this
+    runs in a signal handler that interrupted ``main``'s own ``wait()``, which holds the Popen's wait lock, so
+    a nested wait could never reap and would always sit out the whole grace."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
@@ -53,9 +66,9 @@ def main(argv: list[str]) -> int:
             signal.signal(sig, signal.SIG_IGN)  # the group's SIGTERM below reaches this process too
         try:
             os.killpg(os.getpgrp(), signal.SIGTERM)
-            child.wait(GRACE_S)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
+        except ProcessLookupError:
             pass
+        _exited_within(child.pid, GRACE_S)
         os.killpg(os.getpgrp(), signal.SIGKILL)  # whatever is left, this process included
 
     for sig in STOP_SIGNALS:

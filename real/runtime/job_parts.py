@@ -10,15 +10,17 @@ writes the event log; ``close()`` stops whatever was started, in reverse
 order, whatever failed. Every step reads the job's configuration and does the
 I/O the configuration itself never does.
 
-The harnesses, their sandbox bridge and the proxy run under the run folder's
-supervisor (``real.supervisor``), started or reused right after the folder is
-opened: a resumed run adopts the proxy a killed attempt left (its engines come
-back on the ports the proxy knows) and attaches to the harnesses still running.
+The harnesses, their sandbox bridge, the proxy and (without a Ray cluster) the
+SGLang engines run under the run folder's supervisor (``real.supervisor``),
+started or reused right after the folder is opened: a resumed run adopts the
+engines and the proxy a killed attempt left (same pids and ports; each engine
+then loads the version the resume restores), starts again on the proxy's
+ports the engines that died, and attaches to the harnesses still running.
 
 Invariants: nothing starts before the layout is known to be runnable; every
 process started here is stopped by ``close`` (harnesses, engines, cells,
 proxy, placement) and the folder's lock released, except, after a failure,
-what the supervisor owns (harnesses, bridge, proxy: kept for a resume, and
+what the supervisor owns (harnesses, bridge, proxy, engines: kept for a resume, and
 stopped by the supervisor itself once its lease has been expired for the
 job's ``supervisor_grace_s``); the engine watch serves
 the backend (its newest publication, the one in flight, the proxy's gate)
@@ -143,8 +145,9 @@ class JobParts:
 
         self.supervisor, reused = start_or_reuse(self.work / SUPERVISOR_DIR, self.job.harness.supervisor_grace_s)
         self.lease = LeaseRenewer(self.supervisor).start()
-        self.say(f"supervisor {self.supervisor.pid} ({'reused' if reused else 'started'}; it stops the harnesses "
-                 f"{self.job.harness.supervisor_grace_s:g} s after this process stops renewing its lease)")
+        self.say(f"supervisor {self.supervisor.pid} ({'reused' if reused else 'started'}; it stops the harnesses, "
+                 f"proxy and engines {self.job.harness.supervisor_grace_s:g} s after this process stops renewing "
+                 "its lease)")
 
     def _model(self):
         """The tokenizer's folder and the cells' model: a Hugging Face checkpoint, or the tiny toy model."""
@@ -188,6 +191,10 @@ class JobParts:
             placement = self.placement = Placement(cluster, progress=self.say).open(cells=cfg.K, tp=tp,
                                                                                     engines=by_cell, gpus=gpus)
             plane.launcher = engines.launcher = placement
+        else:  # alone: the engines are the supervisor's, they outlive this process (supervisor.engines)
+            from gyre.real.supervisor.engines import SupervisedEngines
+
+            engines.launcher = SupervisedEngines(self._client())
         self.say(f"schedule {job.schedule.preset}: K={cfg.K} cells, C_s={cfg.C_s}, phi={cfg.phi}, mu={cfg.mu}, "
                  f"{cfg.granularity} transitions, streaming {'on' if cfg.streaming else 'off'}")
         self.say(f"starting {cfg.K} training cells of {tp} rank{'s' if tp > 1 else ''} each (Megatron-core, "
@@ -205,17 +212,35 @@ class JobParts:
         for cell in range(self.cfg.static_train_cells):
             plane.send(cell, "enter_training").result()
         ports = self._adoptable_proxy_ports()  # a resumed run's engines come back where the proxy waits for them
+        adopted = []
         for cell, name in self.names.items():
             host, port = self.placement.engine_endpoint(name) if self.placement is not None \
                 else (HOST, ports.get(name) or free_port())
             extra = SMALL_ENGINE if self.layout is None else self.layout.engine_args(
                 cell, placed=self.placement is not None)
-            engines.launch(EngineSpec(engine_id=name, model_path=str(model), port=port, host=host,
-                                           cpu=self.layout is None, extra_args=extra))
-        self.say(f"starting {len(self.names)} SGLang CPU engines ({', '.join(self.names.values())})")
+            spec = EngineSpec(engine_id=name, model_path=str(model), port=port, host=host, cpu=self.layout is None,
+                              extra_args=extra)
+            if self.resume is not None and self._adopt(engines, spec):
+                adopted.append(name)
+            else:
+                engines.launch(spec)
+        self.say(f"starting {len(self.names) - len(adopted)} SGLang engines "
+                 f"({', '.join(n for n in self.names.values() if n not in adopted) or 'none'})")
         for name in self.names.values():
-            engines.wait_healthy(name, timeout=300)
+            if name not in adopted:
+                engines.wait_healthy(name, timeout=300)
+        if adopted and self.resume is not None and self.resume.published_folder() is None:
+            for name in adopted:  # restore_parts loads a published version into every engine; version 0 is this
+                engines.update_weights_from_disk(name, model, weight_version="0")
         return model
+
+    def _adopt(self, engines: EngineManager, spec: EngineSpec) -> bool:
+        """Whether the engine a killed attempt left under the supervisor serves ``spec`` for this run (its weights
+        are loaded later, never assumed); one that cannot is stopped and launched afresh."""
+        engine, why = engines.adopt(spec, timeout=300)  # as a launch: it may still be loading its model
+        if engine is not None or why != "not running":
+            self.say(f"engine {spec.engine_id}: {why}")
+        return engine is not None
 
     def _client(self) -> SupervisorClient:
         if self.supervisor is None:
@@ -327,6 +352,8 @@ class JobParts:
             self.proxy.detach()  # kept with the supervisor: the harnesses' calls wait in it for a resume
         elif self.proxy is not None:
             self.proxy.stop()
+        if self.engines is not None and self.keep_supervisor:
+            self.engines.detach_all()  # kept with the supervisor: a resume adopts them, loaded weights and all
         if self.watch is not None:
             self.watch.close()  # restarts nothing more; stops every engine, then the thread that launched restarts
         if self.engines is not None:

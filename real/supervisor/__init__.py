@@ -6,7 +6,9 @@
 - ``client``: what the driver uses: start or reuse the folder's supervisor, renew its lease, spawn,
   attach to and kill processes, ``gyre stop RUN_DIR`` (``cli``);
 - ``services``: the proxy and the harnesses' sandbox bridge (``bridge``) run under it, adopted by a
-  resumed driver.
+  resumed driver;
+- ``engines``: the engine manager's launcher that runs the SGLang engines under it, adopted by a
+  resumed driver's manager.
 
 May import: ``gyre`` and the other rooms of ``gyre.real`` (the daemon itself only stdlib and
 ``runtime.lifetime``: it starts fast and stays light).

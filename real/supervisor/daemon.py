@@ -15,6 +15,7 @@ it listens). Requests (``{"token", "op", ...}``), one answer line each:
 | list    |                                | every entry                                              |
 | wait    | key, timeout_s                 | the entry once it is no longer running, or at timeout    |
 | kill    | key, grace_s                   | the entry once its process group is gone (TERM, then KILL) |
+| signal  | key, pid, sig                  | whether running ``pid`` of key got ``sig`` on its group (then: killed) |
 | stop    |                                | every process group stopped, then the daemon exits       |
 
 ``spawn`` starts a key unknown, lost or killed (with ``again``: any key not
@@ -138,6 +139,8 @@ class Supervisor:
             return (await self.wait(str(request["key"]), float(request.get("timeout_s", 60.0)))).as_dict()
         if op == "kill":
             return (await self.kill(str(request["key"]), float(request.get("grace_s", KILL_GRACE_S)))).as_dict()
+        if op == "signal":
+            return self.signal(str(request["key"]), int(request["pid"]), int(request["sig"]))
         if op == "stop":
             asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self.stop_all()))
             return {"stopping": sorted(self.procs)}
@@ -194,6 +197,19 @@ class Supervisor:
                 if await self._ended_within(key, grace_s):
                     break
         return await self.wait(key, grace_s)
+
+    def signal(self, key: str, pid: int, sig: int) -> bool:
+        """Send ``sig`` to the key's process group if ``pid`` runs under it (a driver stopping it step by step,
+        as the engine manager does); its exit is then recorded as killed."""
+        proc = self.procs.get(key)
+        if proc is None or proc.pid != pid:
+            return False
+        self.killing.add(key)
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
 
     async def _ended_within(self, key: str, seconds: float) -> bool:
         try:

@@ -14,8 +14,9 @@ Both therefore run under the supervisor too, as keys ``proxy`` and
   gyre.real.supervisor.bridge`` listening on a socket in a short fixed
   folder named after the run's folder, and returns its address.
 
-The engines do not move: a resumed run starts them again on the ports the
-proxy knows (``proxy_engine_ports``), and meanwhile the proxy holds the
+The engines run under the supervisor too (``supervisor.engines``); a resumed
+run adopts those still running and starts the dead ones again on the ports
+the proxy knows (``proxy_engine_ports``), and meanwhile the proxy holds the
 harnesses' calls (``RetryPolicy.hold_s``) until an engine answers under its id.
 
 Invariants: at most one proxy and one bridge per supervisor (keys); a service

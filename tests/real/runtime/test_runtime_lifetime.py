@@ -138,3 +138,21 @@ def test_a_killed_reaper_takes_its_whole_group(tmp_path):
     finally:
         for pid in group_members(reaper.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stopped_reaper_ends_once_its_command_has_ended_not_after_the_grace():
+    """The reaper's stop waits for its command only as long as it runs: a command that ends on SIGTERM ends the
+    group at once (a wait nested in the signal handler used to sit out the whole grace, 10 s per engine stop)."""
+    from gyre.real.engines.reaper import GRACE_S
+
+    reaper = subprocess.Popen([sys.executable, "-m", "gyre.real.engines.reaper", "--", sys.executable, "-c",
+                               "import time; print('up', flush=True); time.sleep(120)"],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert reaper.stdout.readline().strip() == "up"
+        reaper.send_signal(signal.SIGTERM)
+        assert reaper.wait(GRACE_S / 2) == -signal.SIGKILL  # the group's final SIGKILL, well inside the grace
+        assert wait_until(lambda: not group_members(reaper.pid), 5.0), group_members(reaper.pid)
+    finally:
+        for pid in group_members(reaper.pid):
+            os.kill(pid, signal.SIGKILL)
