@@ -60,6 +60,7 @@ import os
 import secrets
 import threading
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -166,6 +167,17 @@ class _Landing(threading.Event):
     error: BaseException | None = None
 
 
+@dataclass
+class PendingCommit:
+    """A record handed to the writer by ``Recorder.begin``, holding its execution's commit turn."""
+
+    state: ExecutionState
+    call: ModelCall
+    prompt_text: str
+    landing: _Landing | None  # None: committed already (``fsync`` off)
+    durable: asyncio.Future | None
+
+
 class Recorder:
     """Durable TITO records of every execution, plus their in-memory states."""
 
@@ -243,34 +255,63 @@ class Recorder:
     async def commit(self, call: ModelCall, prompt_text: str, *, alone: bool = False) -> None:
         """Append ``call`` durably; its tree and caches follow (``_learn_soon``). ``alone``: no other
         model call is in flight, so a sync on this thread holds up no one (see the module invariants)."""
+        await self.wait(await self.begin(call, prompt_text), alone=alone)
+
+    async def begin(self, call: ModelCall, prompt_text: str) -> PendingCommit:
+        """Take the execution's commit turn and hand ``call`` to the writer: its sync starts now, so the
+        caller's own work overlaps it. ``wait`` (or, for a caller that goes away, ``abandon``) ends it."""
         state = self.state(call.execution_id)
-        async with state.lock:
+        await state.lock.acquire()
+        try:
             if self.group is None:
                 self.store.append(call)
                 self._learn_soon(state, call, prompt_text)
-                return
+                return PendingCommit(state, call, prompt_text, None, None)
             landing = _Landing()
-            durable = self._submit(call, landing)
+            return PendingCommit(state, call, prompt_text, landing, self._submit(call, landing))
+        except BaseException:
+            state.lock.release()
+            raise
+
+    async def wait(self, pending: PendingCommit, *, alone: bool = False) -> None:
+        """Return once ``pending``'s record is durable (``RecordsStalled`` past ``write_timeout_s``)."""
+        landing, durable = pending.landing, pending.durable
+        try:
+            if landing is None or durable is None:
+                return
             self.alone += alone
             if alone and landing.wait(ALONE_WAIT_S):  # the future settles a turn later: its outcome is read here
                 durable.add_done_callback(lambda f: f.cancelled() or f.exception())
                 if landing.error is not None:
                     raise landing.error
                 self.waited_here += 1
-                self._learn_soon(state, call, prompt_text)
+                self._learn_soon(pending.state, pending.call, pending.prompt_text)
                 return
             try:
                 async with asyncio.timeout(self.write_timeout_s):
                     await asyncio.shield(durable)
             except (asyncio.CancelledError, TimeoutError) as exc:  # a record that lands later joins the tree
-                durable.add_done_callback(
-                    lambda f: None if f.cancelled() or f.exception() else self._learn_soon(state, call, prompt_text))
+                self._learn_on_landing(pending)
                 if isinstance(exc, TimeoutError):
-                    log.error("records of %s: not durable within %s s (stalled disk?)", call.execution_id,
+                    log.error("records of %s: not durable within %s s (stalled disk?)", pending.call.execution_id,
                               self.write_timeout_s)
                     raise RecordsStalled(self.write_timeout_s) from None
                 raise
-            self._learn_soon(state, call, prompt_text)
+            self._learn_soon(pending.state, pending.call, pending.prompt_text)
+        finally:
+            pending.state.lock.release()
+
+    def abandon(self, pending: PendingCommit) -> None:
+        """The caller of ``begin`` will not ``wait``: the record, if it lands, joins the tree unacknowledged."""
+        if pending.durable is not None:
+            self._learn_on_landing(pending)
+        pending.state.lock.release()
+
+    def _learn_on_landing(self, pending: PendingCommit) -> None:
+        assert pending.durable is not None
+        pending.durable.add_done_callback(
+            lambda f: None if f.cancelled() or f.exception()
+            else self._learn_soon(pending.state, pending.call, pending.prompt_text))
 
     def _learn_soon(self, state: ExecutionState, call: ModelCall, prompt_text: str) -> None:
         """Queue ``call`` for ``state.learn``: done on the loop's next turn, or at the next ``state()``
