@@ -30,7 +30,8 @@ Invariants:
   writer on the event loop's thread, for at most ``ALONE_WAIT_S``, instead of
   through the loop (a thread wakes it directly: about 0.05 ms less per call
   at one client); past that it waits as every other commit does;
-- no disk I/O of a commit runs on the event loop's thread, and a commit waits
+- no disk I/O of a commit runs on the event loop's thread (without ``fsync`` too: records are
+  appended by one writer thread), and a commit waits
   at most ``write_timeout_s`` for its record to be durable: a stalled disk
   (a write or sync that does not return) fails the calls whose records it
   holds with a 503 ``RecordsStalled`` while the loop serves everything else
@@ -60,6 +61,7 @@ import os
 import secrets
 import threading
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -174,7 +176,7 @@ class PendingCommit:
     state: ExecutionState
     call: ModelCall
     prompt_text: str
-    landing: _Landing | None  # None: committed already (``fsync`` off)
+    landing: _Landing | None  # None: appended without a sync (``fsync`` off)
     durable: asyncio.Future | None
 
 
@@ -193,6 +195,8 @@ class Recorder:
         self.store = ExecutionStore(self.root, fsync=fsync, preallocate=False)
         self.fsync = fsync
         self.group = GroupCommit(self.store) if fsync else None
+        # without ``fsync``, records are still written off the loop (a write can block on a stalled disk)
+        self._appender = None if fsync else ThreadPoolExecutor(1, thread_name_prefix="gyre-append")
         self._states: dict[str, ExecutionState] = {}
         self._loading: dict[str, asyncio.Future] = {}  # first replays running off the loop (``state_async``)
         self._learning = threading.Lock()
@@ -263,10 +267,9 @@ class Recorder:
         state = self.state(call.execution_id)
         await state.lock.acquire()
         try:
-            if self.group is None:
-                self.store.append(call)
-                self._learn_soon(state, call, prompt_text)
-                return PendingCommit(state, call, prompt_text, None, None)
+            if self.group is None:  # one writer thread: records land in the order they were begun
+                appended = asyncio.get_running_loop().run_in_executor(self._appender, self.store.append, call)
+                return PendingCommit(state, call, prompt_text, None, appended)
             landing = _Landing()
             return PendingCommit(state, call, prompt_text, landing, self._submit(call, landing))
         except BaseException:
@@ -277,10 +280,10 @@ class Recorder:
         """Return once ``pending``'s record is durable (``RecordsStalled`` past ``write_timeout_s``)."""
         landing, durable = pending.landing, pending.durable
         try:
-            if landing is None or durable is None:
+            if durable is None:
                 return
-            self.alone += alone
-            if alone and landing.wait(ALONE_WAIT_S):  # the future settles a turn later: its outcome is read here
+            self.alone += alone and landing is not None
+            if alone and landing is not None and landing.wait(ALONE_WAIT_S):  # the future settles a turn later: its outcome is read here
                 durable.add_done_callback(lambda f: f.cancelled() or f.exception())
                 if landing.error is not None:
                     raise landing.error
@@ -370,8 +373,12 @@ class Recorder:
         return tree_stats(state.tree).as_dict() if state.requests else {"execution_id": execution_id, "requests": 0}
 
     def close(self) -> None:
-        if self.group is not None:
-            self.group.close()
+        if self._appender is not None:
+            self._appender.shutdown(wait=True)
+        if self.group is not None and not self.group.close(timeout_s=self.write_timeout_s):
+            log.error("records: the disk did not finish a write within %s s; closing without a checkpoint "
+                      "(the commit journal is replayed at the next start)", self.write_timeout_s)
+            return
         self.store.close()
 
 
