@@ -68,9 +68,10 @@ async def _http_window(kind: str, url: str, clients: int, window_s: float) -> in
 
         async def call(index: int) -> None:
             data = json.dumps(dict(body, rid=f"l{index}-{time.perf_counter_ns()}")).encode()
+            received = bytearray()  # read as the proxy's engine client reads: into its one buffer
             async with await http.request("POST", url + "/generate", data, headers) as response:
-                async for _ in response.iter_any():
-                    pass
+                async for _ in response.iter_into(received):
+                    received.clear()
         try:
             return await _window(call, clients, window_s)
         finally:

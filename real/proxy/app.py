@@ -24,6 +24,8 @@ Invariants:
 - once a stream's 200 is sent, no second status line is ever written: any
   failure ends the stream with the API's own in-stream error event;
 - every body and event is valid JSON in UTF-8 (``fields.json_bytes``);
+- a stream's events yielded after its generation ended (``Prepared.finishing``: the record's
+  sync has begun) are held and written with the stream's end, in one write, once it is durable;
 - every error, aiohttp's own 404/405 included, has the API's error shape;
 - a client that disconnects (streaming or not) stops its generation and the
   engine request is aborted; nothing is recorded for it;
@@ -411,13 +413,17 @@ class ProxyServer:
         chunks = api.stream(events, prepared)
         watch = self.writes.watch(request.transport)  # the write timeout (``proxy.write_watch``)
         ended = False
+        held: list[bytes] = []  # the events after the generation's end, written with the stream's end
         try:
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
+                    if prepared.finishing and not isinstance(chunk, LastChunk):
+                        held.append(chunk)
+                        continue
                     watch.begin()
                     if isinstance(chunk, LastChunk):  # the stream's end goes out in the same write
                         ended = True
-                        await response.write_eof(chunk)
+                        await response.write_eof(b"".join([*held, chunk]) if held else chunk)
                     else:
                         await response.write(chunk)
                     watch.end()
@@ -436,7 +442,8 @@ class ProxyServer:
                 return response  # the stream already ended whole
             with contextlib.suppress(Exception):
                 watch.begin()
-                await response.write(api.stream_error(ApiError(500, "internal", "internal proxy error")))
+                await response.write(b"".join([*held, api.stream_error(ApiError(500, "internal",
+                                                                                 "internal proxy error"))]))
                 await response.write_eof()
         finally:
             self.writes.release(watch)

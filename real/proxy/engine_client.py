@@ -104,18 +104,18 @@ LOGPROBS_KEY = b'"output_token_logprobs":'
 SUFFIX_PARSE_BYTES = 2048  # events at least this long have only their new tokens parsed (``ChunkDecoder``)
 
 
-def _array_open(body: bytes, key: bytes, start: int) -> int:
-    """Index of the ``[`` that opens the array after ``key`` (found from ``start``), or -1."""
-    at = body.find(key, start)
+def _array_open(body: bytes | bytearray, key: bytes, start: int, end: int) -> int:
+    """Index of the ``[`` that opens the array after ``key`` (found in ``body[start:end]``), or -1."""
+    at = body.find(key, start, end)
     if at < 0:
         return -1
     at += len(key)
-    while at < len(body) and body[at] in b" \t\r\n":
+    while at < end and body[at] in b" \t\r\n":
         at += 1
-    return at if at < len(body) and body[at] == ord("[") else -1
+    return at if at < end and body[at] == ord("[") else -1
 
 
-def _tail_start(body: bytes, opening: int, end: int, separator: bytes, count: int) -> int:
+def _tail_start(body: bytes | bytearray, opening: int, end: int, separator: bytes, count: int) -> int:
     """Where the last ``count`` items of the array ``body[opening:end]`` begin: ``count`` separators
     back, or the array's opening when there are fewer (the parse then finds too few items)."""
     at = end
@@ -141,36 +141,40 @@ class ChunkDecoder:
         self.seen = 0
         self.parsed_bytes = 0  # bytes handed to the JSON parser: the work that must stay linear in a stream
 
-    def decode_event(self, body: bytes) -> TokenChunk:
-        if len(body) >= SUFFIX_PARSE_BYTES:
-            chunk = self._decode_suffix(body)
+    def decode_event(self, body: bytes | bytearray, lo: int = 0, hi: int | None = None) -> TokenChunk:
+        """The tokens of the event ``body[lo:hi]`` (bounds: a long event is read where it lies in the
+        receive buffer, not copied out of it)."""
+        hi = len(body) if hi is None else hi
+        if hi - lo >= SUFFIX_PARSE_BYTES:
+            chunk = self._decode_suffix(body, lo, hi)
             if chunk is not None:
                 return chunk
-        self.parsed_bytes += len(body)
+        self.parsed_bytes += hi - lo
+        event = body[lo:hi] if lo or hi < len(body) else body
         try:
-            payload = json.loads(body)
+            payload = json.loads(event)
         except ValueError:
-            raise EngineCallError(self.engine_id, f"undecodable chunk {body[:100]!r}") from None
+            raise EngineCallError(self.engine_id, f"undecodable chunk {bytes(event[:100])!r}") from None
         if not isinstance(payload, dict):
-            raise EngineCallError(self.engine_id, f"chunk is not an object: {body[:100]!r}")
+            raise EngineCallError(self.engine_id, f"chunk is not an object: {bytes(event[:100])!r}")
         return self.decode(payload)
 
-    def _decode_suffix(self, body: bytes) -> TokenChunk | None:
-        ids_open = _array_open(body, IDS_KEY, 0)
-        ids_close = body.find(b"]", ids_open) if ids_open >= 0 else -1
-        lps_open = _array_open(body, LOGPROBS_KEY, ids_close) if ids_close >= 0 else -1
-        if lps_open < 0 or body[lps_open + 1:lps_open + 2] not in (b"]", b"["):
+    def _decode_suffix(self, body: bytes | bytearray, lo: int, hi: int) -> TokenChunk | None:
+        ids_open = _array_open(body, IDS_KEY, lo, hi)
+        ids_close = body.find(b"]", ids_open, hi) if ids_open >= 0 else -1
+        lps_open = _array_open(body, LOGPROBS_KEY, ids_close, hi) if ids_close >= 0 else -1
+        if lps_open < 0 or body[lps_open + 1:min(lps_open + 2, hi)] not in (b"]", b"["):
             return None  # not SGLang's key order, or log-probabilities that are not triples
         # the array ends at the last "]]" before the next quote (one-byte searches run at memchr speed;
         # a forward search for "]]" would test every "]" of the array, byte by byte)
-        quote = body.find(b'"', lps_open)
-        quote = len(body) if quote < 0 else quote
+        quote = body.find(b'"', lps_open, hi)
+        quote = hi if quote < 0 else quote
         empty = body[lps_open + 1:lps_open + 2] == b"]"
         lps_close = lps_open + 1 if empty else body.rfind(b"]]", lps_open, quote) + 1
         if (lps_close <= 0 or body[lps_close + 1:quote].strip(b" \t\r\n,}")
                 or body.find(b'"', ids_open, ids_close) >= 0):
             return None  # text inside an array: a bracket may be quoted
-        head = body[:ids_open + 1] + body[ids_close:lps_open + 1] + body[lps_close:]
+        head = bytes(body[lo:ids_open + 1]) + body[ids_close:lps_open + 1] + body[lps_close:hi]
         self.parsed_bytes += len(head)
         try:
             payload = json.loads(head)
@@ -226,27 +230,33 @@ class ChunkDecoder:
         return TokenChunk(tuple(int(i) for i in new_ids), values, finish, None if version is None else str(version))
 
 
-def _split_events(buffer: bytearray, searched: int = 0) -> tuple[list[bytes], int]:
-    """Remove the complete SSE events (separated by a blank line) from ``buffer``; return their data
-    (``_event_data``; events without data left out) and how far the rest was searched (a long event
-    arriving in many reads is not searched from its start each time)."""
-    bodies = []
+def _event_spans(buffer: bytearray, searched: int = 0) -> tuple[list[tuple[int, int] | bytes], int, int]:
+    """The complete SSE events (separated by a blank line) at the head of ``buffer``: an event of one
+    data line (what engines send) as the bounds of its data in ``buffer``, any other as its data
+    (``_event_data``; events without data left out); then how many bytes they span (the caller
+    removes them once read) and how far the rest was searched (a long event arriving in many reads
+    is not searched from its start each time)."""
+    spans: list[tuple[int, int] | bytes] = []
     start = 0
     while True:
         end = _blank_line(buffer, max(start, searched - 1))
         if end < 0:
-            rest = len(buffer) - start
-            if start:
-                del buffer[:start]
-            return bodies, rest
-        with memoryview(buffer) as view:
-            if buffer.startswith(b"data: ", start) and buffer.find(b"\n", start, end) < 0:
-                bodies.append(bytes(view[start + 6:end]))  # one data line (what engines send): one copy
-            else:
-                body = _event_data(bytes(view[start:end]))
-                if body is not None:
-                    bodies.append(body)
+            return spans, start, len(buffer) - start
+        if buffer.startswith(b"data: ", start) and buffer.find(b"\n", start, end) < 0:
+            spans.append((start + 6, end))
+        else:
+            body = _event_data(bytes(buffer[start:end]))
+            if body is not None:
+                spans.append(body)
         start = end + 2
+
+
+def _split_events(buffer: bytearray, searched: int = 0) -> tuple[list[bytes], int]:
+    """``_event_spans`` as the events' data, removed from ``buffer``; and how far the rest was searched."""
+    spans, used, rest = _event_spans(buffer, searched)
+    bodies = [bytes(buffer[span[0]:span[1]]) if isinstance(span, tuple) else span for span in spans]
+    del buffer[:used]
+    return bodies, rest
 
 
 def _blank_line(buffer: bytearray, at: int) -> int:
@@ -333,28 +343,41 @@ class EngineClient:
     async def _chunks(self, resp: Response, decoder: ChunkDecoder) -> AsyncIterator[TokenChunk]:
         """One ``TokenChunk`` per network read: the events that arrived together are merged, so
         a burst of tokens costs one decode, one parse and one client write, not one per token."""
-        buffer = bytearray()
+        buffer = bytearray()  # received, not yet split into events: the one copy of the engine's bytes
         searched = 0
         crlf: bool | None = None  # whether this engine ends its lines with CR LF (known from its first line)
         # closed here, not left to the garbage collector: an abandoned async generator costs a task
         # (the loop's finalizer hook schedules its aclose) and a wake-up of the loop, on every call
-        async with contextlib.aclosing(resp.iter_any()) as pieces:
-            async for data in pieces:
-                if crlf is None and b"\n" in data:
-                    crlf = b"\r\n" in data
-                buffer += data if crlf is False else data.replace(b"\r\n", b"\n")
+        async with contextlib.aclosing(resp.iter_into(buffer)) as pieces:
+            async for added in pieces:
+                new_at = len(buffer) - added
+                if crlf is None and buffer.find(b"\n", new_at) >= 0:
+                    crlf = buffer.find(b"\r\n", max(new_at - 1, 0)) >= 0
+                if crlf:
+                    buffer[new_at:] = buffer[new_at:].replace(b"\r\n", b"\n")
+                    if new_at and buffer[new_at - 1:new_at + 1] == b"\r\n":
+                        del buffer[new_at - 1]  # a CR LF cut between two reads: a blank line may end there
+                        searched = min(searched, new_at - 1)
+                spans, used, rest = _event_spans(buffer, searched)
+                searched = rest
                 ready: list[TokenChunk] = []
                 error: EngineCallError | None = None
                 done = False
-                bodies, searched = _split_events(buffer, searched)
                 try:
-                    for body in bodies:
-                        if body == b"[DONE]":
+                    for span in spans:
+                        if isinstance(span, tuple):
+                            if buffer[span[0]:span[1]] == b"[DONE]":
+                                done = True
+                                break
+                            ready.append(decoder.decode_event(buffer, span[0], span[1]))
+                        elif span == b"[DONE]":
                             done = True
                             break
-                        ready.append(decoder.decode_event(body))
+                        else:
+                            ready.append(decoder.decode_event(span))
                 except EngineCallError as exc:
                     error = exc  # the tokens that arrived before the error still count
+                del buffer[:used]
                 if ready:
                     yield merge_chunks(ready)
                 if error is not None:

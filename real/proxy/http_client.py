@@ -136,16 +136,17 @@ class _Dechunker:
     def done(self) -> bool:
         return self.state == "done"
 
-    def take(self, buffer: bytearray) -> bytes:
-        pieces: list[bytes] = []
+    def take(self, buffer: bytearray, out: bytearray) -> None:
+        """Move the body bytes at the head of ``buffer`` onto ``out`` (one copy a byte), up to the
+        body's end or the first incomplete chunk line."""
         while self.state != "done":
             if self.state == "data":
                 if not buffer:
                     break
                 n = min(self.remaining, len(buffer))
                 with memoryview(buffer) as view:
-                    pieces.append(bytes(view[:n]))  # one copy per byte (a bytearray would add another)
-                del buffer[:n]
+                    out += view[:n]
+                del buffer[:n]  # from the front of a bytearray: moves its start, copies nothing
                 self.remaining -= n
                 if not self.remaining:
                     self.state = "crlf"
@@ -169,7 +170,6 @@ class _Dechunker:
                 self.state = "data" if self.remaining else "trailer"
             elif not line:  # "trailer": header lines until an empty one
                 self.state = "done"
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 class Response:
@@ -214,14 +214,23 @@ class Response:
 
     async def iter_any(self) -> AsyncIterator[bytes]:
         """The body's bytes as they arrive (each piece is whatever the buffer held)."""
+        out = bytearray()
+        async for _ in self.iter_into(out):
+            yield bytes(out)
+            out.clear()
+
+    async def iter_into(self, out: bytearray) -> AsyncIterator[int]:
+        """``iter_any`` without its copy: each piece is appended to ``out`` (which the caller may
+        consume between pieces); yields the number of bytes added, never 0."""
         conn = self._conn
         while not self._complete:
             if self._released:
                 raise HttpError("response closed")
-            data = self._take(conn.buffer)
+            before = len(out)
+            self._take(conn.buffer, out)
             conn.consumed()
-            if data:
-                yield data
+            if len(out) > before:
+                yield len(out) - before
                 continue
             if self._complete:
                 break
@@ -234,25 +243,26 @@ class Response:
         self._release()
 
     async def read(self) -> bytes:
-        return b"".join([piece async for piece in self.iter_any()])
+        out = bytearray()
+        async for _ in self.iter_into(out):
+            pass
+        return bytes(out)
 
     async def text(self) -> str:
         return (await self.read()).decode("utf-8", "replace")
 
-    def _take(self, buffer: bytearray) -> bytes:
+    def _take(self, buffer: bytearray, out: bytearray) -> None:
         if self._chunks is not None:
-            data = self._chunks.take(buffer)
+            self._chunks.take(buffer, out)
             self._complete = self._chunks.done
-            return data
-        if self._left is None:
-            data = bytes(buffer)
-            buffer.clear()
-            return data
-        data = bytes(buffer[:self._left])
-        del buffer[:len(data)]
-        self._left -= len(data)
-        self._complete = not self._left
-        return data
+            return
+        n = len(buffer) if self._left is None else min(self._left, len(buffer))
+        with memoryview(buffer) as view:
+            out += view[:n]
+        del buffer[:n]
+        if self._left is not None:
+            self._left -= n
+            self._complete = not self._left
 
     def _release(self) -> None:
         if self._released:

@@ -27,7 +27,9 @@ Invariants:
   engine or recorded: a rejected call leaves no trace;
 - ``Finished`` is yielded only after the record is durable;
 - request ids are 24 hex digits, unique per service (a random 64-bit prefix, then a counter);
-- a record is committed ``alone`` (on the event loop's thread, ``Recorder.commit``) only when no
+- a record is handed to the writer (``Recorder.begin``) when the engine's last chunk arrives,
+  before that chunk's events are yielded, and those events come with ``prepared.finishing`` set;
+  it is waited for ``alone`` (on the event loop's thread, ``Recorder.wait``) only when no
   other call of this service is between its first engine request and its commit (``in_flight``);
 - the text returned to the harness never contains the stop string the engine
   matched (``toolcalls.trim_stop``), while the record keeps every sampled id;
@@ -56,7 +58,7 @@ from gyre.real.proxy.config import ProxyConfig
 from gyre.real.proxy.request import ApiError, ChatRequest, Finished, Prepared, bad_request
 from gyre.real.proxy.engine_client import EngineClient
 from gyre.real.proxy.generation import Generation
-from gyre.real.proxy.recording import ExecutionState, Recorder
+from gyre.real.proxy.recording import ExecutionState, PendingCommit, Recorder
 from gyre.real.proxy.rendering import IncrementalRenderer
 from gyre.real.proxy.routing import Router
 from gyre.real.proxy.tokenize import ChatTokenizer, PrefixCache, join_ids
@@ -106,6 +108,22 @@ def role_hints(request: ChatRequest) -> dict[str, str]:
         hints["last_user"] = users[-1][:HINT_CHARS]
     hints.update(request.hints)
     return hints
+
+
+@dataclass
+class _Output:
+    """A call's output ids to events: the detokenizer, the stop-string holdback, then the splitter."""
+
+    decoder: Any
+    holdback: StopHoldback
+    splitter: OutputSplitter
+
+    def feed(self, ids: Any) -> list[OutputEvent]:
+        return self.splitter.feed(self.holdback.push(self.decoder.push(ids)))
+
+    def finish(self, matched: str | None) -> list[OutputEvent]:
+        rest = self.holdback.push(self.decoder.finish()) + self.holdback.finish(matched)
+        return self.splitter.feed(rest) + self.splitter.finish()
 
 
 class ChatService:
@@ -202,30 +220,54 @@ class ChatService:
         return params
 
     async def run(self, prepared: Prepared, id_prefix: str) -> AsyncIterator[OutputEvent | Finished]:
-        """Stream the call's events, then commit its record and yield ``Finished``."""
+        """Stream the call's events, commit its record, then yield ``Finished``.
+
+        The record is handed to the writer as soon as the engine's last chunk arrives, and the
+        call's last events are yielded with ``prepared.finishing`` set (the server holds them back
+        and writes them with the stream's end): their formatting, the engine stream's end and the
+        summary overlap the record's sync, and the answer's end costs one socket write."""
         generation = Generation(self.router, self.client, self.config.retry, execution_id=prepared.execution_id,
                                 request_id=prepared.request_id, input_ids=prepared.input_ids,
                                 sampling=self.sampling(prepared.request),
                                 ids_json=self.recorder.state(prepared.execution_id).ids_json)
-        decoder = self.chat.decoder()
-        holdback = StopHoldback(prepared.request.stop)
-        splitter = OutputSplitter(in_thinking=prepared.in_thinking)
+        output = _Output(self.chat.decoder(), StopHoldback(prepared.request.stop),
+                         OutputSplitter(in_thinking=prepared.in_thinking))
         calls: list[dict[str, Any]] = []
+        pending: PendingCommit | None = None
+        waited = False
         self.in_flight += 1
         try:
             async with contextlib.aclosing(generation.__aiter__()) as chunks:
                 async for chunk in chunks:
-                    for event in splitter.feed(holdback.push(decoder.push(chunk.ids))):
-                        yield self._named(event, calls, id_prefix, prepared.request_id)
-            rest = holdback.push(decoder.finish()) + holdback.finish(_matched_stop(generation))
-            for event in splitter.feed(rest) + splitter.finish():
-                yield self._named(event, calls, id_prefix, prepared.request_id)
+                    events = output.feed(chunk.ids)
+                    if generation.log.finish is None:
+                        for event in events:
+                            yield self._named(event, calls, id_prefix, prepared.request_id)
+                        continue
+                    # the last chunk: the record is complete once its events (tool calls) are named
+                    last = [self._named(event, calls, id_prefix, prepared.request_id)
+                            for event in events + output.finish(_matched_stop(generation))]
+                    pending = await self._begin_commit(prepared, generation, calls)
+                    for event in last:
+                        yield event
+            if pending is None:  # the token budget ran out between two submissions: no last chunk
+                for event in output.finish(_matched_stop(generation)):
+                    yield self._named(event, calls, id_prefix, prepared.request_id)
+                pending = await self._begin_commit(prepared, generation, calls)
             finished = self._finished(prepared, generation, calls)
-            await self.recorder.commit(self._record(prepared, generation, calls), prepared.prompt_text,
-                                       alone=self.in_flight == 1)
+            waited = True
+            await self.recorder.wait(pending, alone=self.in_flight == 1)
         finally:
+            if pending is not None and not waited:
+                self.recorder.abandon(pending)  # the consumer went away while the record was being synced
             self.in_flight -= 1
         yield finished
+
+    async def _begin_commit(self, prepared: Prepared, generation: Generation,
+                            calls: list[dict[str, Any]]) -> PendingCommit:
+        pending = await self.recorder.begin(self._record(prepared, generation, calls), prepared.prompt_text)
+        prepared.finishing = True
+        return pending
 
     def _named(self, event: OutputEvent, calls: list[dict[str, Any]], prefix: str, request_id: str) -> OutputEvent:
         if event.call is not None:

@@ -30,7 +30,8 @@ Invariants:
   writer on the event loop's thread, for at most ``ALONE_WAIT_S``, instead of
   through the loop (a thread wakes it directly: about 0.05 ms less per call
   at one client); past that it waits as every other commit does;
-- no disk I/O of a commit runs on the event loop's thread, and a commit waits
+- no disk I/O of a commit runs on the event loop's thread (without ``fsync`` too: records are
+  appended by one writer thread), and a commit waits
   at most ``write_timeout_s`` for its record to be durable: a stalled disk
   (a write or sync that does not return) fails the calls whose records it
   holds with a 503 ``RecordsStalled`` while the loop serves everything else
@@ -60,6 +61,8 @@ import os
 import secrets
 import threading
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -166,6 +169,17 @@ class _Landing(threading.Event):
     error: BaseException | None = None
 
 
+@dataclass
+class PendingCommit:
+    """A record handed to the writer by ``Recorder.begin``, holding its execution's commit turn."""
+
+    state: ExecutionState
+    call: ModelCall
+    prompt_text: str
+    landing: _Landing | None  # None: appended without a sync (``fsync`` off)
+    durable: asyncio.Future | None
+
+
 class Recorder:
     """Durable TITO records of every execution, plus their in-memory states."""
 
@@ -181,6 +195,8 @@ class Recorder:
         self.store = ExecutionStore(self.root, fsync=fsync, preallocate=False, disk=disk)  # logs and journal
         self.fsync = fsync
         self.group = GroupCommit(self.store) if fsync else None
+        # without ``fsync``, records are still written off the loop (a write can block on a stalled disk)
+        self._appender = None if fsync else ThreadPoolExecutor(1, thread_name_prefix="gyre-append")
         self._states: dict[str, ExecutionState] = {}
         self._loading: dict[str, asyncio.Future] = {}  # first replays running off the loop (``state_async``)
         self._learning = threading.Lock()
@@ -243,34 +259,62 @@ class Recorder:
     async def commit(self, call: ModelCall, prompt_text: str, *, alone: bool = False) -> None:
         """Append ``call`` durably; its tree and caches follow (``_learn_soon``). ``alone``: no other
         model call is in flight, so a sync on this thread holds up no one (see the module invariants)."""
+        await self.wait(await self.begin(call, prompt_text), alone=alone)
+
+    async def begin(self, call: ModelCall, prompt_text: str) -> PendingCommit:
+        """Take the execution's commit turn and hand ``call`` to the writer: its sync starts now, so the
+        caller's own work overlaps it. ``wait`` (or, for a caller that goes away, ``abandon``) ends it."""
         state = self.state(call.execution_id)
-        async with state.lock:
-            if self.group is None:
-                self.store.append(call)
-                self._learn_soon(state, call, prompt_text)
-                return
+        await state.lock.acquire()
+        try:
+            if self.group is None:  # one writer thread: records land in the order they were begun
+                appended = asyncio.get_running_loop().run_in_executor(self._appender, self.store.append, call)
+                return PendingCommit(state, call, prompt_text, None, appended)
             landing = _Landing()
-            durable = self._submit(call, landing)
-            self.alone += alone
-            if alone and landing.wait(ALONE_WAIT_S):  # the future settles a turn later: its outcome is read here
+            return PendingCommit(state, call, prompt_text, landing, self._submit(call, landing))
+        except BaseException:
+            state.lock.release()
+            raise
+
+    async def wait(self, pending: PendingCommit, *, alone: bool = False) -> None:
+        """Return once ``pending``'s record is durable (``RecordsStalled`` past ``write_timeout_s``)."""
+        landing, durable = pending.landing, pending.durable
+        try:
+            if durable is None:
+                return
+            self.alone += alone and landing is not None
+            if alone and landing is not None and landing.wait(ALONE_WAIT_S):  # the future settles a turn later: its outcome is read here
                 durable.add_done_callback(lambda f: f.cancelled() or f.exception())
                 if landing.error is not None:
                     raise landing.error
                 self.waited_here += 1
-                self._learn_soon(state, call, prompt_text)
+                self._learn_soon(pending.state, pending.call, pending.prompt_text)
                 return
             try:
                 async with asyncio.timeout(self.write_timeout_s):
                     await asyncio.shield(durable)
             except (asyncio.CancelledError, TimeoutError) as exc:  # a record that lands later joins the tree
-                durable.add_done_callback(
-                    lambda f: None if f.cancelled() or f.exception() else self._learn_soon(state, call, prompt_text))
+                self._learn_on_landing(pending)
                 if isinstance(exc, TimeoutError):
-                    log.error("records of %s: not durable within %s s (stalled disk?)", call.execution_id,
+                    log.error("records of %s: not durable within %s s (stalled disk?)", pending.call.execution_id,
                               self.write_timeout_s)
                     raise RecordsStalled(self.write_timeout_s) from None
                 raise
-            self._learn_soon(state, call, prompt_text)
+            self._learn_soon(pending.state, pending.call, pending.prompt_text)
+        finally:
+            pending.state.lock.release()
+
+    def abandon(self, pending: PendingCommit) -> None:
+        """The caller of ``begin`` will not ``wait``: the record, if it lands, joins the tree unacknowledged."""
+        if pending.durable is not None:
+            self._learn_on_landing(pending)
+        pending.state.lock.release()
+
+    def _learn_on_landing(self, pending: PendingCommit) -> None:
+        assert pending.durable is not None
+        pending.durable.add_done_callback(
+            lambda f: None if f.cancelled() or f.exception()
+            else self._learn_soon(pending.state, pending.call, pending.prompt_text))
 
     def _learn_soon(self, state: ExecutionState, call: ModelCall, prompt_text: str) -> None:
         """Queue ``call`` for ``state.learn``: done on the loop's next turn, or at the next ``state()``
@@ -329,8 +373,12 @@ class Recorder:
         return tree_stats(state.tree).as_dict() if state.requests else {"execution_id": execution_id, "requests": 0}
 
     def close(self) -> None:
-        if self.group is not None:
-            self.group.close()
+        if self._appender is not None:
+            self._appender.shutdown(wait=True)
+        if self.group is not None and not self.group.close(timeout_s=self.write_timeout_s):
+            log.error("records: the disk did not finish a write within %s s; closing without a checkpoint "
+                      "(the commit journal is replayed at the next start)", self.write_timeout_s)
+            return
         self.store.close()
 
 

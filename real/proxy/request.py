@@ -90,6 +90,9 @@ class Prepared:
     reused_ids: int
     in_thinking: bool
     started_at: float
+    # set once the generation ended and the record's sync has begun: the stream's remaining events
+    # are then written together with its end, in one write, once the record is durable
+    finishing: bool = False
 
 
 @dataclass(kw_only=True)

@@ -196,15 +196,20 @@ class GroupCommit:
             return exc
         return None
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> bool:
         """Commit what is queued, stop the writer, then checkpoint (a closed group leaves an empty
-        journal: its logs hold everything, synced)."""
+        journal: its logs hold everything, synced). False, at once, when the writer has not stopped
+        within ``timeout_s`` (a stalled disk): then nothing more is done, and the journal is replayed
+        when the folder is next opened."""
         with self._cond:
             self._closed = True
             self._cond.notify()
-        self._thread.join()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            return False
         try:
             self._checkpoint()
         finally:
             self._syncers.shutdown(wait=True)
             self.journal.close()
+        return True

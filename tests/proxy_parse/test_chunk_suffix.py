@@ -7,11 +7,15 @@ carry text, and chunks that announce more tokens than they carry:
 - ``ChunkDecoder.decode_event`` on the raw bytes yields exactly what a whole
   parse (``ChunkDecoder.decode(json.loads(...))``) yields, or raises the same
   ``EngineCallError``;
-- ``_split_events`` returns the same events' data however the bytes are cut into reads.
+- so does ``decode_event`` on an event read where it lies in a larger buffer (bounds, no copy);
+- ``_split_events`` returns the same events' data however the bytes are cut into reads;
+- ``EngineClient._chunks`` yields the same tokens however a stream is cut into reads, with LF or
+  CR LF line ends (a CR LF may be cut between two reads).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
@@ -19,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre.real.proxy import engine_client
-from gyre.real.proxy.engine_client import ChunkDecoder, EngineCallError, TokenChunk
+from gyre.real.proxy.engine_client import ChunkDecoder, EngineCallError, EngineClient, TokenChunk
 
 try:
     from hypothesis_budget import examples
@@ -73,6 +77,64 @@ def test_suffix_parse_matches_a_whole_parse(payloads):
     suffix = ChunkDecoder("e0")
     expected = _outcomes(lambda body: whole.decode(json.loads(body)), payloads)
     assert _outcomes(suffix.decode_event, payloads) == expected
+
+
+@PROPERTY
+@given(streams(), st.binary(max_size=30), st.binary(max_size=30))
+def test_an_event_read_in_place_matches_a_copy(payloads, before, after):
+    copied, in_place = ChunkDecoder("e0"), ChunkDecoder("e0")
+    expected = _outcomes(copied.decode_event, payloads)
+    got = _outcomes(lambda body: in_place.decode_event(bytearray(before + body + after), len(before),
+                                                       len(before) + len(body)), payloads)
+    assert got == expected
+    assert in_place.parsed_bytes == copied.parsed_bytes  # the same parse: the suffix one where it applies
+
+
+class _Pieces:
+    """A response whose body arrives in the given reads (``Response.iter_into``'s contract)."""
+
+    def __init__(self, reads: list[bytes]) -> None:
+        self.reads = reads
+
+    async def iter_into(self, out: bytearray):
+        for read in self.reads:
+            out += read
+            yield len(read)
+
+
+def _tokens_of(stream: bytes, cuts: list[int]) -> list[int]:
+    reads, at = [], 0
+    for cut in [*cuts, len(stream)]:
+        if stream[at:at + cut]:
+            reads.append(stream[at:at + cut])
+        at += cut
+
+    async def run() -> list[int]:
+        ids: list[int] = []
+        async for chunk in EngineClient._chunks(None, _Pieces(reads), ChunkDecoder("e0")):
+            ids += chunk.ids
+        return ids
+
+    return asyncio.run(run())
+
+
+@PROPERTY
+@given(streams(), st.lists(st.integers(1, 3000), max_size=30), st.booleans())
+def test_tokens_are_the_same_however_the_stream_is_cut(payloads, cuts, crlf):
+    expected = _outcomes(ChunkDecoder("e0").decode_event, payloads)
+    if any(isinstance(outcome, str) for outcome in expected):
+        return  # a stream that fails: covered above
+    end = b"\r\n" if crlf else b"\n"
+    stream = b"".join(b"data: " + p + end + end for p in payloads) + b"data: [DONE]" + end + end
+    assert _tokens_of(stream, cuts) == [i for chunk in expected for i in chunk.ids]
+
+
+def test_a_crlf_cut_between_two_reads_still_ends_an_event():
+    event = json.dumps({"text": "", "output_ids": [5], "meta_info": {
+        "completion_tokens": 1, "output_token_logprobs": [[-0.5, 5, None]], "finish_reason": None}}).encode()
+    stream = b"data: " + event + b"\r\n\r\ndata: [DONE]\r\n\r\n"
+    for cut in range(1, len(stream)):
+        assert _tokens_of(stream, [cut]) == [5], cut
 
 
 class WholeParseCounter(ChunkDecoder):

@@ -47,11 +47,11 @@ def test_dechunking_is_exact_under_any_split(body, sizes, cuts, extension, tail)
     for cut in [*cuts, len(wire)]:
         buffer += wire[at:at + cut]
         at += cut
-        out += decoder.take(buffer)
+        decoder.take(buffer, out)
         if decoder.done:
             break
     buffer += wire[at:]
-    out += decoder.take(buffer)
+    decoder.take(buffer, out)
     assert decoder.done and bytes(out) == body and bytes(buffer) == tail
 
 
@@ -59,7 +59,7 @@ def test_dechunking_is_exact_under_any_split(body, sizes, cuts, extension, tail)
                                   b"1" * 5000])
 def test_a_malformed_chunked_body_is_an_http_error(wire) -> None:
     with pytest.raises(HttpError, match="malformed chunked body"):
-        _Dechunker().take(bytearray(wire))
+        _Dechunker().take(bytearray(wire), bytearray())
 
 
 class Server:

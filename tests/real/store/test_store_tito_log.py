@@ -538,3 +538,33 @@ def test_a_write_that_fails_part_way_leaves_no_torn_tail(tmp_path, preallocate, 
     with warnings.catch_warnings():
         warnings.simplefilter("error", TornTailWarning)
         assert len(read_records(path)) == 4
+
+
+def test_closing_a_group_commit_on_a_stalled_disk_returns_within_its_timeout(tmp_path):
+    """A write that never returns (a hung disk) must not hang the shutdown: ``close`` says so at once
+    after its timeout, and the record it held is still in the journal, replayed at the next open."""
+    from gyre.real.store.group_commit import GroupCommit
+
+    group = GroupCommit(ExecutionStore(tmp_path, fsync=True, preallocate=False))
+    stalled, release = threading.Event(), threading.Event()
+    append = group.journal.append
+
+    def hung_append(entries):
+        stalled.set()
+        release.wait(30)
+        return append(entries)
+
+    group.journal.append = hung_append
+    acknowledged = threading.Event()
+    group.submit(record(0, "e1"), lambda error: acknowledged.set())
+    assert stalled.wait(10)
+    start = time.monotonic()
+    assert group.close(timeout_s=0.2) is False
+    assert time.monotonic() - start < 2
+    release.set()
+    assert acknowledged.wait(10)
+    group._thread.join(10)
+    group.journal.close()  # what a process exit does to the lock the stalled group kept
+    reopened = GroupCommit(ExecutionStore(tmp_path, fsync=True, preallocate=False))
+    assert reopened.close() is True
+    assert [r.request_id for r in ExecutionStore(tmp_path).read("e1")] == ["r0"]
