@@ -64,7 +64,8 @@ class Observed:
 def observe(core, checkpoint_complete: bool, open_calls: int) -> Observed:
     """``Observed`` from a core rebuilt from the journal (``gyre.scheduler.Scheduler``)."""
     transitioning = any(role == R.TO_TRAINING for role in core.roles)
-    return Observed(core.version, core.batch_open, transitioning, core.awaiting_publish, checkpoint_complete, open_calls)
+    return Observed(core.version, core.batch_open, transitioning, core.awaiting_publish, checkpoint_complete,
+                    open_calls)
 
 
 def situation(kind: str, seen: Observed, resumed_at: int = 0) -> bool:

@@ -13,32 +13,30 @@ from gyre.real.runtime.resume import ResumePlan
 from gyre.real.supervisor.ledger import Entry
 
 try:
-    from kill_points import (COLUMNS, KINDS, KillPoint, Observed, draw_schedule, kill_table, open_calls, pause_for,
-                             saved_seconds, situation)
+    import kill_points as kp
 except ImportError:
-    from .kill_points import (COLUMNS, KINDS, KillPoint, Observed, draw_schedule, kill_table, open_calls, pause_for,
-                              saved_seconds, situation)
+    from . import kill_points as kp
 
 
 @given(st.integers(0, 2**32), st.integers(4, 9))
 def test_a_seed_gives_one_schedule_covering_every_kind(seed, kills):
-    schedule = draw_schedule(seed, kills, max_delay_s=1.5)
-    assert schedule == draw_schedule(seed, kills, max_delay_s=1.5)
-    assert len(schedule) == kills and set(KINDS) <= {p.kind for p in schedule}
-    assert all(isinstance(p, KillPoint) and 0.0 <= p.delay_s < 1.5 for p in schedule)
+    schedule = kp.draw_schedule(seed, kills, max_delay_s=1.5)
+    assert schedule == kp.draw_schedule(seed, kills, max_delay_s=1.5)
+    assert len(schedule) == kills and set(kp.KINDS) <= {p.kind for p in schedule}
+    assert all(isinstance(p, kp.KillPoint) and 0.0 <= p.delay_s < 1.5 for p in schedule)
 
 
 def test_seeds_draw_different_orders_and_too_few_kills_are_refused():
-    orders = {tuple(p.kind for p in draw_schedule(seed)) for seed in range(20)}
+    orders = {tuple(p.kind for p in kp.draw_schedule(seed)) for seed in range(20)}
     assert len(orders) > 5
     with pytest.raises(ValueError, match="cannot cover"):
-        draw_schedule(0, kills=3)
+        kp.draw_schedule(0, kills=3)
 
 
-def seen(**changes) -> Observed:
+def seen(**changes) -> kp.Observed:
     base = dict(version=2, batch_open=False, transitioning=False, awaiting_publish=False,
                 checkpoint_complete=False, open_calls=0)
-    return Observed(**{**base, **changes})
+    return kp.Observed(**{**base, **changes})
 
 
 @pytest.mark.parametrize("kind, moment, holds", [
@@ -53,21 +51,21 @@ def seen(**changes) -> Observed:
     ("mid-model-call", seen(batch_open=True, transitioning=True), False),
 ])
 def test_each_kind_is_recognised_from_what_the_run_shows(kind, moment, holds):
-    assert situation(kind, moment, resumed_at=0) is holds
+    assert kp.situation(kind, moment, resumed_at=0) is holds
 
 
 def test_an_unknown_kind_is_named():
     with pytest.raises(ValueError, match="mid-nap"):
-        situation("mid-nap", seen())
+        kp.situation("mid-nap", seen())
     with pytest.raises(ValueError, match="mid-nap"):
-        pause_for("mid-nap", 0)
+        kp.pause_for("mid-nap", 0)
 
 
 def test_pauses_hold_the_window_of_the_attempt_and_parse():
-    assert parse_pauses(pause_for("mid-step", 2)) == {("step", 3): 120.0}
-    assert parse_pauses(pause_for("mid-publication", 2)) == {("publish", 4): 120.0}
-    assert parse_pauses(pause_for("mid-transition", 2)) == {("transition", ANY): 4.0}
-    assert pause_for("mid-model-call", 2) == ""
+    assert parse_pauses(kp.pause_for("mid-step", 2)) == {("step", 3): 120.0}
+    assert parse_pauses(kp.pause_for("mid-publication", 2)) == {("publish", 4): 120.0}
+    assert parse_pauses(kp.pause_for("mid-transition", 2)) == {("transition", ANY): 4.0}
+    assert kp.pause_for("mid-model-call", 2) == ""
 
 
 def test_a_wildcard_pause_holds_every_number_and_an_exact_one_wins(monkeypatch):
@@ -82,15 +80,15 @@ def test_a_wildcard_pause_holds_every_number_and_an_exact_one_wins(monkeypatch):
 
 
 def test_open_calls_and_saved_seconds_add_up():
-    assert open_calls([{"in_flight": 2}, {"in_flight": 0}, {}]) == 2
-    assert saved_seconds({"x1": 10.0, "x2": 12.5, "x3": 30.0}, now=20.0) == pytest.approx(17.5)
+    assert kp.open_calls([{"in_flight": 2}, {"in_flight": 0}, {}]) == 2
+    assert kp.saved_seconds({"x1": 10.0, "x2": 12.5, "x3": 30.0}, now=20.0) == pytest.approx(17.5)
 
 
 def test_the_table_has_a_line_per_kill_with_every_column():
     rows = [{"kill": 1, "what": "job", "moment": "mid-step", "attached": 3, "re-run": 0, "saved exec-s": 4.25,
              "processes": 6}, {"kill": 2, "what": "cell"}]
-    lines = kill_table(rows).splitlines()
-    assert len(lines) == 3 and all(c in lines[0] for c in COLUMNS)
+    lines = kp.kill_table(rows).splitlines()
+    assert len(lines) == 3 and all(c in lines[0] for c in kp.COLUMNS)
     assert lines[1].split() == ["1", "job", "mid-step", "3", "0", "4.2", "6"]
     assert lines[2].split() == ["2", "cell", "-", "-", "-", "-", "-"]
 
