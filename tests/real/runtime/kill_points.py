@@ -92,7 +92,7 @@ def saved_seconds(running: dict[str, float], now: float) -> float:
     return sum(max(0.0, now - started) for started in running.values())
 
 
-COLUMNS = ("kill", "what", "moment", "attached", "re-run", "saved exec-s", "processes")
+COLUMNS = ("kill", "what", "moment", "re-attached", "kept", "re-run", "saved exec-s", "processes")
 
 
 def kill_table(rows: list[dict[str, Any]]) -> str:

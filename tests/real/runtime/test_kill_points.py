@@ -85,12 +85,12 @@ def test_open_calls_and_saved_seconds_add_up():
 
 
 def test_the_table_has_a_line_per_kill_with_every_column():
-    rows = [{"kill": 1, "what": "job", "moment": "mid-step", "attached": 3, "re-run": 0, "saved exec-s": 4.25,
-             "processes": 6}, {"kill": 2, "what": "cell"}]
+    rows = [{"kill": 1, "what": "job", "moment": "mid-step", "re-attached": 3, "kept": 4, "re-run": 0,
+             "saved exec-s": 4.25, "processes": 6}, {"kill": 2, "what": "cell"}]
     lines = kp.kill_table(rows).splitlines()
     assert len(lines) == 3 and all(c in lines[0] for c in kp.COLUMNS)
-    assert lines[1].split() == ["1", "job", "mid-step", "3", "0", "4.2", "6"]
-    assert lines[2].split() == ["2", "cell", "-", "-", "-", "-", "-"]
+    assert lines[1].split() == ["1", "job", "mid-step", "3", "4", "0", "4.2", "6"]
+    assert lines[2].split() == ["2", "cell", "-", "-", "-", "-", "-", "-"]
 
 
 def entry(key: str, state: str, started: float, ended: float | None = None, killed: bool = False) -> Entry:
