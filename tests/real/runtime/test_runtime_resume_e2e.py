@@ -238,8 +238,9 @@ def check_resumes(work: Path, k: Killer, lost: set[int], context: str) -> None:
         # records continued in the same file
         went_on = {int(x) for x in record["work_kept_s"]} & set(running) - lost
         assert all((ledger[f"x{x}"].pid, ledger[f"x{x}"].starts) == (running[x], 1) for x in went_on), context
-        assert all(rw.calls_of(work / "records" / f"x{x}.tito")[:len(snapshot.get(f"x{x}.tito", []))]
-                   == snapshot.get(f"x{x}.tito", []) for x in went_on), context
+        for x in went_on:
+            path, before = work / "records" / f"x{x}.tito", snapshot.get(f"x{x}.tito", [])
+            assert path.is_file() and rw.calls_of(path)[:len(before)] == before, (f"x{x}'s records", context)
         if row["moment"] == "mid-publication":
             assert {"kind": "publish", "version": record["version"]} in record["outstanding"], context
     assert records[-1]["supervisor"] is None, context
