@@ -12,7 +12,11 @@ the durable event log (``events.jsonl``) for that phase, then kills. The
 cells inherit the variable from the job's environment. Unset (every real
 run), nothing sleeps.
 
-Phases: ``step``, ``publish``. Invariant: a malformed value raises
+Phases: ``step``, ``publish`` (numbered by version) and ``transition``
+(a cell entering training, numbered by the count of ``enter_training``
+commands its process has served, 1 for the first; the cell does not know the
+version then). ``*`` for the number matches every one: ``transition=5@*``
+holds each entry into training 5 s. Invariant: a malformed value raises
 ValueError naming it when the phase is first reached, so a typo in a test
 never silently skips its kill point.
 """
@@ -23,17 +27,20 @@ import os
 import time
 
 ENV = "GYRE_FAULT_PAUSE"
-PHASES = ("step", "publish")
+PHASES = ("step", "publish", "transition")
+ANY = -1  # ``@*``: every number
 
 
 def parse_pauses(text: str) -> dict[tuple[str, int], float]:
-    """``"phase=seconds@version,..."`` -> {(phase, version): seconds}; ValueError naming a bad item."""
+    """``"phase=seconds@version,..."`` -> {(phase, version): seconds} (``@*``: version ``ANY``); ValueError
+    naming a bad item."""
     pauses = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         phase, _, rest = item.partition("=")
         seconds, _, version = rest.partition("@")
         try:
-            key, value = (phase.strip(), int(version)), float(seconds)
+            key = (phase.strip(), ANY if version.strip() == "*" else int(version))
+            value = float(seconds)
         except ValueError:
             raise ValueError(f"{ENV}: {item!r} is not phase=seconds@version") from None
         if key[0] not in PHASES or value < 0:
@@ -44,7 +51,8 @@ def parse_pauses(text: str) -> dict[tuple[str, int], float]:
 
 def fault_pause(phase: str, version: int, log=None) -> float:
     """Sleep as ``GYRE_FAULT_PAUSE`` asks for ``phase`` of ``version``; the seconds slept."""
-    seconds = parse_pauses(os.environ.get(ENV, "")).get((phase, version), 0.0)
+    pauses = parse_pauses(os.environ.get(ENV, ""))
+    seconds = pauses.get((phase, version), pauses.get((phase, ANY), 0.0))
     if seconds:
         if log is not None:
             log.warning("fault injection: %s of version %d sleeps %.1f s (%s)", phase, version, seconds, ENV)

@@ -176,9 +176,10 @@ def _summarise(job: JobConfig, run: JobParts, log_dir: Path) -> dict[str, Any]:
 
 
 def _resumes(work: Path) -> list[dict[str, Any]]:
-    """Per resume of this run (``attempts/{n}/resume.json``): executions re-attached, re-run (and why) and
-    re-admitted."""
-    keys = ("attempt", "version", "reattached", "rerun", "rerun_reasons", "readmitted", "cancelled", "supervisor")
+    """Per resume of this run, every one (``attempts/{n}/resume.json``): the checkpoint, executions
+    re-attached, re-run (and why) and re-admitted, and the harness work kept (execution-seconds)."""
+    keys = ("attempt", "checkpoint", "version", "reattached", "rerun", "rerun_reasons", "readmitted", "cancelled",
+            "supervisor", "work_kept_s", "saved_execution_s")
     found = sorted((work / "attempts").glob("*/resume.json"), key=lambda p: int(p.parent.name)) \
         if (work / "attempts").is_dir() else []
     return [{k: v for k, v in json.loads(p.read_text()).items() if k in keys} for p in found]

@@ -74,6 +74,7 @@ import fcntl
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,13 +198,28 @@ class ResumePlan:
                 or (key != "publish" and core.roles[key] in (R.TO_TRAINING, R.TO_ROLLOUT))]
         return [a for _, a in sorted(keep, key=lambda item: item[0])]
 
+    def work_kept(self, now: float) -> dict[int, float]:
+        """Harness work this resume keeps, execution-seconds per execution at monotonic ``now``: a harness the
+        live supervisor still runs (re-attached at once, or when the resumed core dispatches its id again) has
+        run ``now - start``; one re-admitted after it ended by itself while no driver ran, ``end - start``."""
+        kept = {}
+        for x, entry in self.supervised.items():
+            if entry.state == "running" and x not in self.rerun:
+                kept[x] = max(0.0, now - entry.started_mono_s)
+            elif x in self.readmit and entry.state == "ended" and not entry.killed and entry.ended_mono_s:
+                kept[x] = max(0.0, entry.ended_mono_s - entry.started_mono_s)
+        return kept
+
     def summary(self) -> dict[str, Any]:
+        kept = self.work_kept(time.monotonic())
         return {"attempt": self.attempt, "checkpoint": str(self.checkpoint) if self.checkpoint else None,
                 "version": self.version, "published": self.published, "events_kept": self.position,
                 "events_discarded": self.discarded, "torn": self.torn, "readmitted": self.readmit,
                 "rerun": self.rerun, "rerun_reasons": {str(x): r for x, r in sorted(self.reasons.items())},
                 "reattached": self.reattach, "supervisor": self.supervisor, "cancelled": self.cancelled,
-                "outstanding": [a.as_dict() for a in self.outstanding()]}
+                "outstanding": [a.as_dict() for a in self.outstanding()],
+                "work_kept_s": {str(x): round(t, 3) for x, t in sorted(kept.items())},
+                "saved_execution_s": round(sum(kept.values()), 3)}
 
 
 def plan_resume(run_dir: str | os.PathLike) -> ResumePlan:

@@ -80,6 +80,7 @@ class CellProcess:
         self.role = "rollout"
         self.next_version = 0  # a satellite never joins a step older than this
         self.held = False  # in training but not joining steps yet (enter_training(hold=True))
+        self.entries = 0  # enter_training commands served (GYRE_FAULT_PAUSE's transition number)
         self.memory = None  # train.publish_memory.MemoryRoute once a publication goes from memory
 
     def serve(self) -> None:
@@ -128,6 +129,8 @@ class CellProcess:
 
         ``hold``: join no step until ``join`` (the driver first learns whether the policy core
         keeps this cell in training, or sends it straight back because its burst ended)."""
+        self.entries += 1
+        fault_pause("transition", self.entries, self.ctx.log)
         self.ctx.ranks.run("restore")
         self.role, self.held = "training", hold
         self.ctx.log.info("cell %d entered training (%d bytes of training state)", self.ctx.cell,

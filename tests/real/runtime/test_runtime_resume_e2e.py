@@ -1,51 +1,53 @@
-"""End to end: ``gyre run`` SIGKILLed at three points, its core cell once and its supervisor once; it resumes
-and finishes (issues 16, 29).
+"""End to end: ``gyre run`` SIGKILLed at five seeded random moments, its core cell once and its supervisor
+once; it resumes each time and finishes (issues 16, 29).
 
-One small job (2 cells, N = B = 2, phi = 0.5, mu = 2, 6 steps: 3 bursts; the
-scripted harness sleeps 1 s after each of its 2 calls so executions are
-caught between calls) runs as a subprocess of the real CLI in its own
-process group. The test watches the durable event journal (``log/events.jsonl``,
-replayed through a fresh core) and kills, with SIGKILL:
+One small job (1 cell: the policy core's cell switches between rollout and
+training every burst, so transitions happen; N = B = 2, phi = 0.5, mu = 2,
+6 steps: 3 bursts; the scripted harness sleeps 1 s after each of its 2 calls
+so executions are caught between calls and inside them) runs as a subprocess
+of the real CLI in its own process group. The kill schedule is drawn from
+``random.Random(SEED)`` (``kill_points.draw_schedule``; the seed and the
+schedule are printed, and in every failure message): five kills of the whole
+job (its process group and every engine group ``engines.json`` names), each
+at the first moment of its kind after a drawn extra delay, read off the
+durable journal (``log/events.jsonl``, replayed through a fresh core) and the
+proxy's admin listing: mid-step (a batch open), mid-transition (the cell
+entering training), mid-publication (a publication this attempt reached
+pending, its checkpoint complete) and mid-model-call (a call open at the
+proxy); every kind at least once. ``GYRE_FAULT_PAUSE`` holds a step, a
+publication or an entry into training open (``kill_points.pause_for``) where
+the window is too short to hit by polling. At the first mid-step kill the
+core cell alone is SIGKILLed first (its pid from ``cells.json``): the job
+stops with ``CellFailed`` naming it and resumes *itself* (issue 16 item 3)
+with a new cell 0, and the job is killed once it is mid-step again. After the
+five kills ``gyre run --resume`` runs until harnesses run under its
+supervisor; the supervisor is SIGKILLed (its node "rebooted"): the job stops
+(``SupervisorLost``), resumes itself, re-runs those executions with the
+reason, and finishes.
 
-1. the whole job (its process group and every engine group named in
-   ``engines.json``), mid-rollout: after checkpoint v2 and publication 2, while
-   an execution that is running has exactly one recorded call (a partial
-   record); then ``gyre run --resume`` with ``GYRE_FAULT_PAUSE=step=120@3``;
-2. the core training cell alone (its pid from ``cells.json``), mid-step: once
-   the batch of version 3 is open (``StartBatch(3)`` issued, its ``StepDone``
-   held back). The job stops with ``CellFailed`` naming the cell and its exit
-   code and resumes *itself* (same ``gyre run``, no operator) from checkpoint
-   v2 with a new cell 0 (issue 16 item 3);
-3. the whole job, mid-step: once that self-resumed attempt has the batch of
-   version 3 open again; then ``gyre run --resume`` with
-   ``GYRE_FAULT_PAUSE=publish=120@4``;
-4. the whole job, during publication: once checkpoint v4 is complete and
-   publication 4 is pending (and, if an execution was running at the
-   checkpoint, once one such has finished, for up to 20 s: the last resume
-   then re-admits it from its record);
-
-After each kill of the job, only the run's supervisor and what it owns
-(harnesses, bridge, proxy) are alive. Then ``gyre run --resume`` runs until
-harnesses run under its supervisor, the supervisor is SIGKILLed (its node
-"rebooted"): the job stops (``SupervisorLost``), resumes itself, re-runs those
-executions with the reason, and finishes. (The cell's death once had a run
-of this job of its own; sharing this one saves ~2 min of the suite.)
-Checked after the last resume: exit 0, 6 steps and 6 published,
-``replay_identical``; the final event log replays (``replay_run`` on
-events.csv and ``replay_journal`` on events.jsonl give the same actions);
-every group fed to training exactly once (B per step); ``StepDone`` versions
-0..5 once each in order, ``PublishDone`` 2, 4, 6; each resume took the
-checkpoint it should (v2, v2, v2, v4), the partially recorded execution was
-re-attached (same harness pid, started once; its second call went into the same
-record after the resume, the proxy holding it until the engines were back); no
-harness was started twice except after a driver cut it or its supervisor was
-lost, and each re-run is named with its reason; the clean end stopped the
-supervisor and left no process of the run; metrics.jsonl, the
-summary's step reports, TensorBoard's scalars and trace.csv cover every step and trained group once
-(the run calibrates); the measured staleness (from the final log) equals the
-summary's and stays within 0.25 of phi + (mu - 1)/2, as a normal run's does;
-and no recorded call is lost: every record file seen at a kill is still there,
-in ``records/`` or under ``attempts/``, with the same calls in the same order.
+After each kill of the job, before resuming: the processes of the run are
+exactly the supervisor and the process groups its ledger says it runs (each
+alive). Each resume (``attempts/{n}/resume.json``, one per kill, in order)
+goes on from the newest checkpoint complete at its kill; the executions it
+re-attached were running under the supervisor at the kill, with the same
+pid; a mid-publication kill leaves the publication outstanding. Checked after
+the last resume: exit 0, 6 steps and 6 published, ``replay_identical``; the
+final event log replays (``replay_run`` on events.csv and ``replay_journal``
+on events.jsonl give the same actions); every execution ends exactly once
+in it, every one running at a kill among them; every group fed to training
+exactly once (B per step); ``StepDone`` versions 0..5 once each in order,
+``PublishDone`` 2, 4, 6; no harness was started twice except after a driver
+cut it or its supervisor was lost, and each re-run is named with its reason;
+the clean end stopped the supervisor and left no process of the run;
+metrics.jsonl, the summary's step reports, TensorBoard's scalars and
+trace.csv cover every step and trained group once; the measured staleness
+equals the summary's and stays within 0.25 of phi + (mu - 1)/2; the
+summary's ``resumes`` holds every resume with its kept harness work; no
+recorded call is lost or doubled: every record file seen at a kill is still
+there, in ``records/`` or under ``attempts/``, with the same calls in the
+same order, and no file holds a call twice. The test prints the per-kill
+table (``kill_points.kill_table``): moment, re-attached, harnesses kept,
+re-run, execution-seconds of harness work kept, processes found.
 """
 
 from __future__ import annotations
@@ -53,8 +55,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -63,23 +63,29 @@ import pytest
 
 from gyre import events as ev
 from gyre.config import SchedulerConfig
-from gyre.formats.eventlog import replay_run, run_config
-from gyre.formats.journal import read_journal, replay_journal
+from gyre.formats.eventlog import replay_run
+from gyre.formats.journal import replay_journal
 from gyre.real.engines.manager import sglang_python
-from gyre.real.store.tito_log import read_records
 from gyre.real.supervisor.ledger import read_ledger
-from gyre.scheduler import Scheduler
+
+try:
+    import kill_points as kp
+    import resume_watch as rw
+except ImportError:
+    from . import kill_points as kp
+    from . import resume_watch as rw
 
 NO_VENV = f"SGLang CPU venv not found at {sglang_python()} (run tools/setup_sglang_cpu.sh)"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(not sglang_python().exists(), reason=NO_VENV)]
 
+SEED = 29
 STEPS, B = 6, 2
 JOB = """[job]
 workdir = "{work}"
 model_dir = "{tok}"
 preset = "gyre-1"
-nodes = 2
+nodes = 1
 C_e = 4
 N = 2
 B = 2
@@ -95,290 +101,193 @@ tau = 0.0
 """
 
 
-def start(argv: list[str], tmp: Path, name: str, pause: str = "") -> subprocess.Popen:
-    env = dict(os.environ, GYRE_FAULT_PAUSE=pause)
-    with open(tmp / f"{name}.stderr", "w") as stderr, open(tmp / f"{name}.stdout", "w") as stdout:
-        return subprocess.Popen([sys.executable, "-m", "gyre.cli", "run", *argv], cwd=tmp, env=env,
-                                stdout=stdout, stderr=stderr, start_new_session=True)
-
-
-def core_now(work: Path) -> Scheduler | None:
-    """The core as the durable journal leaves it (a torn last line is left out)."""
-    if not (work / "log" / "summary.json").is_file():
-        return None
-    core = Scheduler(run_config(work / "log"))
-    for event in read_journal(work / "log" / "events.jsonl").events:
-        core.handle(event)
-    return core
-
-
-def complete(work: Path, version: int) -> bool:
-    return (work / "checkpoints" / f"resume-v{version:06d}" / "manifest.json").is_file()
-
-
-def calls_of(path: Path) -> list[str]:
-    return [c.request_id for c in read_records(path)]
-
-
-def wait_for(proc: subprocess.Popen, work: Path, ready, what: str, stderr: Path | None = None,
-             timeout: float = 400.0, resumes: int = 1):
-    """Poll the journal until ``ready(core)`` is true; a resumed job only once it says it resumed ``resumes``
-    times (before, the journal still holds the killed attempt's events)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the job exited ({proc.returncode}) before {what}"
-        if stderr is not None and stderr.read_text().count("resumed at version") < resumes:
-            time.sleep(0.2)
-            continue
-        try:
-            core = core_now(work)
-            found = ready(core) if core is not None else None
-        except (OSError, ValueError):  # a file being renamed into place: look again
-            found = None
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def supervisor_pid(work: Path) -> int:
-    return int(json.loads((work / "supervisor" / "supervisor.json").read_text())["pid"])
-
-
-def _stat(pid: str) -> tuple[int, str] | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), fields[0]
-
-
-def strays(tmp: Path, supervisor: int | None) -> list[str]:
-    """Live processes of the run (cmdline or working folder under ``tmp``) that the supervisor does not own."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in (os.getpid(), supervisor):
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            continue
-        stat = _stat(entry.name)
-        if stat is None or stat[1] == "Z" or (str(tmp) not in cmdline and not cwd.startswith(str(tmp))):
-            continue
-        pid, owned = int(entry.name), False
-        while pid > 1 and not owned:
-            parent = _stat(str(pid))
-            pid = parent[0] if parent else 1
-            owned = pid == supervisor
-        if not owned:
-            found.append(f"{entry.name}: {cmdline[:160]}")
-    return found
-
-
-def only_the_supervisor_remains(tmp: Path, work: Path) -> None:
-    """After a kill of the driver: only the supervisor and what it owns are alive (issue 29)."""
-    deadline = time.monotonic() + 30.0
-    while strays(tmp, supervisor_pid(work)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert strays(tmp, supervisor_pid(work)) == []
-
-
-def kill_job(proc: subprocess.Popen, work: Path) -> dict[str, list[str]]:
-    """SIGKILL the job's process group and its engines' groups; what the record store held then."""
-    engines = json.loads((work / "engines.json").read_text()) if (work / "engines.json").is_file() else {}
-    for pgid in [proc.pid] + [e["pid"] for e in engines.values()]:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(timeout=60)
-    time.sleep(1.0)  # harnesses and cells get their parent-death signal
-    return {p.name: calls_of(p) for p in sorted((work / "records").glob("*.tito"))}
-
-
-def partial_execution(work: Path):
-    def ready(core: Scheduler):
-        if not (complete(work, 2) and core.published >= 2):
-            return None
-        for x in core.placements():
-            path = work / "records" / f"x{x}.tito"
-            if path.is_file() and len(calls_of(path)) == 1:
-                return x
-        return None
+def moment(kind: str, work: Path, resumed_at: int):
+    """A predicate on the rebuilt core: the run's ``Observed`` once it is a moment of ``kind``."""
+    def ready(core):
+        calls = rw.proxy_open_calls(work) if kind == "mid-model-call" else 0
+        seen = kp.observe(core, rw.complete(work, core.version), calls)
+        return seen if kp.situation(kind, seen, resumed_at) else None
     return ready
 
 
-def finished_since_checkpoint(proc: subprocess.Popen, work: Path, version: int, within: float) -> set[int]:
-    """Wait up to ``within`` s for an execution running at checkpoint ``version`` to finish in the journal."""
-    manifest = json.loads((work / "checkpoints" / f"resume-v{version:06d}" / "manifest.json").read_text())
-    events = read_journal(work / "log" / "events.jsonl").events
-    core = Scheduler(run_config(work / "log"))
-    for event in events[:manifest["events"]]:
-        core.handle(event)
-    running = set(core.placements())
-    deadline = time.monotonic() + within
-    while running and time.monotonic() < deadline and proc.poll() is None:
-        later = read_journal(work / "log" / "events.jsonl").events[manifest["events"]:]
-        done = {e.execution for e in later if isinstance(e, ev.ExecutionFinished)} & running
-        if done:
-            return done
-        time.sleep(0.1)
-    return set()
+class Killer:
+    """Runs the job through its kill schedule, keeping the per-kill table and what each kill saw."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.work = tmp, tmp / "run"
+        self.schedule = kp.draw_schedule(SEED, kills=5)
+        self.rows: list[dict] = []
+        self.snapshots: list[dict[str, list[str]]] = []
+        self.running: list[dict[int, int]] = []   # per kill: execution -> harness pid under the supervisor
+        self.expected: list[int] = []             # per kill: the checkpoint its resume must take
+        self.runs, self.resumed_at, self.cell_killed = 0, 0, False
+        self.killed_journal: int | None = None    # the journal file of the attempt last killed
+        self.readies = self.resumes = 0           # "ready after" / "resumed at version" lines the attempt shows
+
+    def context(self) -> str:
+        return (f"seed {SEED}, schedule {[(p.kind, round(p.delay_s, 2)) for p in self.schedule]}\n"
+                f"{kp.kill_table(self.rows)}")
+
+    def stderr(self) -> Path:
+        return self.tmp / f"run{self.runs - 1}.stderr"
+
+    def launch(self, argv: list[str], pause: str):
+        self.runs += 1
+        self.proc = rw.start(argv, self.tmp, f"run{self.runs - 1}", pause=pause)
+        self.readies = self.resumes = 0
+        self.resumed()
+
+    def resumed(self) -> None:
+        """The job (re)starts: its journal is its own once it is ready (and, from a checkpoint, resumed)."""
+        self.readies += 1
+        self.resumes += self.resumed_at > 0
+
+    def started(self) -> bool:
+        err = self.stderr().read_text()
+        return rw.journal_identity(self.work) not in (None, self.killed_journal) \
+            and err.count("ready after") >= self.readies and err.count("resumed at version") >= self.resumes
+
+    def note(self, what: str, kind: str, found: dict | None = None) -> None:
+        self.expected.append(rw.newest_checkpoint(self.work))
+        self.running.append(rw.running_harnesses(self.work))
+        self.rows.append({"kill": len(self.rows) + 1, "what": what, "moment": kind,
+                          "processes": len(found) if found is not None else "-"})
+
+    def watch(self, kind: str, what: str):
+        return rw.wait_for(self.proc, self.work, moment(kind, self.work, self.resumed_at), f"{what}\n{self.context()}",
+                           self.started)
+
+    def kill_cell_mid_step(self) -> None:
+        """The core cell alone, inside a step: the job resumes itself from its checkpoint with a new cell 0."""
+        self.watch("mid-step", "a batch open (for the cell's kill)")
+        cell = int(json.loads((self.work / "cells.json").read_text())["0"]["pid"])
+        self.killed_journal = rw.journal_identity(self.work)
+        os.kill(cell, signal.SIGKILL)
+        self.snapshots.append(rw.record_snapshot(self.work))
+        self.note("core cell", "mid-step")
+        self.resumed_at = self.expected[-1]
+        self.resumed()
+        self.watch("mid-step", "a batch open again after the job resumed itself")
+        err = self.stderr().read_text()
+        assert "training cell 0 (exit code -9) died" in err and "resuming at version" in err, err[-4000:]
+        assert int(json.loads((self.work / "cells.json").read_text())["0"]["pid"]) != cell  # a new cell 0
+        self.cell_killed = True
+
+    def kill_job_at(self, point: kp.KillPoint, following: kp.KillPoint | None) -> None:
+        rw.wait_for(self.proc, self.work, lambda core: True, f"the job to start\n{self.context()}", self.started)
+        time.sleep(point.delay_s)
+        if point.kind == "mid-step" and not self.cell_killed:
+            self.kill_cell_mid_step()
+        self.watch(point.kind, f"a {point.kind} moment")
+        self.killed_journal = rw.journal_identity(self.work)
+        self.snapshots.append(rw.kill_job(self.proc, self.work))
+        found = rw.only_the_supervisor_remains(self.tmp, self.work)
+        self.note("gyre run", point.kind, found)
+        self.resumed_at = self.expected[-1]
+        pause = kp.pause_for(following.kind, self.resumed_at) if following else ""
+        self.launch(["--resume", str(self.work)], pause)
+
+    def kill_supervisor(self) -> set[int]:
+        lost = rw.wait_for(self.proc, self.work, lambda core: rw.running_harnesses(self.work),
+                           f"harnesses running under the resumed run's supervisor\n{self.context()}", self.started)
+        self.note("supervisor", "harnesses running")
+        os.kill(rw.supervisor_pid(self.work), signal.SIGKILL)
+        return set(lost)
+
+    def fill_rows(self) -> None:
+        """Each kill's resume (``attempts/{n}/resume.json``, in kill order): what it kept and re-ran."""
+        for n, (row, running) in enumerate(zip(self.rows, self.running), 1):
+            record = rw.resume_record(self.work, n)
+            rerun = set(record["rerun"]) | (set(running) - {int(x) for x in record["work_kept_s"]})
+            row.update({"re-attached": len(record["reattached"]), "kept": len(record["work_kept_s"]),
+                        "re-run": len(rerun), "saved exec-s": float(record["saved_execution_s"])})
 
 
-def running_harnesses(work: Path) -> list[int]:
-    """Executions whose harness the supervisor runs now (from its ledger)."""
-    path = work / "supervisor" / "ledger.jsonl"
-    return [int(k[1:]) for k, e in read_ledger(path).items() if k.startswith("x") and e.state == "running"] \
-        if path.is_file() else []
-
-
-def restarted_without_cause(work: Path) -> list[str]:
-    """Harnesses started again though their last run was neither cut by a driver (a cancellation of the
-    discarded attempt) nor lost with its supervisor: no harness process is restarted otherwise."""
-    from gyre.real.supervisor.ledger import read_records as ledger_records
-
-    last: dict[str, dict] = {}
-    found = []
-    for record in ledger_records(work / "supervisor" / "ledger.jsonl"):
-        before = last.get(record["key"])
-        if record["kind"] == "started" and before is not None \
-                and not (before["kind"] == "lost" or before.get("killed")):
-            found.append(record["key"])
-        last[record["key"]] = record
-    return found
-
-
-def harness_runs_at(work: Path, instant: float) -> tuple[dict[str, float], list[str]]:
-    """Executions whose harness was alive at ``instant`` (monotonic): those that went on (with the seconds
-    they had run by then) and those lost with their supervisor (a lost run's end: the key's next start)."""
-    from gyre.real.supervisor.ledger import read_records as ledger_records
-
-    runs: list[list] = []  # [key, start, end, lost]
-    for record in ledger_records(work / "supervisor" / "ledger.jsonl"):
-        if not record["key"].startswith("x"):
-            continue
-        if record["kind"] == "started":
-            for run in runs:
-                if run[0] == record["key"] and run[3] and run[2] == float("inf"):
-                    run[2] = record["started_mono_s"]
-            runs.append([record["key"], record["started_mono_s"], float("inf"), False])
-        else:
-            run = [r for r in runs if r[0] == record["key"]][-1]
-            run[2], run[3] = record.get("ended_mono_s", float("inf")), record["kind"] == "lost"
-    alive = [r for r in runs if r[1] < instant < r[2]]
-    return {r[0]: instant - r[1] for r in alive if not r[3]}, [r[0] for r in alive if r[3]]
-
-
-def resume_record(work: Path, attempt: int) -> dict:
-    return json.loads((work / "attempts" / str(attempt) / "resume.json").read_text())
-
-
-def test_a_run_killed_three_times_and_its_cell_once_resumes_and_finishes(tmp_path):
+def test_a_run_killed_at_seeded_moments_resumes_and_finishes(tmp_path):
     work = tmp_path / "run"
     (tmp_path / "job.toml").write_text(JOB.format(work=work, tok=tmp_path / "tok"))
     t0 = time.monotonic()
-    snapshots = []
-    kills: list[float] = []  # when each kill came (monotonic, as the supervisor's ledger)
+    k = Killer(tmp_path)
+    print(k.context())
+    k.launch(["--config", str(tmp_path / "job.toml")], kp.pause_for(k.schedule[0].kind, 0))
+    for n, point in enumerate(k.schedule):
+        k.kill_job_at(point, k.schedule[n + 1] if n + 1 < len(k.schedule) else None)
+    lost = k.kill_supervisor()
+    assert k.proc.wait(timeout=500) == 0, k.stderr().read_text()[-3000:] + k.context()
+    err = k.stderr().read_text()
+    assert "supervisor" in err and "died" in err, err[-3000:]
+    k.fill_rows()
+    print(f"killed {len(k.rows)} times and finished in {time.monotonic() - t0:.0f} s\n{k.context()}")
+    context = k.context()
+    check_resumes(work, k, lost, context)
+    check_the_finished_run(work, k, context)
 
-    proc = start(["--config", str(tmp_path / "job.toml")], tmp_path, "run0")
-    partial = wait_for(proc, work, partial_execution(work), "a partially recorded execution after publication 2")
-    snapshots.append(kill_job(proc, work))
-    kills.append(time.monotonic())
-    only_the_supervisor_remains(tmp_path, work)
-    partial_harness = read_ledger(work / "supervisor" / "ledger.jsonl")[f"x{partial}"]
-    assert partial_harness.state == "running"  # the driver is gone, its harness is not (issue 29)
 
-    proc = start(["--resume", str(work)], tmp_path, "run1", pause="step=120@3")
-    wait_for(proc, work, lambda core: core.batch_open and core.version == 3, "the batch of version 3 to open",
-             tmp_path / "run1.stderr")
-    cell = int(json.loads((work / "cells.json").read_text())["0"]["pid"])
-    os.kill(cell, signal.SIGKILL)  # the core cell alone, inside step 3: the job resumes itself
-    kills.append(time.monotonic())
-    time.sleep(1.0)
-    snapshots.append({p.name: calls_of(p) for p in sorted((work / "records").glob("*.tito"))})
-    wait_for(proc, work, lambda core: core.batch_open and core.version == 3,
-             "the batch of version 3 to open again after the job resumed itself", tmp_path / "run1.stderr", resumes=2)
-    err = (tmp_path / "run1.stderr").read_text()
-    assert "training cell 0 (exit code -9) died" in err and "resuming at version 2" in err, err[-4000:]
-    assert int(json.loads((work / "cells.json").read_text())["0"]["pid"]) != cell  # a new cell 0
-    snapshots.append(kill_job(proc, work))
-    kills.append(time.monotonic())
-    only_the_supervisor_remains(tmp_path, work)
-
-    proc = start(["--resume", str(work)], tmp_path, "run2", pause="publish=120@4")
-    wait_for(proc, work, lambda core: complete(work, 4) and core.awaiting_publish and core.version == 4,
-             "checkpoint v4 and publication 4 pending", tmp_path / "run2.stderr")
-    finished_since_checkpoint(proc, work, 4, within=20.0)  # so the next resume re-admits it, when there is one
-    snapshots.append(kill_job(proc, work))
-    kills.append(time.monotonic())
-    only_the_supervisor_remains(tmp_path, work)
-
-    proc = start(["--resume", str(work)], tmp_path, "run3")
-    # the supervisor SIGKILLed (its node "rebooted") while it runs harnesses: they are re-run, the run finishes
-    lost = wait_for(proc, work, lambda core: core.version >= 4 and running_harnesses(work),
-                    "harnesses running under the resumed run's supervisor", tmp_path / "run3.stderr")
-    os.kill(supervisor_pid(work), signal.SIGKILL)
-    kills.append(time.monotonic())
-    assert proc.wait(timeout=500) == 0, (tmp_path / "run3.stderr").read_text()[-3000:]
-    assert "supervisor" in (tmp_path / "run3.stderr").read_text() and "died" in (tmp_path / "run3.stderr").read_text()
-    print(f"killed four times and finished in {time.monotonic() - t0:.0f} s")
-
-    # each resume went on from the checkpoint it should, with the outstanding work named
-    first, second, third, fourth, fifth = (resume_record(work, n) for n in (1, 2, 3, 4, 5))
-    assert (first["version"], second["version"], third["version"], fourth["version"]) == (2, 2, 2, 4)
-    assert fifth["version"] >= 4 and fifth["supervisor"] is None
-    # the partially recorded execution was attached to, not run again: same harness, its record went on in place
-    assert partial not in first["readmitted"] and partial not in first["rerun"]
+def check_resumes(work: Path, k: Killer, lost: set[int], context: str) -> None:
+    """Each kill's resume took the newest complete checkpoint, re-attached only harnesses alive at the kill
+    (same pid), and kept a publication outstanding after a mid-publication kill; only the supervisor's loss
+    re-ran harnesses, each named with its reason."""
+    records = [rw.resume_record(work, n) for n in range(1, len(k.rows) + 1)]
+    assert [r["version"] for r in records] == k.expected, context
     ledger = read_ledger(work / "supervisor" / "ledger.jsonl")
-    assert (ledger[f"x{partial}"].pid, ledger[f"x{partial}"].starts) == (partial_harness.pid, 1)
-    assert calls_of(work / "records" / f"x{partial}.tito")[:1] == snapshots[0][f"x{partial}.tito"]
-    assert len(calls_of(work / "records" / f"x{partial}.tito")) == 2  # its second call, after the resume
-    assert {"kind": "publish", "version": 4} in fourth["outstanding"]
-    # only the supervisor's loss re-ran harnesses, each named with its reason; every other one started once
-    rerun = {int(x): r for record in (first, second, third, fourth, fifth) for x, r in record["rerun_reasons"].items()}
-    assert all("supervisor is gone" in r for r in rerun.values())
-    restarted = json.loads((work / "summary.json").read_text())["supervisor"]["restarted"]  # dispatched after P too
+    for record, running, row, snapshot in zip(records, k.running, k.rows, k.snapshots + [{}]):
+        assert set(record["reattached"]) <= set(running), context
+        if row["what"] == "supervisor":
+            continue
+        # a harness alive at the kill whose work the resume kept went on: same process, started once, its
+        # records continued in the same file
+        went_on = {int(x) for x in record["work_kept_s"]} & set(running) - lost
+        assert all((ledger[f"x{x}"].pid, ledger[f"x{x}"].starts) == (running[x], 1) for x in went_on), context
+        for x in went_on:
+            path, before = work / "records" / f"x{x}.tito", snapshot.get(f"x{x}.tito", [])
+            assert path.is_file() and rw.calls_of(path)[:len(before)] == before, (f"x{x}'s records", context)
+        if row["moment"] == "mid-publication":
+            assert {"kind": "publish", "version": record["version"]} in record["outstanding"], context
+    assert records[-1]["supervisor"] is None, context
+    rerun = {int(x): r for record in records for x, r in record["rerun_reasons"].items()}
+    assert all("supervisor is gone" in r for r in rerun.values()), (rerun, context)
+    s = json.loads((work / "summary.json").read_text())
+    restarted = s["supervisor"]["restarted"]  # dispatched after P too
     assert all(f"x{x}" in restarted and "supervisor is gone" in restarted[f"x{x}"][-1] for x in lost
-               if x not in fifth["readmitted"])
-    assert restarted_without_cause(work) == []
+               if x not in records[-1]["readmitted"]), context
+    assert rw.restarted_without_cause(work) == [], context
+    # the summary holds every resume, with the harness work each kept
+    assert [(r["attempt"], r["saved_execution_s"]) for r in s["resumes"]] == \
+        [(r["attempt"], r["saved_execution_s"]) for r in records], context
+    assert sum(r["saved_execution_s"] for r in records) > 0, context
+
+
+def check_the_finished_run(work: Path, k: Killer, context: str) -> None:
     # a clean end stops the supervisor and everything it owned
     assert not (work / "supervisor" / "supervisor.json").exists()
     deadline = time.monotonic() + 30.0  # the forkserver exits once the job's end closed its pipe
-    while strays(tmp_path, None) and time.monotonic() < deadline:
+    while rw.run_processes(k.tmp) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert strays(tmp_path, None) == []
-    assert first["events_discarded"] > 0 and second["events_discarded"] > 0  # (a kill at once may discard none)
-    # the closing note's numbers: per kill, the harnesses alive then that went on (re-attached, by the plan or
-    # when dispatched again) or were lost with their supervisor (re-run), and the harness work kept
-    for n, killed_at in enumerate(kills, 1):
-        went_on, lost_then = harness_runs_at(work, killed_at)
-        print(f"kill {n}: {len(went_on)} harnesses went on (re-attached), {len(lost_then)} re-run; "
-              f"{sum(went_on.values()):.1f} execution-seconds of harness work kept")
-    print("resumes:", [{k: r[k] for k in ("version", "events_discarded", "rerun", "readmitted", "cancelled")}
-                       for r in (first, second, third, fourth)])
+    assert rw.run_processes(k.tmp) == {}, context
 
-    # the run finished, and its final event log replays
     s = json.loads((work / "summary.json").read_text())
-    assert (s["steps"], s["published"], s["replay_identical"], s["backend_errors"]) == (STEPS, STEPS, True, [])
+    assert (s["steps"], s["published"], s["replay_identical"], s["backend_errors"]) == (STEPS, STEPS, True, []), \
+        context
     actions = replay_run(work / "log")
     journal_actions, journal = replay_journal(work / "log")
     assert journal.torn is None and journal_actions == actions
     events = journal.events
-    assert [e.version for e in events if isinstance(e, ev.StepDone)] == list(range(STEPS))
-    assert [e.version for e in events if isinstance(e, ev.PublishDone)] == [2, 4, 6]
+    assert [e.version for e in events if isinstance(e, ev.StepDone)] == list(range(STEPS)), context
+    assert [e.version for e in events if isinstance(e, ev.PublishDone)] == [2, 4, 6], context
+    # every execution ends once under its own id, those running at a kill among them
+    ended = Counter(e.execution for e in events if isinstance(e, ev.ExecutionFinished))
+    assert set(ended.values()) == {1}, context
+    assert set().union(*map(set, k.running)) <= set(ended), context
 
     # every group trained exactly once, and the staleness identity holds as in a normal run
     fed = Counter(g for a in actions if a["kind"] == "feed_groups" for g in a["groups"])
-    assert set(fed.values()) == {1} and len(fed) == STEPS * B
+    assert set(fed.values()) == {1} and len(fed) == STEPS * B, context
     v_d = {g: a["version"] for a in actions if a["kind"] == "dispatch_groups" for g in a["groups"]}
     v_t = {g: a["version"] for a in actions if a["kind"] == "feed_groups" for g in a["groups"]}
     staleness = [v_t[g] - v_d[g] for g in sorted(v_t)]
     cfg = SchedulerConfig(**json.loads((work / "log" / "summary.json").read_text())["config"])
     assert sum(staleness) / len(staleness) == pytest.approx(s["staleness_mean"])
-    assert abs(s["staleness_mean"] - cfg.predicted_staleness) <= 0.25
+    assert abs(s["staleness_mean"] - cfg.predicted_staleness) <= 0.25, context
     records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     assert [r["version"] for r in records] == list(range(STEPS))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -388,15 +297,16 @@ def test_a_run_killed_three_times_and_its_cell_once_resumes_and_finishes(tmp_pat
     losses = board.Scalars("loss")
     assert [e.step for e in losses] == [r["step"] for r in records]
     assert [e.value for e in losses] == pytest.approx([r["loss"] for r in records], rel=1e-6)
-    # the summary covers the whole lineage (measurements up to each checkpoint came back with it)
     assert sorted(r["version"] for r in s["step_reports"]) == list(range(STEPS))
     traced = {int(row.split(",")[0]) for row in (work / "trace.csv").read_text().splitlines()[1:]}
     assert set(fed) <= traced and "error" not in s["prediction"], s["prediction"]
 
-    # no recorded call lost: every log seen at a kill is kept whole, in records/ or moved under attempts/
-    for snapshot in snapshots:
+    # no recorded call lost: every log seen at a kill is kept whole, in records/ or moved under attempts/;
+    # none doubled
+    for snapshot in k.snapshots:
         for name, calls in snapshot.items():
             homes = [work / "records" / name, *sorted((work / "attempts").glob(f"*/records/{name}"))]
-            assert any(h.is_file() and calls_of(h)[:len(calls)] == calls for h in homes), name
-    for n in (1, 2, 3, 4, 5):
-        assert len(read_journal(work / "attempts" / str(n) / "events.jsonl").events) > 0
+            assert any(h.is_file() and rw.calls_of(h)[:len(calls)] == calls for h in homes), (name, context)
+    for path in [*(work / "records").glob("*.tito"), *(work / "attempts").glob("*/records/*.tito")]:
+        calls = rw.calls_of(path)
+        assert len(calls) == len(set(calls)), (path, context)
