@@ -201,12 +201,16 @@ class ResumePlan:
     def work_kept(self, now: float) -> dict[int, float]:
         """Harness work this resume keeps, execution-seconds per execution at monotonic ``now``: a harness the
         live supervisor still runs (re-attached at once, or when the resumed core dispatches its id again) has
-        run ``now - start``; one re-admitted after it ended by itself while no driver ran, ``end - start``."""
+        run ``now - start``; one that ended by itself and whose end the kept journal does not hold (re-admitted
+        if it ran at P, else taken from the ledger when the resumed core dispatches its id again: the runner
+        attaches to an ended entry, it never starts it twice), ``end - start``."""
         kept = {}
         for x, entry in self.supervised.items():
-            if entry.state == "running" and x not in self.rerun:
+            if x in self.rerun:
+                continue
+            if entry.state == "running":
                 kept[x] = max(0.0, now - entry.started_mono_s)
-            elif x in self.readmit and entry.state == "ended" and not entry.killed and entry.ended_mono_s:
+            elif entry.state == "ended" and not entry.killed and entry.ended_mono_s and x not in self.finished:
                 kept[x] = max(0.0, entry.ended_mono_s - entry.started_mono_s)
         return kept
 

@@ -99,9 +99,12 @@ def entry(key: str, state: str, started: float, ended: float | None = None, kill
 
 
 def test_a_resume_keeps_the_work_of_running_and_self_ended_harnesses_only():
+    """x6's end is in the kept journal (no work of this resume); x7 ended by itself after P while no
+    driver ran: the resumed core dispatches it again and the runner takes its end from the ledger."""
     plan = ResumePlan.__new__(ResumePlan)
     plan.supervised = {1: entry("x1", "running", 100.0), 2: entry("x2", "ended", 90.0, 95.0),
                        3: entry("x3", "ended", 80.0, 99.0, killed=True), 4: entry("x4", "lost", 50.0),
-                       5: entry("x5", "running", 105.0), 6: entry("x6", "ended", 70.0, 75.0)}
-    plan.rerun, plan.readmit = [5], {2: "completed", 3: "failed"}
-    assert plan.work_kept(now=110.0) == {1: pytest.approx(10.0), 2: pytest.approx(5.0)}
+                       5: entry("x5", "running", 105.0), 6: entry("x6", "ended", 70.0, 75.0),
+                       7: entry("x7", "ended", 96.0, 104.0)}
+    plan.rerun, plan.readmit, plan.finished = [5], {2: "completed", 3: "failed"}, {6: "completed"}
+    assert plan.work_kept(now=110.0) == {1: pytest.approx(10.0), 2: pytest.approx(5.0), 7: pytest.approx(8.0)}

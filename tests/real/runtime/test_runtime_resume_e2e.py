@@ -8,7 +8,8 @@ so executions are caught between calls and inside them) runs as a subprocess
 of the real CLI in its own process group. The kill schedule is drawn from
 ``random.Random(SEED)`` (``kill_points.draw_schedule``; the seed and the
 schedule are printed, and in every failure message): five kills of the whole
-job (its process group and every engine group ``engines.json`` names), each
+job (its process group: the engines, the proxy and the harnesses run under
+the supervisor and go on), each
 at the first moment of its kind after a drawn extra delay, read off the
 durable journal (``log/events.jsonl``, replayed through a fresh core) and the
 proxy's admin listing: mid-step (a batch open), mid-transition (the cell
@@ -38,6 +39,8 @@ in it, every one running at a kill among them; every group fed to training
 exactly once (B per step); ``StepDone`` versions 0..5 once each in order,
 ``PublishDone`` 2, 4, 6; no harness was started twice except after a driver
 cut it or its supervisor was lost, and each re-run is named with its reason;
+each engine was started twice: at the start and after the supervisor's loss
+(adopted by every other resume);
 the clean end stopped the supervisor and left no process of the run;
 metrics.jsonl, the summary's step reports, TensorBoard's scalars and
 trace.csv cover every step and trained group once; the measured staleness
@@ -244,6 +247,10 @@ def check_resumes(work: Path, k: Killer, lost: set[int], context: str) -> None:
         if row["moment"] == "mid-publication":
             assert {"kind": "publish", "version": record["version"]} in record["outstanding"], context
     assert records[-1]["supervisor"] is None, context
+    # the engines outlived every kill of the job and its cell (adopted, never started again); only the
+    # supervisor's loss took them, and they were started once more after it
+    engines = {k: e.starts for k, e in ledger.items() if k.startswith("engine-")}
+    assert engines and set(engines.values()) == {2}, (engines, context)
     rerun = {int(x): r for record in records for x, r in record["rerun_reasons"].items()}
     assert all("supervisor is gone" in r for r in rerun.values()), (rerun, context)
     s = json.loads((work / "summary.json").read_text())
