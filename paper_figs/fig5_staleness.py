@@ -135,9 +135,10 @@ def draw(data: StalenessData) -> Figure:
         return fig
 
 
-def main(out_dir: Path, quick: bool = False) -> list[Path]:
+def main(out_dir: Path, quick: bool = False, data=None, save=save_figure) -> list[Path]:
+    """Draw the figure (of ``data``, else of ``figure_data(quick)``) and ``save`` it as PNG and SVG."""
     with house_style():
-        return save_figure(draw(figure_data(quick)), Path(out_dir), STEM)
+        return save(draw(figure_data(quick) if data is None else data), Path(out_dir), STEM)
 
 
 if __name__ == "__main__":

@@ -73,12 +73,13 @@ def figure_data(quick: bool = False) -> PrefixGraphData:
     return PrefixGraphData(tree, stats, roles, prefix_layout(tree, roles), title)
 
 
-def main(out_dir: Path, quick: bool = False) -> list[Path]:
+def main(out_dir: Path, quick: bool = False, data: PrefixGraphData | None = None) -> list[Path]:
+    """Draw the figure (of ``data``, else of ``figure_data(quick)``) as PNG and SVG into ``out_dir``."""
     from gyre.analysis.prefix_graph import draw_image
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = figure_data(quick)
+    data = figure_data(quick) if data is None else data
     paths = [out_dir / f"{STEM}{suffix}" for suffix in (".png", ".svg")]
     for path in paths:
         draw_image(data.tree, data.boxes, path, data.title)

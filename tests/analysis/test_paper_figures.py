@@ -46,17 +46,15 @@ SPEC_METHODS = {"1.5": {"Async": (1.5, 1), "Colocate": (0.0, 4), "Gyre": (0.5, 3
 
 # ---------------------------------------------------------------- helpers
 
-def drawn_by_main(module, data, monkeypatch, tmp_path):
-    """The Figure ``module.main`` saves when its ``figure_data`` returns ``data``; nothing is written."""
+def drawn_by_main(module, data, tmp_path):
+    """The Figure ``module.main`` saves when it draws ``data``; nothing is written."""
     saved = []
 
     def fake_save(fig, out_dir, stem):
         saved.append(fig)
         return [Path(out_dir) / f"{stem}.png", Path(out_dir) / f"{stem}.svg"]
 
-    monkeypatch.setattr(module, "figure_data", lambda quick=False: data)
-    monkeypatch.setattr(module, "save_figure", fake_save)
-    paths = module.main(tmp_path, quick=True)
+    paths = module.main(tmp_path, quick=True, data=data, save=fake_save)
     assert [p.name for p in paths] == [f"{module.STEM}.png", f"{module.STEM}.svg"] and len(saved) == 1
     return saved[0]
 
@@ -165,13 +163,12 @@ def check_fig1_drawn(fig, data: fig1.TimelineData) -> None:
     same(ax_load.get_xlim(), (0, (data.t1_s - data.t0_s) / HOUR_S))
 
 
-def test_fig1_roles_tile_each_cell_and_the_figure_draws_the_busiest_burst(monkeypatch, tmp_path):
+def test_fig1_roles_tile_each_cell_and_the_figure_draws_the_busiest_burst(tmp_path):
     run = fig1.simulate(quick=True)
-    monkeypatch.setattr(fig1, "simulate", lambda quick=False: run)
-    data = fig1.figure_data(quick=True)
+    data = fig1.timeline_data(run)  # figure_data(quick) is timeline_data(simulate(quick))
     check_fig1_data(data, run)
     assert len(data.joins) and len(data.publications)  # the quick run still shows joins and a publication
-    fig = drawn_by_main(fig1, data, monkeypatch, tmp_path)
+    fig = drawn_by_main(fig1, data, tmp_path)
     check_fig1_drawn(fig, data)
     gap = data.roles.copy()
     gap.loc[gap.index[1], "start_s"] += 1.0  # a hole between two intervals of a cell
@@ -210,7 +207,7 @@ def check_fig2_drawn(fig, panels: dict) -> None:
         assert any(t.get_text().startswith(f"n = {hist.n:,}\nmean {hist.mean_h:.2f} h") for t in ax.texts)
 
 
-def test_fig2_histograms_count_every_execution_and_query_of_the_trace(monkeypatch, tmp_path):
+def test_fig2_histograms_count_every_execution_and_query_of_the_trace(tmp_path):
     from gyre.sim.traces.presets import generate_trace
 
     trace = generate_trace("nl2repo-122b", 200, np.random.default_rng(0), N=16)  # the simulator's own input
@@ -218,11 +215,11 @@ def test_fig2_histograms_count_every_execution_and_query_of_the_trace(monkeypatc
     assert execution_h.size == 200 * 16 and query_h.size == 200
     panels = fig2.figure_data(quick=True)
     check_fig2_data(panels, execution_h, query_h)
-    check_fig2_drawn(drawn_by_main(fig2, panels, monkeypatch, tmp_path), panels)
+    check_fig2_drawn(drawn_by_main(fig2, panels, tmp_path), panels)
     rejects(check_fig2_data, panels, execution_h[:-1], query_h)  # one execution too few
     rejects(check_fig2_data, panels, np.minimum(execution_h, 3.9), query_h)  # no timeout left
     flipped = dict(zip(panels, reversed(panels.values())))
-    rejects(check_fig2_drawn, drawn_by_main(fig2, panels, monkeypatch, tmp_path), flipped)
+    rejects(check_fig2_drawn, drawn_by_main(fig2, panels, tmp_path), flipped)
 
 
 # ---------------------------------------------------------------- figure 3: step times and speedup
@@ -257,12 +254,11 @@ def check_fig3_drawn(fig, data: fig3.SpeedupData) -> None:
     assert [list(line.get_ydata()) for line in bottom.lines if line not in curves] == [[1.0, 1.0]]
 
 
-def test_fig3_speedups_are_ratios_of_the_runs_step_end_times(monkeypatch, tmp_path):
+def test_fig3_speedups_are_ratios_of_the_runs_step_end_times(tmp_path):
     runs = fig3.simulate(quick=True)
-    monkeypatch.setattr(fig3, "simulate", lambda quick=False: runs)
-    data = fig3.figure_data(quick=True)
+    data = fig3.speedup_data(runs)  # figure_data(quick) is speedup_data(simulate(quick))
     check_fig3_data(data, runs)
-    fig = drawn_by_main(fig3, data, monkeypatch, tmp_path)
+    fig = drawn_by_main(fig3, data, tmp_path)
     check_fig3_drawn(fig, data)
     inverted = data.speedup.assign(speedup=1 / data.speedup["speedup"])
     rejects(check_fig3_data, dataclasses.replace(data, speedup=inverted), runs)
@@ -292,7 +288,7 @@ def check_fig4_drawn(fig, table: pd.DataFrame) -> None:
     assert texts == [f"{r:.2f}x  ({h:.1f} h)" for r, h in zip(table["ratio"].iloc[::-1], table["total_h"].iloc[::-1])]
 
 
-def test_fig4_ratios_are_totals_over_e0_and_e0_is_exactly_one(monkeypatch, tmp_path):
+def test_fig4_ratios_are_totals_over_e0_and_e0_is_exactly_one(tmp_path):
     from gyre.analysis.runs import run_from_result
     from gyre.sim.runner import run_simulation
 
@@ -302,7 +298,7 @@ def test_fig4_ratios_are_totals_over_e0_and_e0_is_exactly_one(monkeypatch, tmp_p
         reference[name] = steps["end_s"].max() / HOUR_S
     table = fig4.figure_data(quick=True)
     check_fig4_data(table, reference)
-    fig = drawn_by_main(fig4, table, monkeypatch, tmp_path)
+    fig = drawn_by_main(fig4, table, tmp_path)
     check_fig4_drawn(fig, table)
     rejects(check_fig4_data, table.assign(ratio=table["total_h"] / table["total_h"].mean()), reference)
     rejects(check_fig4_data, table.assign(total_h=table["total_h"] * 1.01), reference)  # ratios still agree
@@ -357,12 +353,11 @@ def check_fig5_drawn(fig, data: fig5.StalenessData) -> None:
 
 
 @pytest.mark.slow
-def test_fig5_shares_sum_to_one_and_their_means_are_the_theorem_means(monkeypatch, tmp_path):
+def test_fig5_shares_sum_to_one_and_their_means_are_the_theorem_means(tmp_path):
     runs = fig5.simulate(quick=True)
-    monkeypatch.setattr(fig5, "simulate", lambda quick=False: runs)
-    data = fig5.figure_data(quick=True)
+    data = fig5.staleness_data(runs)  # figure_data(quick) is staleness_data(simulate(quick))
     check_fig5_data(data, runs)
-    fig = drawn_by_main(fig5, data, monkeypatch, tmp_path)
+    fig = drawn_by_main(fig5, data, tmp_path)
     check_fig5_drawn(fig, data)
     tokens = data.bars["weight"] == "tokens"
     as_groups = data.bars.copy()
@@ -419,12 +414,11 @@ def check_fig6_drawn(fig, data: fig6.TheoremData) -> None:
     assert fig.get_suptitle() == data.title
 
 
-def test_fig6_measured_means_are_within_the_tolerance_of_the_predictions(monkeypatch, tmp_path):
+def test_fig6_measured_means_are_within_the_tolerance_of_the_predictions(tmp_path):
     report = fig6.simulate(quick=True)
-    monkeypatch.setattr(fig6, "simulate", lambda quick=False: report)
-    data = fig6.figure_data(quick=True)
+    data = fig6.theorem_data(report)  # figure_data(quick) is theorem_data(simulate(quick))
     check_fig6_data(data, report)
-    fig = drawn_by_main(fig6, data, monkeypatch, tmp_path)
+    fig = drawn_by_main(fig6, data, tmp_path)
     check_fig6_drawn(fig, data)
     off = data.grid.assign(measured=data.grid["measured"] + 2 * data.tolerance)
     rejects(check_fig6_data, dataclasses.replace(data, grid=off.assign(error=off["measured"] - off["predicted"])),
@@ -478,9 +472,8 @@ def test_fig7_prefix_graph_has_one_box_per_tree_node(monkeypatch, tmp_path):
     check_fig7_data(data)
     assert data.stats.roots > 1 and data.stats.leaves > data.stats.roots  # sub-agents, compactions, retries
     drawn, close = [], plt.close
-    monkeypatch.setattr(plt, "close", lambda fig=None: (drawn.append(fig), close(fig)))
-    monkeypatch.setattr(fig7, "figure_data", lambda quick=False: data)
-    paths = fig7.main(tmp_path, quick=True)
+    monkeypatch.setattr(plt, "close", lambda fig=None: (drawn.append(fig), close(fig)))  # matplotlib's, not ours
+    paths = fig7.main(tmp_path, quick=True, data=data)
     assert [p.name for p in paths] == ["fig7_prefix_graph.png", "fig7_prefix_graph.svg"] and len(drawn) == 2
     assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "<svg" in paths[1].read_text()
     for fig in drawn:
