@@ -49,12 +49,12 @@ def parse_pauses(text: str) -> dict[tuple[str, int], float]:
     return pauses
 
 
-def fault_pause(phase: str, version: int, log=None) -> float:
-    """Sleep as ``GYRE_FAULT_PAUSE`` asks for ``phase`` of ``version``; the seconds slept."""
+def fault_pause(phase: str, version: int, log=None, sleep=time.sleep) -> float:
+    """Sleep (``sleep``) as ``GYRE_FAULT_PAUSE`` asks for ``phase`` of ``version``; the seconds slept."""
     pauses = parse_pauses(os.environ.get(ENV, ""))
     seconds = pauses.get((phase, version), pauses.get((phase, ANY), 0.0))
     if seconds:
         if log is not None:
             log.warning("fault injection: %s of version %d sleeps %.1f s (%s)", phase, version, seconds, ENV)
-        time.sleep(seconds)
+        sleep(seconds)
     return seconds

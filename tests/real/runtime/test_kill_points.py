@@ -70,10 +70,9 @@ def test_pauses_hold_the_window_of_the_attempt_and_parse():
 
 def test_a_wildcard_pause_holds_every_number_and_an_exact_one_wins(monkeypatch):
     slept = []
-    monkeypatch.setattr("gyre.real.runtime.faults.time.sleep", slept.append)
     monkeypatch.setenv("GYRE_FAULT_PAUSE", "transition=4@*,transition=9@2")
-    assert [fault_pause("transition", n) for n in (1, 2, 3)] == [4.0, 9.0, 4.0]
-    assert fault_pause("step", 1) == 0.0 and slept == [4.0, 9.0, 4.0]
+    assert [fault_pause("transition", n, sleep=slept.append) for n in (1, 2, 3)] == [4.0, 9.0, 4.0]
+    assert fault_pause("step", 1, sleep=slept.append) == 0.0 and slept == [4.0, 9.0, 4.0]
     monkeypatch.setenv("GYRE_FAULT_PAUSE", "transition=4@x")
     with pytest.raises(ValueError, match="transition=4@x"):
         fault_pause("transition", 1)
