@@ -26,6 +26,11 @@ import pytest
 from gyre.cli import main
 from gyre.real.train.context import CellConfig
 
+try:
+    from ray_nodes import two_ray_nodes
+except ImportError:
+    from ..ray_nodes import two_ray_nodes
+
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
 LOOPBACK_ONLY = [name for _, name in socket.if_nameindex()] == ["lo"]
 pytestmark = [pytest.mark.timeout(300),
@@ -41,14 +46,8 @@ QWEN25_05B = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 48
 
 @pytest.fixture(scope="module")
 def address():
-    from ray.cluster_utils import Cluster as RayCluster
-
-    cluster = RayCluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 2,
-                                                               "include_dashboard": False})
-    cluster.add_node(num_cpus=1, num_gpus=2)
-    cluster.wait_for_nodes()
-    yield cluster.address
-    cluster.shutdown()
+    with two_ray_nodes({"num_cpus": 1, "num_gpus": 2}, {"num_cpus": 1, "num_gpus": 2}) as cluster:
+        yield cluster.address
 
 
 @pytest.fixture(scope="module")

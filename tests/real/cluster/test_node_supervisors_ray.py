@@ -35,8 +35,10 @@ import pytest
 
 try:
     from processes import alive, wait_until
+    from ray_nodes import two_ray_nodes
 except ImportError:
     from ..processes import alive, wait_until
+    from ..ray_nodes import two_ray_nodes
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
 LOOPBACK_ONLY = [name for _, name in socket.if_nameindex()] == ["lo"]
@@ -68,16 +70,9 @@ time.sleep(600)
 
 @pytest.fixture(scope="module")
 def cluster():
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"gyre_cell": 1},
-                                                            "include_dashboard": False})
-    try:
-        cluster.add_node(num_cpus=1, resources={"gyre_cell": 1})
-        cluster.wait_for_nodes()
+    with two_ray_nodes({"num_cpus": 1, "resources": {"gyre_cell": 1}}, {"num_cpus": 1, "resources": {"gyre_cell": 1}}) \
+            as cluster:
         yield cluster
-    finally:
-        cluster.shutdown()
 
 
 def job_ended(job_id: str) -> bool:

@@ -22,6 +22,11 @@ from gyre.sim.plan.space import Cluster, SearchSpace
 from gyre.sim.plan.study import PlanRequest, run_study
 from gyre.sim.sweep import parse_sweep, run_sweep
 
+try:
+    from ray_nodes import two_ray_nodes
+except ImportError:
+    from ..ray_nodes import two_ray_nodes
+
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
 LOOPBACK_ONLY = [name for _, name in socket.if_nameindex()] == ["lo"]
 pytestmark = [pytest.mark.timeout(300),
@@ -36,13 +41,8 @@ REQUEST = PlanRequest(workload=Workload("nl2repo-122b", steps=3, seeds=(0, 1)),
 
 @pytest.fixture(scope="module")
 def address():
-    from ray.cluster_utils import Cluster as RayCluster
-
-    cluster = RayCluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    yield cluster.address
-    cluster.shutdown()
+    with two_ray_nodes({"num_cpus": 1}, {"num_cpus": 1}) as cluster:
+        yield cluster.address
 
 
 def test_a_plan_on_ray_equals_the_local_plan_and_uses_both_nodes(address, tmp_path):

@@ -100,8 +100,10 @@ from gyre.real.harness.sandbox import netns_problem
 
 try:
     from processes import alive, all_gone, group_members, wait_until
+    from ray_nodes import two_ray_nodes
 except ImportError:
     from .processes import alive, all_gone, group_members, wait_until
+    from .ray_nodes import two_ray_nodes
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = 30
@@ -119,16 +121,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(960),
 @pytest.fixture(scope="module")
 def two_node_cluster():
     """A head and a second node process on this machine, stopped through its handle (never ``ray stop``)."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"gyre_cell": 1},
-                                                            "include_dashboard": False})
-    try:
-        cluster.add_node(num_cpus=4, resources={"gyre_cell": 2})
-        cluster.wait_for_nodes()
+    with two_ray_nodes({"num_cpus": 2, "resources": {"gyre_cell": 1}}, {"num_cpus": 4, "resources": {"gyre_cell": 2}}) \
+            as cluster:
         yield cluster
-    finally:
-        cluster.shutdown()
 
 
 def test_cpu_demo_placed_across_two_ray_nodes(tmp_path, two_node_cluster):
