@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 
 import pytest
 
 try:
+    from held_calls import held
     from proxy_fixtures import ScriptedEngine, ServerThread, build_tiny_tokenizer, parse_sse, proxy_config
     from proxy_fixtures import shared_tiny_dir, start_proxy
 except ImportError:
+    from ..held_calls import held
     from .proxy_fixtures import (ScriptedEngine, ServerThread, build_tiny_tokenizer, parse_sse,  # noqa: F401
                                  proxy_config, shared_tiny_dir, start_proxy)
 
@@ -66,29 +67,19 @@ def _dechunk(body: bytes) -> bytes:
 
 
 def test_the_last_step_is_held_until_the_record_is_durable_then_sent_whole(stack):
-    group = stack["server"].recorder.group
-    reached, release = threading.Event(), threading.Event()
-    append = group.journal.append
-
-    def held_append(entries):
-        reached.set()
-        release.wait(30)
-        return append(entries)
-
-    group.journal.append = held_append
-    sock = _send_stream_request(stack["url"])
-    try:
-        assert reached.wait(10), "the record never reached the commit journal"
-        sock.settimeout(0.3)
-        with pytest.raises(socket.timeout):
-            early = sock.recv(65536)
-            pytest.fail(f"sent before the record was durable: {early[:200]!r}")
-        release.set()
-        sock.settimeout(10)
-        raw = _read_all(sock)
-    finally:
-        release.set()
-        sock.close()
+    with held(stack["server"].recorder.group.journal, "append") as (reached, release):
+        sock = _send_stream_request(stack["url"])
+        try:
+            assert reached.wait(10), "the record never reached the commit journal"
+            sock.settimeout(0.3)
+            with pytest.raises(socket.timeout):
+                early = sock.recv(65536)
+                pytest.fail(f"sent before the record was durable: {early[:200]!r}")
+            release.set()
+            sock.settimeout(10)
+            raw = _read_all(sock)
+        finally:
+            sock.close()
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), head
     events = parse_sse(_dechunk(body))

@@ -18,9 +18,11 @@ import urllib.request
 import pytest
 
 try:
+    from held_calls import held
     from proxy_fixtures import ScriptedEngine, ServerThread, build_tiny_tokenizer, proxy_config, shared_tiny_dir
     from proxy_fixtures import start_proxy
 except ImportError:
+    from ..held_calls import held
     from .proxy_fixtures import (ScriptedEngine, ServerThread, build_tiny_tokenizer, proxy_config,  # noqa: F401
                                  shared_tiny_dir, start_proxy)
 
@@ -60,18 +62,9 @@ def test_a_stalled_disk_fails_only_the_calls_it_holds_and_within_the_timeout(sta
     recorder = stack["server"].recorder
     # the seam every record passes: the commit journal's write, or without fsync the log's append
     group = recorder.group.journal if recorder.group is not None else recorder.store
-    stalled, release = threading.Event(), threading.Event()
-    append = group.append
-
-    def hung_append(entries):
-        stalled.set()
-        release.wait(30)
-        return append(entries)
-
-    group.append = hung_append
     outcome: dict = {}
     caller = threading.Thread(target=lambda: outcome.update(call=request(stack["url"], "/v1/messages", CALL)))
-    try:
+    with held(group, "append") as (stalled, release):
         caller.start()
         assert stalled.wait(10), "the call never reached the records disk"
         status, body, elapsed = request(stack["url"], "/")
@@ -82,9 +75,6 @@ def test_a_stalled_disk_fails_only_the_calls_it_holds_and_within_the_timeout(sta
         assert status == 503 and body["type"] == "error", body
         assert "did not finish writing" in body["error"]["message"]
         assert TIMEOUT_S * 0.8 <= elapsed < TIMEOUT_S + 3, elapsed
-    finally:
-        release.set()
-        group.append = append
     status, body, _ = request(stack["url"], "/v1/messages", CALL)
     assert status == 200, body
     deadline = time.time() + 10

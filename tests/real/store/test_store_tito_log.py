@@ -23,6 +23,11 @@ from gyre.real.store.commit_journal import HEAD_MAGIC, JOURNAL_NAME
 from gyre.real.store.durable import Disk
 from gyre.real.store.tito_log import ExecutionStore, RecordLog, TornTailWarning, encode_frame, read_records
 
+try:
+    from held_calls import held
+except ImportError:
+    from ..held_calls import held
+
 
 def record(i: int, execution: str = "e1", size: int = 50) -> ModelCall:
     rng = np.random.default_rng(i)
@@ -546,24 +551,16 @@ def test_closing_a_group_commit_on_a_stalled_disk_returns_within_its_timeout(tmp
     from gyre.real.store.group_commit import GroupCommit
 
     group = GroupCommit(ExecutionStore(tmp_path, fsync=True, preallocate=False))
-    stalled, release = threading.Event(), threading.Event()
-    append = group.journal.append
-
-    def hung_append(entries):
-        stalled.set()
-        release.wait(30)
-        return append(entries)
-
-    group.journal.append = hung_append
     acknowledged = threading.Event()
-    group.submit(record(0, "e1"), lambda error: acknowledged.set())
-    assert stalled.wait(10)
-    start = time.monotonic()
-    assert group.close(timeout_s=0.2) is False
-    assert time.monotonic() - start < 2
-    release.set()
-    assert acknowledged.wait(10)
-    group._thread.join(10)
+    with held(group.journal, "append") as (stalled, release):
+        group.submit(record(0, "e1"), lambda error: acknowledged.set())
+        assert stalled.wait(10)
+        start = time.monotonic()
+        assert group.close(timeout_s=0.2) is False
+        assert time.monotonic() - start < 2
+        release.set()
+        assert acknowledged.wait(10)
+        group._thread.join(10)
     group.journal.close()  # what a process exit does to the lock the stalled group kept
     reopened = GroupCommit(ExecutionStore(tmp_path, fsync=True, preallocate=False))
     assert reopened.close() is True
