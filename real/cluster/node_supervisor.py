@@ -92,6 +92,14 @@ class NodeSupervisorHost:
         return {"node_id": self.node_id, "actor_pid": os.getpid(), "daemon_pid": self.client.pid,
                 "folder": str(self.client.folder), "reused": self.reused}
 
+    def engine_env(self, spec: Any, placed: dict[str, str]) -> dict[str, str]:
+        """An SGLang engine's environment on this node, as a node agent gives it (``agent.NodeAgent.start_engine``):
+        ``engines.manager.launch_env`` read here, without what Ray sets in actors, plus ``placed`` (the
+        interface, the cell's GPUs: ``agent.NodeAgent.placed``)."""
+        from gyre.real.engines.manager import launch_env
+
+        return {**{k: v for k, v in launch_env(spec).items() if k not in RAY_SET}, **placed}
+
     def call(self, op: str, timeout: float, fields: dict[str, Any]) -> Any:
         """One request to the daemon; a spawn without ``env`` gets this node's environment."""
         if op == "spawn" and fields.get("env") is None:
@@ -150,6 +158,16 @@ class RemoteSupervisor:
 
         return ray.get(self.actor.describe.remote(), timeout=CALL_TIMEOUT_S)
 
+    def engine_env(self, spec: Any, placed: dict[str, str]) -> dict[str, str]:
+        """An engine's environment built on this node (``NodeSupervisorHost.engine_env``)."""
+        import ray
+
+        try:
+            return ray.get(self.actor.engine_env.remote(spec, placed), timeout=CALL_TIMEOUT_S)
+        except ray.exceptions.RayActorError as exc:
+            raise SupervisorGone(f"the supervisor of node {self.node_id} ({self.folder}) is gone: "
+                                 f"{type(exc).__name__}") from None
+
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop what the daemon owns and the daemon; True once the actor has ended with it."""
         try:
@@ -157,6 +175,18 @@ class RemoteSupervisor:
         except SupervisorGone:
             return True
         return _actor_gone_within(self.actor, timeout)
+
+
+def _host(run_dir: str | os.PathLike, node: str, grace_s: float, lease_s: float) -> RemoteSupervisor:
+    """The node's detached host actor (module docstring), created unless one of its name lives."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    folder = node_folder(run_dir, node)
+    return RemoteSupervisor(node, folder, ray.remote(NodeSupervisorHost).options(
+        name=actor_name(run_dir, node), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+        num_cpus=0, max_concurrency=32, max_restarts=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(str(folder), grace_s, lease_s))
 
 
 def _actor_gone_within(actor: Any, timeout: float) -> bool:
@@ -188,32 +218,39 @@ class NodeSupervisors:
 
     ``supervisors[node]`` is None for a node whose supervisor is gone (found, not opened)."""
 
-    def __init__(self, run_dir: str | os.PathLike, supervisors: dict[str, RemoteSupervisor | None]) -> None:
+    def __init__(self, run_dir: str | os.PathLike, supervisors: dict[str, RemoteSupervisor | None],
+                 grace_s: float = 0.0, lease_s: float = LEASE_S) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.supervisors = supervisors
+        self.grace_s, self.lease_s = grace_s, lease_s  # what ``reopen`` starts a node's supervisor with
         self.renewers: list[LeaseRenewer] = []
+        self._every_s: float | None = None
 
     @classmethod
     def open(cls, run_dir: str | os.PathLike, node_ids: list[str], grace_s: float,
-             lease_s: float = LEASE_S) -> NodeSupervisors:
-        """Each node's supervisor, created unless its actor lives (then: the same actor, re-attached)."""
+             lease_s: float = LEASE_S, known: list[str] = ()) -> NodeSupervisors:
+        """Each node's supervisor, created unless its actor lives (then: the same actor, re-attached); and the
+        live supervisors of the ``known`` nodes a killed attempt used (``recorded_nodes``), found, not created:
+        what they still run can be adopted. ``cluster.json`` names them all."""
         import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        host = ray.remote(NodeSupervisorHost)
-        handles = {}
-        for node in node_ids:
-            folder = node_folder(run_dir, node)
-            handles[node] = RemoteSupervisor(node, folder, host.options(
-                name=actor_name(run_dir, node), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                num_cpus=0, max_concurrency=32, max_restarts=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
-                .remote(str(folder), grace_s, lease_s))
+        handles = {node: _host(run_dir, node, grace_s, lease_s) for node in node_ids}
         for supervisor in handles.values():
             supervisor.describe()  # up and listening (a daemon that cannot start fails here, naming why)
+        handles.update(cls.find(run_dir, [node for node in known if node not in handles]).live())
         record = Path(run_dir).resolve() / SUPERVISOR_DIR / NODES_DIR / CLUSTER_FILE
-        record.write_text(json.dumps({"address": ray.get_runtime_context().gcs_address, "nodes": node_ids}))
-        return cls(run_dir, handles)
+        record.write_text(json.dumps({"address": ray.get_runtime_context().gcs_address, "nodes": list(handles)}))
+        return cls(run_dir, dict(handles), grace_s, lease_s)
+
+    def reopen(self, node: str) -> RemoteSupervisor:
+        """A new supervisor for ``node`` whose supervisor is gone (its lease renewed as the others'); its
+        ledger goes on in the same folder, so a key started again counts a second start."""
+        supervisor = _host(self.run_dir, node, self.grace_s, self.lease_s)
+        supervisor.describe()
+        self.supervisors[node] = supervisor
+        if self._every_s is not None:
+            self.renewers.append(LeaseRenewer(supervisor, self._every_s).start())  # type: ignore[arg-type]
+        return supervisor
 
     @classmethod
     def find(cls, run_dir: str | os.PathLike, node_ids: list[str]) -> NodeSupervisors:
@@ -238,6 +275,7 @@ class NodeSupervisors:
 
     def renew_leases(self, every_s: float) -> NodeSupervisors:
         """Renew every live supervisor's lease from a thread each, every ``every_s`` seconds, until ``release``."""
+        self._every_s = every_s
         self.renewers = [LeaseRenewer(s, every_s).start() for s in self.live().values()]  # type: ignore[arg-type]
         return self
 
@@ -245,13 +283,22 @@ class NodeSupervisors:
         """Stop renewing: the supervisors run on until their lease and grace expire (a resume re-attaches)."""
         for renewer in self.renewers:
             renewer.stop()
-        self.renewers = []
+        self.renewers, self._every_s = [], None
 
     def stop(self, timeout: float = 30.0) -> dict[str, bool]:
         """Stop every live supervisor with what it owns (its actor ends with it); per node, whether it ended."""
         self.release()
         return {node: s.stop(timeout) for node, s in self.live().items()}
 
+
+
+def recorded_nodes(run_dir: str | os.PathLike) -> list[str]:
+    """The nodes whose supervisors the run opened (its ``cluster.json``); none when it has no readable one."""
+    record = Path(run_dir).resolve() / SUPERVISOR_DIR / NODES_DIR / CLUSTER_FILE
+    try:
+        return [str(node) for node in json.loads(record.read_text())["nodes"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 def stop_on_cluster(run_dir: str | os.PathLike, timeout: float = 60.0) -> list[str]:

@@ -35,9 +35,12 @@ Invariants: nothing here runs unless a job has a ``[cluster]`` table (Ray is
 imported lazily, only on this path); every address is a node's address on the
 configured interface (or Ray's), never 0.0.0.0; ``close`` kills every process
 the agents started, then the agents and the placement groups, and is
-idempotent; a job killed outright leaves nothing either: its agents are
-non-detached actors Ray ends with the driver, and their processes carry a
-parent-death signal (``cluster.agent``).
+idempotent; a job killed outright leaves nothing of the agents either: they
+are non-detached actors Ray ends with the driver, and their processes carry a
+parent-death signal (``cluster.agent``). What ``gyre run`` keeps past its
+driver (the engines) runs under the node supervisors ``open_supervisors``
+opens (``cluster.node_supervisor``, ``cluster.node_engines``), not under the
+agents: ``close`` stops them too, unless told to keep them for a resume.
 """
 
 from __future__ import annotations
@@ -150,7 +153,7 @@ class Placement:
         self._connected = False
 
     # ---- opening -------------------------------------------------------------------------------
-    def open(self, *, cells: int, tp: int, engines: dict[Hashable, str], gpus: int = 0) -> "Placement":
+    def open(self, *, cells: int, tp: int, engines: dict[Hashable, str], gpus: int = 0) -> Placement:
         """Connect, place ``cells`` cells of ``tp`` ranks (and ``gpus`` GPUs each, for a CUDA job); ``engines``
         maps a cell (int) to its engine id, any other key (a separate pool) to an engine in a group of its own."""
         import ray
@@ -226,14 +229,18 @@ class Placement:
         """The node ids the job's groups sit on, in order of first use."""
         return list(dict.fromkeys(g.node_id for g in [*self.cells.values(), *self.engine_groups.values()]))
 
-    def open_supervisors(self, run_dir: str | os.PathLike, grace_s: float, lease_s: float | None = None) -> Any:
-        """One supervisor per node the job uses (``node_supervisor``: detached actors, found again by a resumed
-        driver), their leases renewed until ``close``; what a node runs past the driver goes through them."""
+    def open_supervisors(self, run_dir: str | os.PathLike, grace_s: float, lease_s: float | None = None,
+                         known: list[str] = (), nodes: list[str] | None = None) -> Any:
+        """One supervisor per node the job uses (``nodes``, default ``nodes()``; ``node_supervisor``: detached
+        actors, found again by a resumed driver), and the live ones of the ``known`` nodes a killed attempt
+        used, their leases renewed until ``close``; what a node runs past the driver goes through them."""
         from gyre.real.cluster.node_supervisor import NodeSupervisors
         from gyre.real.supervisor.daemon import LEASE_S
 
         lease_s = LEASE_S if lease_s is None else lease_s
-        self.supervisors = NodeSupervisors.open(run_dir, self.nodes(), grace_s, lease_s).renew_leases(lease_s / 4)
+        nodes = self.nodes() if nodes is None else nodes
+        self.supervisors = NodeSupervisors.open(run_dir, nodes, grace_s, lease_s, known) \
+            .renew_leases(lease_s / 4)
         return self.supervisors
 
     # ---- what the plane and the engine manager call ------------------------------------------------
@@ -259,6 +266,14 @@ class Placement:
 
         group = self.engine_groups[engine_id]
         return group.address, ray.get(group.agent.free_port.remote(), timeout=self.config.start_timeout_s)
+
+    def engine_env(self, engine_id: str) -> dict[str, str]:
+        """What the node agent of engine ``engine_id``'s group adds to an engine's environment (its node's
+        interface, the cell's GPUs: ``agent.NodeAgent.placed``); a launcher other than the agent gives it too."""
+        import ray
+
+        group = self.engine_groups[engine_id]
+        return ray.get(group.agent.placed.remote(), timeout=self.config.start_timeout_s)
 
     def start_engine(self, spec: Any, python: Path, log_path: Path) -> RemoteProcess:
         import ray

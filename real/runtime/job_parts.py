@@ -12,7 +12,10 @@ I/O the configuration itself never does.
 
 The harnesses, their sandbox bridge, the proxy and (without a Ray cluster) the
 SGLang engines run under the run folder's supervisor (``real.supervisor``),
-started or reused right after the folder is opened: a resumed run adopts the
+started or reused right after the folder is opened; on a Ray cluster each
+engine runs under its node's supervisor (a detached actor per node that hosts
+an engine, opened with the placement: ``cluster.node_engines``), the cells
+with the node agents. A resumed run adopts the
 engines and the proxy a killed attempt left (same pids and ports; each engine
 then loads the version the resume restores), starts again on the proxy's
 ports the engines that died, and attaches to the harnesses still running.
@@ -20,8 +23,8 @@ ports the engines that died, and attaches to the harnesses still running.
 Invariants: nothing starts before the layout is known to be runnable; every
 process started here is stopped by ``close`` (harnesses, engines, cells,
 proxy, placement) and the folder's lock released, except, after a failure,
-what the supervisor owns (harnesses, bridge, proxy, engines: kept for a resume, and
-stopped by the supervisor itself once its lease has been expired for the
+what the supervisors own (harnesses, bridge, proxy, engines: kept for a resume, and
+stopped by each supervisor itself once its lease has been expired for the
 job's ``supervisor_grace_s``); the engine watch serves
 the backend (its newest publication, the one in flight, the proxy's gate)
 only once both exist.
@@ -115,8 +118,8 @@ class JobParts:
             raise ValueError(f"job layout: {self.layout.runnable_problem()}")
         from gyre.real.runtime.resume import open_run_folder
 
-        if self.resume is None:
-            stop_stale_supervisor(self.work)  # a killed run's harnesses on this folder: not this run's
+        if self.resume is None:  # a killed run's harnesses (and node supervisors) on this folder: not this run's
+            stop_stale_supervisor(self.work, cluster=self.job.cluster is not None)
         self.lock = open_run_folder(self.job, self.resume)  # fresh: wiped, job.json; resumed: old work moved aside
         self._start_supervisor()
         t0 = time.monotonic()
@@ -190,7 +193,8 @@ class JobParts:
             gpus = self.layout.gpus_per_cell if self.layout is not None else 0  # a CUDA job's cells hold their GPUs
             placement = self.placement = Placement(cluster, progress=self.say).open(cells=cfg.K, tp=tp,
                                                                                     engines=by_cell, gpus=gpus)
-            plane.launcher = engines.launcher = placement
+            plane.launcher = placement
+            engines.launcher = self._node_engines(placement)
         else:  # alone: the engines are the supervisor's, they outlive this process (supervisor.engines)
             from gyre.real.supervisor.engines import SupervisedEngines
 
@@ -204,6 +208,20 @@ class JobParts:
         (self.work / "cells.json").write_text(json.dumps({str(c): i for c, i in enumerate(self.cells)}, default=str))
         return plane, engines
 
+    def _node_engines(self, placement: Placement):
+        """The engines' launcher on a cluster: the supervisors of the nodes that host an engine, opened (on a
+        resume: found again, with the live ones of every node the killed attempt used)."""
+        from gyre.real.cluster.node_engines import NodeEngines
+        from gyre.real.cluster.node_supervisor import recorded_nodes
+
+        grace_s = self.job.harness.supervisor_grace_s
+        nodes = list(dict.fromkeys(g.node_id for g in placement.engine_groups.values()))
+        supervisors = placement.open_supervisors(self.work, grace_s, nodes=nodes,
+                                                 known=recorded_nodes(self.work) if self.resume is not None else [])
+        self.say(f"node supervisors on {len(supervisors.live())} node(s) run the engines (they stop them "
+                 f"{grace_s:g} s after this process stops renewing their leases)")
+        return NodeEngines(placement, supervisors)
+
     def _start_engines(self, plane: TrainingPlane, engines: EngineManager, tokenizer: Path) -> Path:
         """One SGLang engine per rollout cell (and the separate pool), serving the plane's version-0 weights."""
         model = self.work / "engine-model"  # a resumed run's engines start from it (runtime.restore loads the newest)
@@ -214,8 +232,8 @@ class JobParts:
         ports = self._adoptable_proxy_ports()  # a resumed run's engines come back where the proxy waits for them
         adopted = []
         for cell, name in self.names.items():
-            host, port = self.placement.engine_endpoint(name) if self.placement is not None \
-                else (HOST, ports.get(name) or free_port())
+            host, free = self.placement.engine_endpoint(name) if self.placement is not None else (HOST, 0)
+            port = ports.get(name) or free or free_port()
             extra = SMALL_ENGINE if self.layout is None else self.layout.engine_args(
                 cell, placed=self.placement is not None)
             spec = EngineSpec(engine_id=name, model_path=str(model), port=port, host=host, cpu=self.layout is None,
@@ -361,7 +379,8 @@ class JobParts:
         if self.plane is not None:
             self.plane.close()
         if self.placement is not None:
-            self.placement.close()  # whatever the node agents still run, then the agents and placement groups
+            # the node supervisors (with the engines, unless kept), what the node agents still run, the agents
+            self.placement.close(keep_supervisors=self.keep_supervisor)
         if self.lock is not None:
             os.close(self.lock)
 
@@ -390,9 +409,10 @@ async def _run_until_failure(controller, backend, plane, job, wiring) -> None:
         raise
 
 
-def stop_stale_supervisor(work: Path) -> None:
-    """Stop a supervisor a killed run left on ``work`` (with its harnesses) before a fresh run wipes it;
-    ResumeError, touching nothing, when a live job holds the folder."""
+def stop_stale_supervisor(work: Path, cluster: bool = False) -> None:
+    """Stop a supervisor a killed run left on ``work`` (with its harnesses; with ``cluster``, its node
+    supervisors too) before a fresh run wipes it; ResumeError, touching nothing, when a live job holds the
+    folder."""
     from gyre.real.runtime.resume import refuse_if_held
     from gyre.real.supervisor.client import SUPERVISOR_DIR
 
@@ -402,6 +422,10 @@ def stop_stale_supervisor(work: Path) -> None:
     stale = SupervisorClient.find(work / SUPERVISOR_DIR)
     if stale is not None:
         stale.stop()
+    if cluster:
+        from gyre.real.cluster.node_supervisor import stop_on_cluster
+
+        stop_on_cluster(work)
 
 
 def _initial_model(plane, tokenizer_dir: Path, work: Path) -> Path:

@@ -18,6 +18,13 @@ a manager's stop as a driver's kill), or straight to it once the supervisor
 no longer runs it. ``running_engine(ID)``
 hands a resumed manager the engine the supervisor still runs (``adopt``).
 
+On a Ray cluster the client is a node's supervisor reached through its actor
+(``cluster.node_supervisor.RemoteSupervisor``, the same ``call``), the
+environment is built on that node (``environment``), and the engine's
+processes are not this machine's (``local=False``): with its supervisor gone,
+an engine reads as killed (it died with it: parent-death signals), and a
+signal goes only through the supervisor.
+
 Invariants: at most one process per engine id (the supervisor's key); a
 launch never attaches to a running engine by accident (it is stopped first:
 only ``running_engine`` adopts); a supervisor that does not answer leaves
@@ -32,7 +39,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gyre.real.engines.manager import EngineError, EngineSpec, launch_env, reaped_command
 from gyre.real.supervisor.client import CALL_TIMEOUT_S, SupervisorClient, SupervisorGone
@@ -66,14 +73,14 @@ def _group_alive(pgid: int) -> bool:
 class SupervisedProcess:
     """An engine process the supervisor owns, seen through the ``subprocess.Popen`` calls of the manager."""
 
-    def __init__(self, client: SupervisorClient, key: str, pid: int) -> None:
-        self.client, self.key, self.pid = client, key, pid
+    def __init__(self, client: SupervisorClient, key: str, pid: int, local: bool = True) -> None:
+        self.client, self.key, self.pid, self.local = client, key, pid, local
 
     def poll(self) -> int | None:
         try:
             entry = self.client.call("status", key=self.key)
         except SupervisorGone:  # its processes die with it (parent-death signal): ended once its group is empty
-            return None if _group_alive(self.pid) else -signal.SIGKILL
+            return None if self.local and _group_alive(self.pid) else -signal.SIGKILL
         if entry is not None and int(entry["pid"]) != self.pid:
             return -signal.SIGKILL  # started again under the key since: this process is gone
         return _exit_code(entry)
@@ -101,14 +108,17 @@ class SupervisedProcess:
                 return
         except SupervisorGone:
             pass
+        if not self.local:  # another node's process: gone with its supervisor, or reachable only through it
+            raise ProcessLookupError(f"{self.key} (pid {self.pid}): its node's supervisor does not run it")
         os.killpg(self.pid, sig)
 
 
 class SupervisedEngines:
     """The engine manager's launcher under the run's supervisor (module docstring)."""
 
-    def __init__(self, client: SupervisorClient) -> None:
-        self.client = client
+    def __init__(self, client: SupervisorClient, environment: Callable[[EngineSpec], dict[str, str]] = launch_env,
+                 local: bool = True) -> None:
+        self.client, self.environment, self.local = client, environment, local
 
     def start_engine(self, spec: EngineSpec, python: Path, log_path: Path) -> SupervisedProcess:
         key = engine_key(spec.engine_id)
@@ -116,11 +126,11 @@ class SupervisedEngines:
             if self._running(key) is not None:  # a launch is never an adoption (module docstring)
                 self.client.call("kill", key=key, grace_s=KILL_GRACE_S, timeout=2 * KILL_GRACE_S + CALL_TIMEOUT_S)
             Path(log_path).write_text("")  # a fresh log per process, as the manager's own launch
-            answer = self.client.call("spawn", key=key, argv=reaped_command(spec, python), env=launch_env(spec),
+            answer = self.client.call("spawn", key=key, argv=reaped_command(spec, python), env=self.environment(spec),
                                       cwd=str(Path(log_path).parent), log=str(log_path), again=True)
         except (SupervisorGone, RuntimeError) as exc:
             raise EngineError(f"engine {spec.engine_id!r}: the supervisor could not start it: {exc}") from None
-        return SupervisedProcess(self.client, key, int(answer["entry"]["pid"]))
+        return SupervisedProcess(self.client, key, int(answer["entry"]["pid"]), self.local)
 
     def running_engine(self, engine_id: str) -> SupervisedProcess | None:
         """The engine the supervisor runs now under ``engine_id`` (a resumed job adopts it), or None."""
@@ -129,7 +139,7 @@ class SupervisedEngines:
             entry = self._running(key)
         except SupervisorGone:
             return None
-        return None if entry is None else SupervisedProcess(self.client, key, int(entry["pid"]))
+        return None if entry is None else SupervisedProcess(self.client, key, int(entry["pid"]), self.local)
 
     def _running(self, key: str) -> dict[str, Any] | None:
         entry = self.client.call("status", key=key)
