@@ -245,8 +245,18 @@ class NodeSupervisors:
     def reopen(self, node: str) -> RemoteSupervisor:
         """A new supervisor for ``node`` whose supervisor is gone (its lease renewed as the others'); its
         ledger goes on in the same folder, so a key started again counts a second start."""
-        supervisor = _host(self.run_dir, node, self.grace_s, self.lease_s)
-        supervisor.describe()
+        import ray
+
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while True:  # the lost actor's name is freed only once Ray has seen it die
+            supervisor = _host(self.run_dir, node, self.grace_s, self.lease_s)
+            try:
+                supervisor.describe()
+                break
+            except ray.exceptions.RayActorError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
         self.supervisors[node] = supervisor
         if self._every_s is not None:
             self.renewers.append(LeaseRenewer(supervisor, self._every_s).start())  # type: ignore[arg-type]
