@@ -288,12 +288,27 @@ class Placement:
     # ---- describing and closing -----------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """Where everything runs (summary.json's ``placement``): each group's node, address and the
-        processes its agent started (name -> pid; an engine's name carries its engine id)."""
+        processes its agent started (name -> pid), each engine's group, and what each node supervisor
+        runs and started again (``_supervision``)."""
         return {"head": dict(self.head), "driver": "head",
                 "cells": {c: {"node_id": g.node_id, "address": g.address, "hostname": g.hostname,
                               **({"gpus": list(g.gpus)} if g.gpus else {}),
                               "processes": dict(self.started.get(g.name, {}))} for c, g in self.cells.items()},
-                "engines": {e: {"node_id": g.node_id, "address": g.address} for e, g in self.engine_groups.items()}}
+                "engines": {e: {"node_id": g.node_id, "address": g.address} for e, g in self.engine_groups.items()},
+                "supervisors": self._supervision()}
+
+    def _supervision(self) -> dict[str, dict[str, Any]]:
+        """Per node supervisor: the processes it runs now (key -> pid) and, per key started more than once, why
+        each earlier run did not count (``supervisor.ledger.restarts``: e.g. its supervisor was lost)."""
+        from gyre.real.supervisor.daemon import LEDGER_NAME
+        from gyre.real.supervisor.ledger import RUNNING, read_records, restarts
+
+        if self.supervisors is None:
+            return {}
+        view = self.supervisors.view()
+        return {node: {"running": {k: e.pid for k, e in view[node].items() if e.state == RUNNING},
+                       "restarted": restarts(read_records(Path(s.folder) / LEDGER_NAME))}
+                for node, s in self.supervisors.live().items()}
 
     def describe_lines(self) -> list[str]:
         nodes = sorted({g.node_id for g in self.cells.values()})

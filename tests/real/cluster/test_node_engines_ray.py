@@ -13,7 +13,8 @@ health checks and restart run for real). Checked, in order:
 - the loss of one node's supervisor (SIGKILL of its actor's process) takes that node's
   engine with it, and the manager reads it as killed (SIGKILL), not as running; the other
   engine runs on; the manager's restart opens a new supervisor on that node and starts the
-  engine there again, healthy (the node's ledger counts a second start);
+  engine there again, healthy (the node's ledger counts a second start, and the placement's
+  description, summary.json's ``placement``, names it as started again);
 - an engine whose group moved to the other node (a resumed placement) is found where it
   runs, and launched on its new node only after the old node's process is stopped: at most
   one process per engine id;
@@ -108,6 +109,8 @@ def test_engines_run_under_their_nodes_supervisors_and_come_back_after_a_loss(tm
         again = supervisors.view()[node["e1"]]["engine-e1"]
         assert (again.state, again.starts, again.pid) == (RUNNING, 2, manager.engines["e1"].process.pid)
         assert again.pid != lost
+        restarted = placement.describe()["supervisors"][node["e1"]]["restarted"]  # summary.json's placement
+        assert list(restarted) == ["engine-e1"] and len(restarted["engine-e1"]) == 1, restarted
         pids.append(again.pid)
 
         moved = dataclasses.replace(placement.engine_groups["e0"], node_id=node["e1"])  # a resumed placement

@@ -197,6 +197,8 @@ def test_cpu_demo_placed_across_two_ray_nodes(tmp_path, two_node_cluster):
         assert roster[f"e{c}"]["pid"] == kill.engines[f"engine-e{c}"] == engine_entries(work)[f"engine-e{c}"][1]
         assert roster[f"e{c}"]["url"].startswith("http://127.0.0.1:")
     assert {key: starts for key, (starts, _) in engine_entries(work).items()} == {f"engine-e{c}": 1 for c in cells}
+    assert {k: pid for n in p["supervisors"].values() for k, pid in n["running"].items()} == kill.engines
+    assert all(n["restarted"] == {} for n in p["supervisors"].values()), p["supervisors"]
     pids = [pid for c in cells.values() for pid in c["processes"].values()] + list(kill.engines.values())
     assert all_gone(pids + kill.daemons, within_s=30), [pid for pid in pids + kill.daemons if alive(pid)]
 
