@@ -15,8 +15,10 @@ C_e = 16, N = 4, B = 2, phi = 1.0, mu = 2, lr = 1e-2; 30 steps = 15 bursts) with
 ADDRESS``, as a subprocess on the head, with only the work directories moved under tmp_path.
 Each cell's placement group takes one ``gyre_cell``, so the three cells cannot all fit on one
 node: they land on both, whichever way Ray packs them. ~5-6 min on a quiet machine (~65-100 s
-start-up, ~145 s of steps, ~55 s of shutdown and the simulator's calibration; the kill and
-resume below add ~35 s: the resumed start-up adopts the engines instead of starting them).
+start-up, ~145 s of steps, ~55 s of shutdown and the simulator's calibration). The kill and
+resume below add the resumed start-up (32 s here, against 68 s fresh: the engines are
+adopted, not started) and the steps redone since the checkpoint (one here); the whole test
+took 283 s and 221 s in two runs on the shared 2-core machine (load 1.5-10).
 
 The run is killed once (issue 29): as soon as the journal shows the first burst's publication
 done and a step open with harnesses running, ``gyre run --cluster``'s process group is
@@ -29,11 +31,12 @@ harnesses it kept went on (same pid, started once, records continued in the same
 harness was restarted without cause; every execution ends exactly once under its id (those
 running at the kill among them); ``StepDone`` versions 0..29 once each in order; every group
 trained exactly once; no recorded call lost or doubled; each engine was started once, by its
-node's supervisor, and adopted by the resume (same pid); the clean end stops the node
+node's supervisor, and adopted by the resume (same pid; summary.json's ``placement`` lists them
+running under their node supervisors, none started again); the clean end stops the node
 supervisors with their engines. The kill's row (re-attached, kept, re-run, saved
 execution-seconds, processes found) is printed. Measured here (2 cores shared, load ~1.5-7):
 kill at version 2 (3 events past the checkpoint), 0 re-attached, 2 kept, 0 re-run, 7.2
-execution-s saved, 24 processes found; resumed start-up 32 s against 68 s fresh. What a
+execution-s saved, 24 processes found (another run: 3 kept, 10.1 s, 23 found). What a
 resume changes is scoped to the attempt it describes: the progress lines and the completed
 executions counted are the resumed attempt's (it redoes the steps after its checkpoint). The
 calibration's comparison needed no scoping: the resumed lineage's step reports and trace
