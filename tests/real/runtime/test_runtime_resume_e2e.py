@@ -50,7 +50,10 @@ recorded call is lost or doubled: every record file seen at a kill is still
 there, in ``records/`` or under ``attempts/``, with the same calls in the
 same order, and no file holds a call twice. The test prints the per-kill
 table (``kill_points.kill_table``): moment, re-attached, harnesses kept,
-re-run, execution-seconds of harness work kept, processes found.
+re-run, execution-seconds of harness work kept, processes found. Re-attached
+is 0 in every row by the job's shape: the only cell trains at each checkpoint,
+so no execution runs at P; the harnesses kept are those dispatched after P
+(re-attachment at P: test_runtime_reattach_at_p.py).
 """
 
 from __future__ import annotations
