@@ -20,7 +20,9 @@ number of model calls the proxy has open (its admin listing):
 - ``mid-model-call``: at least one model call is open at the proxy.
 
 ``kill_table`` renders the per-kill rows the test prints and puts in its
-failure messages.
+failure messages; ``resume_columns`` fills a row's columns from its resume's
+record (``at P``: how many executions ran at the checkpoint the resume took,
+the ones it could re-attach).
 """
 
 from __future__ import annotations
@@ -92,7 +94,19 @@ def saved_seconds(running: dict[str, float], now: float) -> float:
     return sum(max(0.0, now - started) for started in running.values())
 
 
-COLUMNS = ("kill", "what", "moment", "re-attached", "kept", "re-run", "saved exec-s", "processes")
+def resume_columns(resume: dict[str, Any], running: Iterable[int]) -> dict[str, Any]:
+    """A kill's columns from its resume's record (``attempts/{n}/resume.json``) and the executions whose
+    harness ran at the kill (``running``): ``at P`` (executions running at the checkpoint: re-attached,
+    re-admitted, re-run or cancelled), ``re-attached``, ``kept`` (harness work kept), ``re-run`` (the
+    plan's, and any harness running at the kill whose work was not kept) and ``saved exec-s``."""
+    kept = {int(x) for x in resume["work_kept_s"]}
+    at_p = {*resume["reattached"], *map(int, resume["readmitted"]), *resume["rerun"], *resume["cancelled"]}
+    return {"at P": len(at_p), "re-attached": len(resume["reattached"]), "kept": len(kept),
+            "re-run": len(set(resume["rerun"]) | (set(running) - kept)),
+            "saved exec-s": float(resume["saved_execution_s"])}
+
+
+COLUMNS = ("kill", "what", "moment", "at P", "re-attached", "kept", "re-run", "saved exec-s", "processes")
 
 
 def kill_table(rows: list[dict[str, Any]]) -> str:

@@ -84,12 +84,23 @@ def test_open_calls_and_saved_seconds_add_up():
 
 
 def test_the_table_has_a_line_per_kill_with_every_column():
-    rows = [{"kill": 1, "what": "job", "moment": "mid-step", "re-attached": 3, "kept": 4, "re-run": 0,
+    rows = [{"kill": 1, "what": "job", "moment": "mid-step", "at P": 5, "re-attached": 3, "kept": 4, "re-run": 0,
              "saved exec-s": 4.25, "processes": 6}, {"kill": 2, "what": "cell"}]
     lines = kp.kill_table(rows).splitlines()
     assert len(lines) == 3 and all(c in lines[0] for c in kp.COLUMNS)
-    assert lines[1].split() == ["1", "job", "mid-step", "3", "4", "0", "4.2", "6"]
-    assert lines[2].split() == ["2", "cell", "-", "-", "-", "-", "-", "-"]
+    assert lines[1].split() == ["1", "job", "mid-step", "5", "3", "4", "0", "4.2", "6"]
+    assert lines[2].split() == ["2", "cell", "-", "-", "-", "-", "-", "-", "-"]
+
+
+def test_a_kills_columns_come_from_its_resume_record():
+    """At P: x6 re-attached, x7 re-admitted, x8 re-run, x9 cancelled; x20 (dispatched after P) kept; x21 ran
+    at the kill but its work was not kept (the resumed core did not dispatch it again): re-run."""
+    resume = {"reattached": [6], "readmitted": {"7": "completed"}, "rerun": [8], "cancelled": [9],
+              "work_kept_s": {"6": 2.0, "7": 1.5, "20": 3.25}, "saved_execution_s": 6.75}
+    assert kp.resume_columns(resume, running=[6, 8, 20, 21]) == {
+        "at P": 4, "re-attached": 1, "kept": 3, "re-run": 2, "saved exec-s": 6.75}
+    nothing_at_p = dict(resume, reattached=[], readmitted={}, rerun=[], cancelled=[])
+    assert kp.resume_columns(nothing_at_p, running=[20])["at P"] == 0
 
 
 def entry(key: str, state: str, started: float, ended: float | None = None, killed: bool = False) -> Entry:

@@ -33,8 +33,8 @@ running at the kill among them); ``StepDone`` versions 0..29 once each in order;
 trained exactly once; no recorded call lost or doubled; each engine was started once, by its
 node's supervisor, and adopted by the resume (same pid; summary.json's ``placement`` lists them
 running under their node supervisors, none started again); the clean end stops the node
-supervisors with their engines. The kill's row (re-attached, kept, re-run, saved
-execution-seconds, processes found) is printed. Measured here (2 cores shared, load ~1.5-7):
+supervisors with their engines. The kill's row (running at the checkpoint, re-attached, kept,
+re-run, saved execution-seconds, processes found) is printed. Measured here (2 cores shared, load ~1.5-7):
 kill at version 2 (3 events past the checkpoint), 0 re-attached, 2 kept, 0 re-run, 7.2
 execution-s saved, 24 processes found (another run: 3 kept, 10.1 s, 23 found). 0 re-attached
 is the demo's shape, not chance: a burst's executions are all dispatched at its
@@ -324,9 +324,7 @@ def kill_and_resume(tmp: Path, work: Path, argv: list[str]) -> Kill:
             os.killpg(resumed.pid, signal.SIGKILL)
     assert code == 0, (tmp / "run1.stderr").read_text()[-4000:]
     kill.resume = rw.resume_record(work, 1)
-    rerun = set(kill.resume["rerun"]) | (set(kill.running) - {int(x) for x in kill.resume["work_kept_s"]})
-    kill.row.update({"re-attached": len(kill.resume["reattached"]), "kept": len(kill.resume["work_kept_s"]),
-                     "re-run": len(rerun), "saved exec-s": float(kill.resume["saved_execution_s"])})
+    kill.row.update(kp.resume_columns(kill.resume, kill.running))
     print(kp.kill_table([kill.row]))
     return kill
 

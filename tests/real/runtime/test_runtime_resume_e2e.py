@@ -49,8 +49,9 @@ summary's ``resumes`` holds every resume with its kept harness work; no
 recorded call is lost or doubled: every record file seen at a kill is still
 there, in ``records/`` or under ``attempts/``, with the same calls in the
 same order, and no file holds a call twice. The test prints the per-kill
-table (``kill_points.kill_table``): moment, re-attached, harnesses kept,
-re-run, execution-seconds of harness work kept, processes found. Re-attached
+table (``kill_points.kill_table``): moment, executions running at the
+checkpoint, re-attached, harnesses kept, re-run, execution-seconds of harness
+work kept, processes found. Re-attached
 is 0 in every row by the job's shape: the only cell trains at each checkpoint,
 so no execution runs at P; the harnesses kept are those dispatched after P
 (re-attachment at P: test_runtime_reattach_at_p.py).
@@ -203,10 +204,7 @@ class Killer:
     def fill_rows(self) -> None:
         """Each kill's resume (``attempts/{n}/resume.json``, in kill order): what it kept and re-ran."""
         for n, (row, running) in enumerate(zip(self.rows, self.running), 1):
-            record = rw.resume_record(self.work, n)
-            rerun = set(record["rerun"]) | (set(running) - {int(x) for x in record["work_kept_s"]})
-            row.update({"re-attached": len(record["reattached"]), "kept": len(record["work_kept_s"]),
-                        "re-run": len(rerun), "saved exec-s": float(record["saved_execution_s"])})
+            row.update(kp.resume_columns(rw.resume_record(self.work, n), running))
 
 
 def test_a_run_killed_at_seeded_moments_resumes_and_finishes(tmp_path):
