@@ -133,41 +133,21 @@ def test_a_resume_re_attaches_the_harness_running_at_its_checkpoint(tmp_path, pr
     work = tmp_path / "run"
     at_p = killed_at_p(work)
     records = work / "records" / f"x{X}.tito"
-    driver = subprocess.Popen([sys.executable, "-c", driver_source(), str(work), url, str(X), KEY],
-                              start_new_session=True)
     try:
-        assert wait_until(lambda: records.is_file() and len(rw.calls_of(records)) >= 2, 30, poll_s=0.05), \
-            "the harness made no two model calls under the first driver"
-    finally:
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver's crash: its supervisor and the harness go on
-        driver.wait(10)
-    supervisor = SupervisorClient.find(work / "supervisor")
-    try:
+        run_then_kill_a_driver(work, url, records)
+        supervisor = SupervisorClient.find(work / "supervisor")
         at_kill = read_ledger(work / "supervisor" / "ledger.jsonl")[f"x{X}"]
         recorded_at_kill = rw.calls_of(records)
         assert at_kill.state == "running" and alive(at_kill.pid) and supervisor is not None
         # what is left of the run: the supervisor and what it runs (the proxy is this test's, not the run's)
         strays, found = rw.not_owned(tmp_path, work)
         assert [line for line in strays if not line.startswith(f"{proxy_pid}:")] == [], strays
-
-        plan = plan_resume(work)
-        assert plan.position == at_p and (plan.reattach, plan.rerun, plan.readmit) == ([X], [], {7: "completed"})
-        assert plan.supervisor == supervisor.pid
-        aside = prepare_folder(plan)
-        assert records.is_file() and not (aside / "records" / records.name).exists()  # stays in place
-        row = {"kill": 1, "what": "driver", "moment": "execution running at P",
-               **kp.resume_columns(json.loads((aside / "resume.json").read_text()), [X]),
-               "processes": len(set(found) - {proxy_pid})}
-        print(kp.kill_table([row]))
-        assert (row["at P"], row["re-attached"], row["re-run"]) == (2, 1, 0)  # x7 at P too: re-admitted
-        assert row["saved exec-s"] >= 1.5  # the first call's tool work at least
-
+        plan_re_attaches(work, at_p, supervisor.pid, len(set(found) - {proxy_pid}))
         resumed = HarnessRunner(work / "executions", url, ADAPTER, Budgets(harness_timeout_s=120.0),
                                 isolate="never", supervisor=supervisor)
         result = asyncio.run(resumed.run(X, EmitTokenTask().task("q"), KEY))
     finally:
-        if supervisor is not None:
-            supervisor.stop()
+        stop_the_supervisor(work)
     harness_log = (work / "executions" / f"exec-{X}" / "harness.log").read_text()
     assert (result.outcome, result.returncode) == ("completed", 0), harness_log
     # the same process, started once, ended once under its id, with its true start
@@ -183,3 +163,38 @@ def test_a_resume_re_attaches_the_harness_running_at_its_checkpoint(tmp_path, pr
     assert len(calls) == len(set(calls)) == CALLS
     assert len(pf.check_records(work / "records", f"x{X}", model)) == CALLS
 
+
+def run_then_kill_a_driver(work: Path, url: str, records: Path) -> None:
+    """Attempt 1: a driver process runs ``X``'s harness under the run's supervisor, and is SIGKILLed once
+    the proxy recorded two of its calls (a crash of the driver: its supervisor and the harness go on)."""
+    driver = subprocess.Popen([sys.executable, "-c", driver_source(), str(work), url, str(X), KEY],
+                              start_new_session=True)
+    try:
+        assert wait_until(lambda: records.is_file() and len(rw.calls_of(records)) >= 2, 30, poll_s=0.05), \
+            "the harness made no two model calls under the first driver"
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(10)
+
+
+def plan_re_attaches(work: Path, at_p: int, supervisor: int, processes: int) -> None:
+    """The plan re-attaches ``X`` (x7, also at P, ended after it: re-admitted), keeps its records in place,
+    and the kill's row says so."""
+    plan = plan_resume(work)
+    assert plan.position == at_p and (plan.reattach, plan.rerun, plan.readmit) == ([X], [], {7: "completed"})
+    assert plan.supervisor == supervisor
+    aside = prepare_folder(plan)
+    records = work / "records" / f"x{X}.tito"
+    assert records.is_file() and not (aside / "records" / records.name).exists()
+    row = {"kill": 1, "what": "driver", "moment": "execution running at P",
+           **kp.resume_columns(json.loads((aside / "resume.json").read_text()), [X]), "processes": processes}
+    print(kp.kill_table([row]))
+    assert (row["at P"], row["re-attached"], row["re-run"]) == (2, 1, 0)
+    assert row["saved exec-s"] >= 1.5  # the first call's tool work at least
+
+
+def stop_the_supervisor(work: Path) -> None:
+    """Stop the run's supervisor (with the harness it runs), whatever the test reached."""
+    client = SupervisorClient.find(work / "supervisor")
+    if client is not None:
+        client.stop()
