@@ -36,7 +36,8 @@ running under their node supervisors, none started again); the clean end stops t
 supervisors with their engines. The kill's row (running at the checkpoint, re-attached, kept,
 re-run, saved execution-seconds, processes found) is printed. Measured here (2 cores shared, load ~1.5-7):
 kill at version 2 (3 events past the checkpoint), 0 re-attached, 2 kept, 0 re-run, 7.2
-execution-s saved, 24 processes found (another run: 3 kept, 10.1 s, 23 found). 0 re-attached
+execution-s saved, 24 processes found (another run: 3 kept, 10.1 s, 23 found; a third, 279 s
+at load 5-9: 0 running at P, 2 kept, 4.3 s, 22 found). 0 re-attached
 is the demo's shape, not chance: a burst's executions are all dispatched at its
 ``PublishDone`` and end together, batched on the engines: in four recorded demo runs (two
 here, two on one host) 23 of 60 checkpoints had any execution running at P, and the last of
