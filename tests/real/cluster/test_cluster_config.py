@@ -32,7 +32,7 @@ from gyre.real.train.context import CellConfig
 try:
     from processes import alive, all_gone, group_members, wait_until
 except ImportError:
-    from .processes import alive, all_gone, group_members, wait_until
+    from ..processes import alive, all_gone, group_members, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "configs" / "cpu_demo.toml"

@@ -148,8 +148,8 @@ try:
 except ImportError:
     from . import kill_points as kp
     from . import resume_watch as rw
-    from .processes import alive, all_gone, group_members, wait_until
-    from .ray_nodes import two_ray_nodes
+    from ..processes import alive, all_gone, group_members, wait_until
+    from ..ray_nodes import two_ray_nodes
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = 30

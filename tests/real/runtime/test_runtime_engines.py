@@ -29,7 +29,7 @@ try:
     from processes import wait_until
     from proxy_fixtures import build_tiny_qwen2, free_port, shared_tiny_dir
 except ImportError:
-    from .processes import wait_until
+    from ..processes import wait_until
     from .proxy_fixtures import build_tiny_qwen2, free_port, shared_tiny_dir
 
 from gyre.real.engines.manager import EngineError, EngineManager, EngineSpec, launch_command, launch_env, sglang_python

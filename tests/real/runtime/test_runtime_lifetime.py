@@ -28,7 +28,7 @@ try:
     from processes import alive, group_members, wait_until
     from proxy_fixtures import free_port, shared_tiny_dir
 except ImportError:
-    from .processes import alive, group_members, wait_until
+    from ..processes import alive, group_members, wait_until
     from .proxy_fixtures import free_port, shared_tiny_dir
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")

@@ -28,7 +28,7 @@ try:
     from processes import alive, all_gone, wait_until
     from proxy_fixtures import free_port
 except ImportError:
-    from .processes import alive, all_gone, wait_until
+    from ..processes import alive, all_gone, wait_until
     from .proxy_fixtures import free_port
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
