@@ -27,9 +27,13 @@ Invariants:
   ``fdatasync`` per batch), so nothing acknowledged is lost to a kill -9 or a
   machine crash (the group commit opened at the next start replays it);
   a commit marked ``alone`` (no other model call in flight) waits for the
-  writer on the event loop's thread, for at most ``ALONE_WAIT_S``, instead of
-  through the loop (a thread wakes it directly: about 0.05 ms less per call
-  at one client); past that it waits as every other commit does;
+  writer on the event loop's thread, for at most ``ALONE_WAIT_S`` in all,
+  instead of through the loop: at ``begin`` until the writer has written the
+  record and only the sync is left (the writer needs the GIL for that part;
+  the caller's next steps then overlap the sync, which does not), at ``wait``
+  until the sync's end (the writer releases a lock: no wake-up of the loop,
+  no future). Past ``ALONE_WAIT_S`` it waits through the loop as every other
+  commit does;
 - no disk I/O of a commit runs on the event loop's thread (without ``fsync`` too: records are
   appended by one writer thread), and a commit waits
   at most ``write_timeout_s`` for its record to be durable: a stalled disk
@@ -52,6 +56,7 @@ Invariants:
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import errno
 import hashlib
@@ -60,6 +65,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -163,10 +169,28 @@ class RecordsStalled(ApiError):
                                          f"{timeout_s:g} s; the call is not acknowledged (retry it)")
 
 
-class _Landing(threading.Event):
-    """Set by the writer thread once a record's batch is durable (``error``: why not)."""
+class _Landing:
+    """Where a record handed to the group commit stands. The writer thread releases ``syncing`` once
+    the record's batch is written and only its sync is left (or failed), then ``synced`` once the batch
+    is durable (``error``: why not). ``landed`` and ``future`` (made only for a caller that awaits the
+    record through the loop instead of waiting on its thread) change under ``Recorder._landings``."""
 
-    error: BaseException | None = None
+    __slots__ = ("syncing", "synced", "sync_begun", "landed", "error", "future")
+
+    def __init__(self) -> None:
+        self.syncing, self.synced = _thread.allocate_lock(), _thread.allocate_lock()
+        self.syncing.acquire()
+        self.synced.acquire()
+        self.sync_begun = False  # written by the writer thread only
+        self.landed = False
+        self.error: BaseException | None = None
+        self.future: asyncio.Future | None = None
+
+    def sync_begins(self) -> None:
+        """The writer has written the batch: what is left is its sync (which releases the GIL)."""
+        if not self.sync_begun:
+            self.sync_begun = True
+            self.syncing.release()
 
 
 @dataclass
@@ -176,8 +200,9 @@ class PendingCommit:
     state: ExecutionState
     call: ModelCall
     prompt_text: str
-    landing: _Landing | None  # None: appended without a sync (``fsync`` off)
-    durable: asyncio.Future | None
+    landing: _Landing | None  # None: appended without a sync (``fsync`` off) ...
+    appended: asyncio.Future | None  # ... by the appender thread, into this future
+    alone_until: float = 0.0  # until when (``time.monotonic``) a lone commit may hold the loop's thread
 
 
 class Recorder:
@@ -200,6 +225,7 @@ class Recorder:
         self._states: dict[str, ExecutionState] = {}
         self._loading: dict[str, asyncio.Future] = {}  # first replays running off the loop (``state_async``)
         self._learning = threading.Lock()
+        self._landings = threading.Lock()  # a landing's ``landed`` and ``future`` (``_Landing``)
 
     def state(self, execution_id: str) -> ExecutionState:
         """The state of ``execution_id``, replayed from its log on first use (``state_async``: off the loop)."""
@@ -258,12 +284,14 @@ class Recorder:
 
     async def commit(self, call: ModelCall, prompt_text: str, *, alone: bool = False) -> None:
         """Append ``call`` durably; its tree and caches follow (``_learn_soon``). ``alone``: no other
-        model call is in flight, so a sync on this thread holds up no one (see the module invariants)."""
-        await self.wait(await self.begin(call, prompt_text), alone=alone)
+        model call is in flight, so a wait on this thread holds up no one (see the module invariants)."""
+        await self.wait(await self.begin(call, prompt_text, alone=alone), alone=alone)
 
-    async def begin(self, call: ModelCall, prompt_text: str) -> PendingCommit:
+    async def begin(self, call: ModelCall, prompt_text: str, *, alone: bool = False) -> PendingCommit:
         """Take the execution's commit turn and hand ``call`` to the writer: its sync starts now, so the
-        caller's own work overlaps it. ``wait`` (or, for a caller that goes away, ``abandon``) ends it."""
+        caller's own work overlaps it. ``wait`` (or, for a caller that goes away, ``abandon``) ends it.
+        ``alone``: first let the writer write the record (on this thread's GIL), for at most
+        ``ALONE_WAIT_S``, so that what the caller does next overlaps the sync itself."""
         state = self.state(call.execution_id)
         await state.lock.acquire()
         try:
@@ -271,30 +299,34 @@ class Recorder:
                 appended = asyncio.get_running_loop().run_in_executor(self._appender, self.store.append, call)
                 return PendingCommit(state, call, prompt_text, None, appended)
             landing = _Landing()
-            return PendingCommit(state, call, prompt_text, landing, self._submit(call, landing))
+            pending = PendingCommit(state, call, prompt_text, landing, None, time.monotonic() + ALONE_WAIT_S)
+            self._submit(call, landing)
         except BaseException:
             state.lock.release()
             raise
+        if alone:
+            landing.syncing.acquire(True, ALONE_WAIT_S)
+        return pending
 
     async def wait(self, pending: PendingCommit, *, alone: bool = False) -> None:
         """Return once ``pending``'s record is durable (``RecordsStalled`` past ``write_timeout_s``)."""
-        landing, durable = pending.landing, pending.durable
+        landing = pending.landing
         try:
-            if durable is None:
-                return
             self.alone += alone and landing is not None
-            if alone and landing is not None and landing.wait(ALONE_WAIT_S):  # the future settles a turn later: its outcome is read here
-                durable.add_done_callback(lambda f: f.cancelled() or f.exception())
+            if alone and landing is not None and \
+                    landing.synced.acquire(True, max(0.0, pending.alone_until - time.monotonic())):
                 if landing.error is not None:
                     raise landing.error
                 self.waited_here += 1
                 self._learn_soon(pending.state, pending.call, pending.prompt_text)
                 return
+            durable = pending.appended if landing is None else self._future(landing)
+            assert durable is not None
             try:
                 async with asyncio.timeout(self.write_timeout_s):
                     await asyncio.shield(durable)
             except (asyncio.CancelledError, TimeoutError) as exc:  # a record that lands later joins the tree
-                self._learn_on_landing(pending)
+                self._learn_on_landing(pending, durable)
                 if isinstance(exc, TimeoutError):
                     log.error("records of %s: not durable within %s s (stalled disk?)", pending.call.execution_id,
                               self.write_timeout_s)
@@ -306,13 +338,13 @@ class Recorder:
 
     def abandon(self, pending: PendingCommit) -> None:
         """The caller of ``begin`` will not ``wait``: the record, if it lands, joins the tree unacknowledged."""
-        if pending.durable is not None:
-            self._learn_on_landing(pending)
+        landing = pending.landing
+        self._learn_on_landing(pending, pending.appended if landing is None else self._future(landing))
         pending.state.lock.release()
 
-    def _learn_on_landing(self, pending: PendingCommit) -> None:
-        assert pending.durable is not None
-        pending.durable.add_done_callback(
+    def _learn_on_landing(self, pending: PendingCommit, durable: asyncio.Future | None) -> None:
+        assert durable is not None
+        durable.add_done_callback(
             lambda f: None if f.cancelled() or f.exception()
             else self._learn_soon(pending.state, pending.call, pending.prompt_text))
 
@@ -335,27 +367,33 @@ class Recorder:
                 finally:
                     state.unlearned.popleft()  # learned, or failed for good: never learned twice
 
-    def _submit(self, call: ModelCall, landing: _Landing) -> asyncio.Future:
-        """A future resolved (on this loop) once ``call``'s batch is fsynced; ``landing`` is set first."""
+    def _submit(self, call: ModelCall, landing: _Landing) -> None:
+        """Queue ``call`` for the group commit; ``landing`` follows its batch (``_Landing``). The loop is
+        woken only when someone awaits the record through it (``_future``): a caller that waited on the
+        loop's thread, or one the record reached first, needs no wake-up."""
         loop = asyncio.get_running_loop()
-        durable = loop.create_future()
 
-        def settle(error: BaseException | None) -> None:
-            if durable.done():
-                return
-            if error is None:
-                durable.set_result(None)
-            else:
-                durable.set_exception(error)
-
-        def wake(error: BaseException | None) -> None:  # on the writer thread
+        def landed(error: BaseException | None) -> None:  # on the writer thread
             landing.error = error
-            landing.set()
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(settle, error)
+            with self._landings:
+                landing.landed = True
+                future = landing.future
+            landing.synced.release()
+            if future is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(_settle, future, error)
 
-        self.group.submit(call, wake)
-        return durable
+        self.group.submit(call, landed, landing.sync_begins)
+
+    def _future(self, landing: _Landing) -> asyncio.Future:
+        """A future of this loop resolved once ``landing``'s batch is durable (or failed)."""
+        future = asyncio.get_running_loop().create_future()
+        with self._landings:
+            landed = landing.landed
+            if not landed:
+                landing.future = future
+        if landed:
+            _settle(future, landing.error)
+        return future
 
     def commit_stats(self) -> dict[str, int]:
         """Durable commits so far: records, the batches that held them, and the lone commits waited for on
@@ -380,6 +418,15 @@ class Recorder:
                       "(the commit journal is replayed at the next start)", self.write_timeout_s)
             return
         self.store.close()
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 def key_digest(key: str) -> str:

@@ -17,7 +17,11 @@ Invariants:
 - records of one log are written, and acknowledged, in the order they were
   queued (or committed on their caller's thread);
 - ``done`` runs once per record, on the writer thread (``submit``); a
-  ``commit_here`` caller is answered by its return value instead.
+  ``commit_here`` caller is answered by its return value instead;
+- a record's ``syncing`` callback (``submit``), if any, runs once, on the
+  writer thread, before its ``done``: when its batch is written and only the
+  journal's sync is left, or (its write or the journal's failed) just before
+  ``done``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ from gyre.real.store.commit_journal import CAPACITY, Journal
 from gyre.real.store.durable import fsync_path
 from gyre.real.store.tito_log import ExecutionStore, RecordLog
 from gyre.trajectory.records import ModelCall, RecordError
+
+
+_Queued = tuple[ModelCall, Callable[[BaseException | None], None], Callable[[], None] | None]  # call, done, syncing
 
 
 class GroupCommit:
@@ -51,6 +58,10 @@ class GroupCommit:
     ``close``. Opening a group commit first replays the folder's journal (what a
     machine crash may have kept only there) and checkpoints.
 
+    ``submit(call, done, syncing)`` also calls ``syncing()`` once the batch is written and only its
+    sync is left (before ``done`` when the write failed): the sync releases the GIL, so a caller
+    that waits for this can hand the writer the GIL and go on while the disk syncs.
+
     ``commit_here(call)`` commits one record on the caller's thread when the
     writer is idle (nothing queued, no batch being written), with the same
     write-sync-acknowledge order, and says whether it did; the writer takes no
@@ -66,7 +77,7 @@ class GroupCommit:
         self.records = 0
         self.here = 0  # records committed on their caller's thread (``commit_here``)
         self.checkpoints = 0
-        self._pending: list[tuple[ModelCall, Callable[[BaseException | None], None]]] = []
+        self._pending: list[_Queued] = []
         self._cond = threading.Condition()
         self._closed = False
         self._busy = False  # a batch is being committed (by the writer or by ``commit_here``)
@@ -80,11 +91,12 @@ class GroupCommit:
         self._thread = threading.Thread(target=self._run, name="gyre-group-commit", daemon=True)
         self._thread.start()
 
-    def submit(self, call: ModelCall, done: Callable[[BaseException | None], None]) -> None:
+    def submit(self, call: ModelCall, done: Callable[[BaseException | None], None],
+               syncing: Callable[[], None] | None = None) -> None:
         with self._cond:
             if self._closed:
                 raise RecordError("the group commit is closed")
-            self._pending.append((call, done))
+            self._pending.append((call, done, syncing))
             self._cond.notify()
 
     def commit_here(self, call: ModelCall) -> tuple[bool, BaseException | None]:
@@ -98,7 +110,7 @@ class GroupCommit:
             self._busy = True
         outcome: list[BaseException | None] = []
         try:
-            self._commit([(call, outcome.append)])
+            self._commit([(call, outcome.append, None)])
             self.here += 1
         finally:
             with self._cond:
@@ -124,12 +136,13 @@ class GroupCommit:
                 with self._cond:
                     self._busy = False
 
-    def _commit(self, batch: list[tuple[ModelCall, Callable[[BaseException | None], None]]]) -> None:
+    def _commit(self, batch: list[_Queued]) -> None:
         errors: dict[int, BaseException] = {}
         entries: list[tuple[str, int, bytes]] = []
         journaled: list[int] = []
         touched: dict[str, RecordLog] = {}
-        for index, (call, _) in enumerate(batch):
+        told: set[int] = set()  # records whose ``syncing`` ran
+        for index, (call, _, _) in enumerate(batch):
             try:
                 log = self.store.log_for(call.execution_id)
                 offset, frame = log.write(call)
@@ -145,7 +158,7 @@ class GroupCommit:
             try:
                 if not self.journal.fits(entries):
                     self._checkpoint()
-                self.journal.append(entries)
+                self.journal.append(entries, self._syncing(batch, journaled, told))
             except Exception as exc:  # noqa: BLE001 - the batch is not durable: every record of it is told
                 errors.update((i, exc) for i in journaled)
                 self._roll_back(entries)
@@ -153,8 +166,23 @@ class GroupCommit:
                 self._dirty.update(touched)
         self.batches += 1
         self.records += len(batch)
-        for index, (_, done) in enumerate(batch):
+        for index, (_, done, syncing) in enumerate(batch):
+            if syncing is not None and index not in told:
+                syncing()  # its write failed: nothing of it is left to sync
             done(errors.get(index))
+
+    @staticmethod
+    def _syncing(batch: list[_Queued], journaled: list[int], told: set[int]) -> Callable[[], None] | None:
+        """What the journal calls once the batch is written: each journaled record's ``syncing``."""
+        waiting = [(index, batch[index][2]) for index in journaled if batch[index][2] is not None]
+        if not waiting:
+            return None
+
+        def syncing() -> None:
+            for index, callback in waiting:
+                told.add(index)
+                callback()
+        return syncing
 
     def _roll_back(self, entries: list[tuple[str, int, bytes]]) -> None:
         """Cut a failed batch's frames off their logs again: a frame that is in no journal must never
