@@ -29,7 +29,7 @@ Invariants:
 - request ids are 24 hex digits, unique per service (a random 64-bit prefix, then a counter);
 - a record is handed to the writer (``Recorder.begin``) when the engine's last chunk arrives,
   before that chunk's events are yielded, and those events come with ``prepared.finishing`` set;
-  it is waited for ``alone`` (on the event loop's thread, ``Recorder.begin`` and ``wait``) only when no
+  it is waited for ``alone`` (on the event loop's thread, ``Recorder.wait``) only when no
   other call of this service is between its first engine request and its commit (``in_flight``);
 - the text returned to the harness never contains the stop string the engine
   matched (``toolcalls.trim_stop``), while the record keeps every sampled id;
@@ -265,8 +265,7 @@ class ChatService:
 
     async def _begin_commit(self, prepared: Prepared, generation: Generation,
                             calls: list[dict[str, Any]]) -> PendingCommit:
-        pending = await self.recorder.begin(self._record(prepared, generation, calls), prepared.prompt_text,
-                                            alone=self.in_flight == 1)
+        pending = await self.recorder.begin(self._record(prepared, generation, calls), prepared.prompt_text)
         prepared.finishing = True
         return pending
 

@@ -27,13 +27,14 @@ Invariants:
   ``fdatasync`` per batch), so nothing acknowledged is lost to a kill -9 or a
   machine crash (the group commit opened at the next start replays it);
   a commit marked ``alone`` (no other model call in flight) waits for the
-  writer on the event loop's thread, for at most ``ALONE_WAIT_S`` in all,
-  instead of through the loop: at ``begin`` until the writer has written the
-  record and only the sync is left (the writer needs the GIL for that part;
-  the caller's next steps then overlap the sync, which does not), at ``wait``
-  until the sync's end (the writer releases a lock: no wake-up of the loop,
-  no future). Past ``ALONE_WAIT_S`` it waits through the loop as every other
-  commit does;
+  writer on the event loop's thread, for at most ``ALONE_WAIT_S``, instead of
+  through the loop: the writer releases a lock, and neither wakes the loop
+  nor settles a future (a future, and a wake-up through
+  ``call_soon_threadsafe``, are made only for a commit awaited through the
+  loop). Past ``ALONE_WAIT_S`` it waits through the loop as every other
+  commit does. The sync itself never runs on the loop's thread, lone or not
+  (``GroupCommit.commit_here`` would spare the hand-offs, but a stalled disk
+  would then stall every call: see the next point);
 - no disk I/O of a commit runs on the event loop's thread (without ``fsync`` too: records are
   appended by one writer thread), and a commit waits
   at most ``write_timeout_s`` for its record to be durable: a stalled disk
@@ -65,7 +66,6 @@ import logging
 import os
 import secrets
 import threading
-import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -170,27 +170,19 @@ class RecordsStalled(ApiError):
 
 
 class _Landing:
-    """Where a record handed to the group commit stands. The writer thread releases ``syncing`` once
-    the record's batch is written and only its sync is left (or failed), then ``synced`` once the batch
-    is durable (``error``: why not). ``landed`` and ``future`` (made only for a caller that awaits the
-    record through the loop instead of waiting on its thread) change under ``Recorder._landings``."""
+    """Where a record handed to the group commit stands: the writer thread releases ``synced`` once the
+    record's batch is durable (``error``: why not). ``landed`` and ``future`` (made only for a caller
+    that awaits the record through the loop instead of waiting on its thread) change under
+    ``Recorder._landings``."""
 
-    __slots__ = ("syncing", "synced", "sync_begun", "landed", "error", "future")
+    __slots__ = ("synced", "landed", "error", "future")
 
     def __init__(self) -> None:
-        self.syncing, self.synced = _thread.allocate_lock(), _thread.allocate_lock()
-        self.syncing.acquire()
+        self.synced = _thread.allocate_lock()  # a plain lock: the cheapest wait with a timeout
         self.synced.acquire()
-        self.sync_begun = False  # written by the writer thread only
         self.landed = False
         self.error: BaseException | None = None
         self.future: asyncio.Future | None = None
-
-    def sync_begins(self) -> None:
-        """The writer has written the batch: what is left is its sync (which releases the GIL)."""
-        if not self.sync_begun:
-            self.sync_begun = True
-            self.syncing.release()
 
 
 @dataclass
@@ -202,7 +194,6 @@ class PendingCommit:
     prompt_text: str
     landing: _Landing | None  # None: appended without a sync (``fsync`` off) ...
     appended: asyncio.Future | None  # ... by the appender thread, into this future
-    alone_until: float = 0.0  # until when (``time.monotonic``) a lone commit may hold the loop's thread
 
 
 class Recorder:
@@ -285,13 +276,11 @@ class Recorder:
     async def commit(self, call: ModelCall, prompt_text: str, *, alone: bool = False) -> None:
         """Append ``call`` durably; its tree and caches follow (``_learn_soon``). ``alone``: no other
         model call is in flight, so a wait on this thread holds up no one (see the module invariants)."""
-        await self.wait(await self.begin(call, prompt_text, alone=alone), alone=alone)
+        await self.wait(await self.begin(call, prompt_text), alone=alone)
 
-    async def begin(self, call: ModelCall, prompt_text: str, *, alone: bool = False) -> PendingCommit:
+    async def begin(self, call: ModelCall, prompt_text: str) -> PendingCommit:
         """Take the execution's commit turn and hand ``call`` to the writer: its sync starts now, so the
-        caller's own work overlaps it. ``wait`` (or, for a caller that goes away, ``abandon``) ends it.
-        ``alone``: first let the writer write the record (on this thread's GIL), for at most
-        ``ALONE_WAIT_S``, so that what the caller does next overlaps the sync itself."""
+        caller's own work overlaps it. ``wait`` (or, for a caller that goes away, ``abandon``) ends it."""
         state = self.state(call.execution_id)
         await state.lock.acquire()
         try:
@@ -299,13 +288,11 @@ class Recorder:
                 appended = asyncio.get_running_loop().run_in_executor(self._appender, self.store.append, call)
                 return PendingCommit(state, call, prompt_text, None, appended)
             landing = _Landing()
-            pending = PendingCommit(state, call, prompt_text, landing, None, time.monotonic() + ALONE_WAIT_S)
+            pending = PendingCommit(state, call, prompt_text, landing, None)
             self._submit(call, landing)
         except BaseException:
             state.lock.release()
             raise
-        if alone:
-            landing.syncing.acquire(True, ALONE_WAIT_S)
         return pending
 
     async def wait(self, pending: PendingCommit, *, alone: bool = False) -> None:
@@ -313,8 +300,7 @@ class Recorder:
         landing = pending.landing
         try:
             self.alone += alone and landing is not None
-            if alone and landing is not None and \
-                    landing.synced.acquire(True, max(0.0, pending.alone_until - time.monotonic())):
+            if alone and landing is not None and landing.synced.acquire(True, ALONE_WAIT_S):
                 if landing.error is not None:
                     raise landing.error
                 self.waited_here += 1
@@ -382,7 +368,7 @@ class Recorder:
             if future is not None and not loop.is_closed():
                 loop.call_soon_threadsafe(_settle, future, error)
 
-        self.group.submit(call, landed, landing.sync_begins)
+        self.group.submit(call, landed)
 
     def _future(self, landing: _Landing) -> asyncio.Future:
         """A future of this loop resolved once ``landing``'s batch is durable (or failed)."""

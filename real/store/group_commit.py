@@ -17,11 +17,7 @@ Invariants:
 - records of one log are written, and acknowledged, in the order they were
   queued (or committed on their caller's thread);
 - ``done`` runs once per record, on the writer thread (``submit``); a
-  ``commit_here`` caller is answered by its return value instead;
-- a record's ``syncing`` callback (``submit``), if any, runs once, on the
-  writer thread, before its ``done``: when its batch is written and only the
-  journal's sync is left, or (its write or the journal's failed) just before
-  ``done``.
+  ``commit_here`` caller is answered by its return value instead.
 """
 
 from __future__ import annotations
@@ -35,9 +31,6 @@ from gyre.real.store.commit_journal import CAPACITY, Journal
 from gyre.real.store.durable import fsync_path
 from gyre.real.store.tito_log import ExecutionStore, RecordLog
 from gyre.trajectory.records import ModelCall, RecordError
-
-
-_Queued = tuple[ModelCall, Callable[[BaseException | None], None], Callable[[], None] | None]  # call, done, syncing
 
 
 class GroupCommit:
@@ -58,10 +51,6 @@ class GroupCommit:
     ``close``. Opening a group commit first replays the folder's journal (what a
     machine crash may have kept only there) and checkpoints.
 
-    ``submit(call, done, syncing)`` also calls ``syncing()`` once the batch is written and only its
-    sync is left (before ``done`` when the write failed): the sync releases the GIL, so a caller
-    that waits for this can hand the writer the GIL and go on while the disk syncs.
-
     ``commit_here(call)`` commits one record on the caller's thread when the
     writer is idle (nothing queued, no batch being written), with the same
     write-sync-acknowledge order, and says whether it did; the writer takes no
@@ -77,7 +66,7 @@ class GroupCommit:
         self.records = 0
         self.here = 0  # records committed on their caller's thread (``commit_here``)
         self.checkpoints = 0
-        self._pending: list[_Queued] = []
+        self._pending: list[tuple[ModelCall, Callable[[BaseException | None], None]]] = []
         self._cond = threading.Condition()
         self._closed = False
         self._busy = False  # a batch is being committed (by the writer or by ``commit_here``)
@@ -91,12 +80,11 @@ class GroupCommit:
         self._thread = threading.Thread(target=self._run, name="gyre-group-commit", daemon=True)
         self._thread.start()
 
-    def submit(self, call: ModelCall, done: Callable[[BaseException | None], None],
-               syncing: Callable[[], None] | None = None) -> None:
+    def submit(self, call: ModelCall, done: Callable[[BaseException | None], None]) -> None:
         with self._cond:
             if self._closed:
                 raise RecordError("the group commit is closed")
-            self._pending.append((call, done, syncing))
+            self._pending.append((call, done))
             self._cond.notify()
 
     def commit_here(self, call: ModelCall) -> tuple[bool, BaseException | None]:
@@ -110,7 +98,7 @@ class GroupCommit:
             self._busy = True
         outcome: list[BaseException | None] = []
         try:
-            self._commit([(call, outcome.append, None)])
+            self._commit([(call, outcome.append)])
             self.here += 1
         finally:
             with self._cond:
@@ -136,13 +124,12 @@ class GroupCommit:
                 with self._cond:
                     self._busy = False
 
-    def _commit(self, batch: list[_Queued]) -> None:
+    def _commit(self, batch: list[tuple[ModelCall, Callable[[BaseException | None], None]]]) -> None:
         errors: dict[int, BaseException] = {}
         entries: list[tuple[str, int, bytes]] = []
         journaled: list[int] = []
         touched: dict[str, RecordLog] = {}
-        told: set[int] = set()  # records whose ``syncing`` ran
-        for index, (call, _, _) in enumerate(batch):
+        for index, (call, _) in enumerate(batch):
             try:
                 log = self.store.log_for(call.execution_id)
                 offset, frame = log.write(call)
@@ -158,7 +145,7 @@ class GroupCommit:
             try:
                 if not self.journal.fits(entries):
                     self._checkpoint()
-                self.journal.append(entries, self._syncing(batch, journaled, told))
+                self.journal.append(entries)
             except Exception as exc:  # noqa: BLE001 - the batch is not durable: every record of it is told
                 errors.update((i, exc) for i in journaled)
                 self._roll_back(entries)
@@ -166,23 +153,8 @@ class GroupCommit:
                 self._dirty.update(touched)
         self.batches += 1
         self.records += len(batch)
-        for index, (_, done, syncing) in enumerate(batch):
-            if syncing is not None and index not in told:
-                syncing()  # its write failed: nothing of it is left to sync
+        for index, (_, done) in enumerate(batch):
             done(errors.get(index))
-
-    @staticmethod
-    def _syncing(batch: list[_Queued], journaled: list[int], told: set[int]) -> Callable[[], None] | None:
-        """What the journal calls once the batch is written: each journaled record's ``syncing``."""
-        waiting = [(index, batch[index][2]) for index in journaled if batch[index][2] is not None]
-        if not waiting:
-            return None
-
-        def syncing() -> None:
-            for index, callback in waiting:
-                told.add(index)
-                callback()
-        return syncing
 
     def _roll_back(self, entries: list[tuple[str, int, bytes]]) -> None:
         """Cut a failed batch's frames off their logs again: a frame that is in no journal must never

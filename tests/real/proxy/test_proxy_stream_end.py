@@ -4,8 +4,7 @@ The engine sends the whole answer in one chunk that carries its finish reason, s
 answer belongs to the generation's last step. The commit journal's write (the seam every durable
 record passes) is held: the record was handed to the writer, and the client has received nothing,
 not even the response head; once the write is released, the whole stream arrives, intact. The same
-with only the journal's sync held, after the record was written: a lone call goes on while the disk
-syncs (``Recorder.begin``), but its answer still waits for the sync's end.
+with only the journal's sync held, after the record was written: a written record is not a durable one.
 """
 
 from __future__ import annotations

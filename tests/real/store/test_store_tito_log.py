@@ -198,10 +198,9 @@ def test_writer_killed_mid_stream_loses_at_most_the_record_being_written(tmp_pat
     assert all(issubclass(w.category, TornTailWarning) for w in caught)
 
 
-def commit_all(group, calls, on_done: Callable[[ModelCall], None] = lambda call: None,
-               on_syncing: Callable[[ModelCall], None] | None = None):
+def commit_all(group, calls, on_done: Callable[[ModelCall], None] = lambda call: None):
     """Submit ``calls`` at once; returns {request_id: error or None} once every ``done`` ran (each
-    acknowledgement first told to ``on_done``; each ``syncing`` callback, if asked for, to ``on_syncing``)."""
+    acknowledgement first told to ``on_done``)."""
     results, finished = {}, threading.Event()
 
     def done_for(call):
@@ -213,7 +212,7 @@ def commit_all(group, calls, on_done: Callable[[ModelCall], None] = lambda call:
         return done
 
     for call in calls:
-        group.submit(call, done_for(call), None if on_syncing is None else (lambda call=call: on_syncing(call)))
+        group.submit(call, done_for(call))
     assert finished.wait(20)
     return results
 
@@ -246,11 +245,6 @@ class WatchedDisk(Disk):
 
     def fsync(self, fd: int) -> None:
         self._do("sync", fd, b"", lambda: super(WatchedDisk, self).fsync(fd))
-
-    def entries_at(self) -> list[int]:
-        """Where in ``events`` the commit journal's entry writes are."""
-        return [i for i, e in enumerate(self.events) if e[:2] == ("pwrite", JOURNAL_NAME) and any(e[2])
-                and not e[2].startswith(HEAD_MAGIC)]
 
     def entries(self) -> list[tuple]:
         """The commit journal's entry writes (not its header, nor the zeros it reserves)."""
@@ -321,43 +315,6 @@ def test_group_commit_reports_failures_to_exactly_their_records(tmp_path):
     assert [r.request_id for r in store.read("ok")] == ["r0", "r2", "r5", "r7"]  # failed ones cut off
     with pytest.raises(RecordError, match="closed"):
         group.submit(record(9, "ok"), lambda error: None)
-
-
-def test_syncing_runs_once_per_record_after_its_batch_is_written_and_before_the_sync(tmp_path):
-    """``submit(call, done, syncing)``: ``syncing`` runs once, on the writer thread, after the journal
-    write holding the record and before the journal's sync that acknowledges it; a record whose write
-    or sync failed gets it once too, before its ``done``."""
-    from gyre.real.store.group_commit import GroupCommit
-
-    disk = WatchedDisk()
-    group = GroupCommit(ExecutionStore(tmp_path, fsync=True, preallocate=False, disk=disk))
-
-    def mark(what: str) -> Callable[[ModelCall], None]:
-        return lambda call: disk.events.append((what, call.request_id, threading.current_thread().name))
-
-    disk.fail = lambda call, name, data: OSError(5, "EIO") if name == "bad.tito" else None
-    calls = [record(i, execution=("bad" if i == 3 else f"e{i % 3}")) for i in range(12)]
-    results = commit_all(group, calls, on_done=mark("done"), on_syncing=mark("syncing"))
-    disk.fail = lambda call, name, data: OSError(5, "EIO") if call == "sync" and name == JOURNAL_NAME else None
-    failed_sync = commit_all(group, [record(20)], on_done=mark("done"), on_syncing=mark("syncing"))
-    disk.fail = lambda call, name, data: None
-    group.close()
-    assert isinstance(results.pop("r3"), OSError) and set(results.values()) == {None}
-    assert isinstance(failed_sync["r20"], OSError)
-    for call in [*calls, record(20)]:
-        rid = call.request_id
-        syncing = [i for i, e in enumerate(disk.events) if e[:2] == ("syncing", rid)]
-        done = next(i for i, e in enumerate(disk.events) if e[:2] == ("done", rid))
-        assert len(syncing) == 1 and syncing[0] < done, rid
-        assert disk.events[syncing[0]][2] == "gyre-group-commit"
-        if rid == "r3":
-            continue  # its log write failed: never journaled
-        entry = max(i for i in disk.entries_at() if i < syncing[0])  # the journal write just before it
-        frame = next(e[2] for e in disk.events if e[:2] == ("pwrite", f"{call.execution_id}.tito")
-                     and f'"{rid}"'.encode() in e[2])
-        assert frame in disk.events[entry][2], rid
-        if rid != "r20":  # its sync failed: the attempt is not logged
-            assert ("sync", JOURNAL_NAME) in [e[:2] for e in disk.events[syncing[0]:done]], rid
 
 
 def test_commit_here_commits_on_the_callers_thread_only_while_the_writer_is_idle(tmp_path):
