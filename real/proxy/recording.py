@@ -488,9 +488,17 @@ class KeyRegistry:
     def _rebuild(self) -> None:
         merged = {**self._dynamic, **self._static}
         self._keys = {d: e for d, e in merged.items() if d not in self._revoked}
+        self._seen: dict[str, str] = {}  # valid keys already looked up (no SHA-256 per call); rebuilt with _keys
 
     def execution_for(self, key: str | None) -> str | None:
-        return self._keys.get(key_digest(key)) if key else None
+        if not key:
+            return None
+        execution = self._seen.get(key)
+        if execution is None:
+            execution = self._keys.get(key_digest(key))
+            if execution is not None and len(self._seen) < len(self._keys):  # only valid keys: bounded
+                self._seen[key] = execution
+        return execution
 
     def register(self, execution_id: str) -> str:
         """A new key for ``execution_id`` (an execution may hold several keys)."""
