@@ -42,7 +42,7 @@ medians of 3 runs, the load average beside each):
   (``recording``: the loop waits on a plain lock the writer releases, no loop wake-up, no
   future: added p50 +0.01 to -0.08 ms, median -0.06, and 0.03-0.08 ms less proxy CPU per
   call than a ``threading.Event`` plus a future settled through ``call_soon_threadsafe``;
-  two proxies called in turn, six runs, load 1.7-3.1: ``docs/cpu-stack.md#the-proxy-on-two-cores``).
+  two proxies called in turn, eight runs, load 0.9-3.1: ``docs/cpu-stack.md#the-proxy-on-two-cores``).
   Committing a lone record on the loop's own thread (``GroupCommit.commit_here``) would spare
   the hand-off, but a stalled disk would then stall every call; letting the writer reach its
   sync before the loop formats the answer, so the two overlap, cost 0.10 ms more (the
