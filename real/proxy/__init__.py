@@ -35,7 +35,19 @@ medians of 3 runs, the load average beside each):
   ``synchronous=FULL``, one transaction per batch) costs the same CPU (0.034 ms) and 2.4 ms a
   burst on this disk, where a sync takes microseconds; it would replace the record logs every
   reader of records opens, not only the journal, so the journal stays: it is the cheaper way
-  to make the logs as they are durable.
+  to make the logs as they are durable. For one client alone it buys nothing over syncing the
+  log itself (one ``fdatasync`` either way: a 2 KB write and sync takes 0.13 ms at p50 on this
+  disk, a group commit's round trip through its writer thread 0.33 ms; ``bench proxy``'s
+  durability case, load 2.0). What a lone call pays on top is that hand-off
+  (``recording``: the loop waits on a plain lock the writer releases, no loop wake-up, no
+  future: added p50 +0.01 to -0.08 ms, median -0.06, and 0.03-0.08 ms less proxy CPU per
+  call than a ``threading.Event`` plus a future settled through ``call_soon_threadsafe``;
+  two proxies called in turn, eight runs, load 0.9-3.1: ``docs/cpu-stack.md#the-proxy-on-two-cores``).
+  Committing a lone record on the loop's own thread (``GroupCommit.commit_here``) would spare
+  the hand-off, but a stalled disk would then stall every call; letting the writer reach its
+  sync before the loop formats the answer, so the two overlap, cost 0.10 ms more (the
+  writer's wake-up, otherwise hidden behind that formatting, is then waited for): neither is
+  used.
 
 May import: ``gyre`` (trajectory records, trees, tool-call cache) and
 ``gyre.real.store``. Never the runtime, the training cells or the engines'

@@ -225,7 +225,8 @@ class ChatService:
         The record is handed to the writer as soon as the engine's last chunk arrives, and the
         call's last events are yielded with ``prepared.finishing`` set (the server holds them back
         and writes them with the stream's end): their formatting, the engine stream's end and the
-        summary overlap the record's sync, and the answer's end costs one socket write."""
+        summary overlap the record's hand-off to the writer thread (its wake-up; the GIL keeps its frame
+        encoding from running beside them), and the answer's end costs one socket write."""
         generation = Generation(self.router, self.client, self.config.retry, execution_id=prepared.execution_id,
                                 request_id=prepared.request_id, input_ids=prepared.input_ids,
                                 sampling=self.sampling(prepared.request),

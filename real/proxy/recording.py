@@ -28,8 +28,13 @@ Invariants:
   machine crash (the group commit opened at the next start replays it);
   a commit marked ``alone`` (no other model call in flight) waits for the
   writer on the event loop's thread, for at most ``ALONE_WAIT_S``, instead of
-  through the loop (a thread wakes it directly: about 0.05 ms less per call
-  at one client); past that it waits as every other commit does;
+  through the loop: the writer releases a lock, and neither wakes the loop
+  nor settles a future (a future, and a wake-up through
+  ``call_soon_threadsafe``, are made only for a commit awaited through the
+  loop). Past ``ALONE_WAIT_S`` it waits through the loop as every other
+  commit does. The sync itself never runs on the loop's thread, lone or not
+  (``GroupCommit.commit_here`` would spare the hand-offs, but a stalled disk
+  would then stall every call: see the next point);
 - no disk I/O of a commit runs on the event loop's thread (without ``fsync`` too: records are
   appended by one writer thread), and a commit waits
   at most ``write_timeout_s`` for its record to be durable: a stalled disk
@@ -52,6 +57,7 @@ Invariants:
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import errno
 import hashlib
@@ -163,10 +169,20 @@ class RecordsStalled(ApiError):
                                          f"{timeout_s:g} s; the call is not acknowledged (retry it)")
 
 
-class _Landing(threading.Event):
-    """Set by the writer thread once a record's batch is durable (``error``: why not)."""
+class _Landing:
+    """Where a record handed to the group commit stands: the writer thread releases ``synced`` once the
+    record's batch is durable (``error``: why not). ``landed`` and ``future`` (made only for a caller
+    that awaits the record through the loop instead of waiting on its thread) change under
+    ``Recorder._landings``."""
 
-    error: BaseException | None = None
+    __slots__ = ("synced", "landed", "error", "future")
+
+    def __init__(self) -> None:
+        self.synced = _thread.allocate_lock()  # a plain lock: the cheapest wait with a timeout
+        self.synced.acquire()
+        self.landed = False
+        self.error: BaseException | None = None
+        self.future: asyncio.Future | None = None
 
 
 @dataclass
@@ -176,8 +192,8 @@ class PendingCommit:
     state: ExecutionState
     call: ModelCall
     prompt_text: str
-    landing: _Landing | None  # None: appended without a sync (``fsync`` off)
-    durable: asyncio.Future | None
+    landing: _Landing | None  # None: appended without a sync (``fsync`` off) ...
+    appended: asyncio.Future | None  # ... by the appender thread, into this future
 
 
 class Recorder:
@@ -200,6 +216,7 @@ class Recorder:
         self._states: dict[str, ExecutionState] = {}
         self._loading: dict[str, asyncio.Future] = {}  # first replays running off the loop (``state_async``)
         self._learning = threading.Lock()
+        self._landings = threading.Lock()  # a landing's ``landed`` and ``future`` (``_Landing``)
 
     def state(self, execution_id: str) -> ExecutionState:
         """The state of ``execution_id``, replayed from its log on first use (``state_async``: off the loop)."""
@@ -258,7 +275,7 @@ class Recorder:
 
     async def commit(self, call: ModelCall, prompt_text: str, *, alone: bool = False) -> None:
         """Append ``call`` durably; its tree and caches follow (``_learn_soon``). ``alone``: no other
-        model call is in flight, so a sync on this thread holds up no one (see the module invariants)."""
+        model call is in flight, so a wait on this thread holds up no one (see the module invariants)."""
         await self.wait(await self.begin(call, prompt_text), alone=alone)
 
     async def begin(self, call: ModelCall, prompt_text: str) -> PendingCommit:
@@ -271,30 +288,31 @@ class Recorder:
                 appended = asyncio.get_running_loop().run_in_executor(self._appender, self.store.append, call)
                 return PendingCommit(state, call, prompt_text, None, appended)
             landing = _Landing()
-            return PendingCommit(state, call, prompt_text, landing, self._submit(call, landing))
+            pending = PendingCommit(state, call, prompt_text, landing, None)
+            self._submit(call, landing)
         except BaseException:
             state.lock.release()
             raise
+        return pending
 
     async def wait(self, pending: PendingCommit, *, alone: bool = False) -> None:
         """Return once ``pending``'s record is durable (``RecordsStalled`` past ``write_timeout_s``)."""
-        landing, durable = pending.landing, pending.durable
+        landing = pending.landing
         try:
-            if durable is None:
-                return
             self.alone += alone and landing is not None
-            if alone and landing is not None and landing.wait(ALONE_WAIT_S):  # the future settles a turn later: its outcome is read here
-                durable.add_done_callback(lambda f: f.cancelled() or f.exception())
+            if alone and landing is not None and landing.synced.acquire(True, ALONE_WAIT_S):
                 if landing.error is not None:
                     raise landing.error
                 self.waited_here += 1
                 self._learn_soon(pending.state, pending.call, pending.prompt_text)
                 return
+            durable = pending.appended if landing is None else self._future(landing)
+            assert durable is not None
             try:
                 async with asyncio.timeout(self.write_timeout_s):
                     await asyncio.shield(durable)
             except (asyncio.CancelledError, TimeoutError) as exc:  # a record that lands later joins the tree
-                self._learn_on_landing(pending)
+                self._learn_on_landing(pending, durable)
                 if isinstance(exc, TimeoutError):
                     log.error("records of %s: not durable within %s s (stalled disk?)", pending.call.execution_id,
                               self.write_timeout_s)
@@ -306,13 +324,13 @@ class Recorder:
 
     def abandon(self, pending: PendingCommit) -> None:
         """The caller of ``begin`` will not ``wait``: the record, if it lands, joins the tree unacknowledged."""
-        if pending.durable is not None:
-            self._learn_on_landing(pending)
+        landing = pending.landing
+        self._learn_on_landing(pending, pending.appended if landing is None else self._future(landing))
         pending.state.lock.release()
 
-    def _learn_on_landing(self, pending: PendingCommit) -> None:
-        assert pending.durable is not None
-        pending.durable.add_done_callback(
+    def _learn_on_landing(self, pending: PendingCommit, durable: asyncio.Future | None) -> None:
+        assert durable is not None
+        durable.add_done_callback(
             lambda f: None if f.cancelled() or f.exception()
             else self._learn_soon(pending.state, pending.call, pending.prompt_text))
 
@@ -335,27 +353,33 @@ class Recorder:
                 finally:
                     state.unlearned.popleft()  # learned, or failed for good: never learned twice
 
-    def _submit(self, call: ModelCall, landing: _Landing) -> asyncio.Future:
-        """A future resolved (on this loop) once ``call``'s batch is fsynced; ``landing`` is set first."""
+    def _submit(self, call: ModelCall, landing: _Landing) -> None:
+        """Queue ``call`` for the group commit; ``landing`` follows its batch (``_Landing``). The loop is
+        woken only when someone awaits the record through it (``_future``): a caller that waited on the
+        loop's thread, or one the record reached first, needs no wake-up."""
         loop = asyncio.get_running_loop()
-        durable = loop.create_future()
 
-        def settle(error: BaseException | None) -> None:
-            if durable.done():
-                return
-            if error is None:
-                durable.set_result(None)
-            else:
-                durable.set_exception(error)
-
-        def wake(error: BaseException | None) -> None:  # on the writer thread
+        def landed(error: BaseException | None) -> None:  # on the writer thread
             landing.error = error
-            landing.set()
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(settle, error)
+            with self._landings:
+                landing.landed = True
+                future = landing.future
+            landing.synced.release()
+            if future is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(_settle, future, error)
 
-        self.group.submit(call, wake)
-        return durable
+        self.group.submit(call, landed)
+
+    def _future(self, landing: _Landing) -> asyncio.Future:
+        """A future of this loop resolved once ``landing``'s batch is durable (or failed)."""
+        future = asyncio.get_running_loop().create_future()
+        with self._landings:
+            landed = landing.landed
+            if not landed:
+                landing.future = future
+        if landed:
+            _settle(future, landing.error)
+        return future
 
     def commit_stats(self) -> dict[str, int]:
         """Durable commits so far: records, the batches that held them, and the lone commits waited for on
@@ -380,6 +404,15 @@ class Recorder:
                       "(the commit journal is replayed at the next start)", self.write_timeout_s)
             return
         self.store.close()
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 def key_digest(key: str) -> str:
@@ -455,9 +488,17 @@ class KeyRegistry:
     def _rebuild(self) -> None:
         merged = {**self._dynamic, **self._static}
         self._keys = {d: e for d, e in merged.items() if d not in self._revoked}
+        self._seen: dict[str, str] = {}  # valid keys already looked up (no SHA-256 per call); rebuilt with _keys
 
     def execution_for(self, key: str | None) -> str | None:
-        return self._keys.get(key_digest(key)) if key else None
+        if not key:
+            return None
+        execution = self._seen.get(key)
+        if execution is None:
+            execution = self._keys.get(key_digest(key))
+            if execution is not None and len(self._seen) < len(self._keys):  # only valid keys: bounded
+                self._seen[key] = execution
+        return execution
 
     def register(self, execution_id: str) -> str:
         """A new key for ``execution_id`` (an execution may hold several keys)."""

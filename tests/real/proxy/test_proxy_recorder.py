@@ -5,12 +5,14 @@ whichever comes first, and always in commit order."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
 
-from gyre.real.proxy.recording import Recorder
+from gyre.real.proxy.recording import ALONE_WAIT_S, Recorder
 from gyre.real.proxy.tokenize import ChatTokenizer
+from gyre.real.store.durable import Disk
 from gyre.real.store.tito_log import ExecutionStore
 from gyre.trajectory.records import ModelCall
 
@@ -78,3 +80,53 @@ def test_commits_of_one_execution_are_learned_in_log_order(tmp_path, model, mode
     log_order = [r.request_id for r in ExecutionStore(tmp_path / "records").read("ex")]
     assert sorted(log_order) == sorted(f"r{i}" for i in range(len(prompts)))
     assert tree_order == log_order
+
+
+class SlowSync(Disk):
+    """The store's disk, its syncs made ``delay`` seconds slower."""
+
+    delay = 0.0
+
+    def fdatasync(self, fd: int) -> None:
+        time.sleep(self.delay)
+        super().fdatasync(fd)
+
+
+def test_a_lone_commit_is_answered_without_waking_the_loop_and_a_late_one_through_it(tmp_path, model):
+    """A lone commit that lands within ``ALONE_WAIT_S`` is answered on the loop's thread: no wake-up
+    of the loop, no future; one that lands later (a slow sync), a commit that is not alone, and an
+    abandoned one are settled through the loop, once each, and every one of them is durable."""
+    chat = ChatTokenizer(str(model))
+    disk = SlowSync()
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        wakes = []
+        original = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *args: wakes.append(args) or original(*args)  # type: ignore[method-assign]
+        recorder = Recorder(tmp_path / "records", chat, fsync=True, disk=disk)
+        try:
+            for turn in range(5):  # a loaded machine may sync one past ALONE_WAIT_S: then it is a late one
+                here, woken = recorder.commit_stats()["here"], len(wakes)
+                lone = await recorder.begin(call(chat, "ex", turn, f"hi {turn}"), f"hi {turn}")
+                await recorder.wait(lone, alone=True)
+                answered_here = recorder.commit_stats()["here"] - here
+                assert len(wakes) - woken == 1 - answered_here
+                assert lone.landing is not None and (lone.landing.future is None) == bool(answered_here)
+            assert recorder.commit_stats()["here"] >= 1
+            disk.delay = 10 * ALONE_WAIT_S
+            here, woken = recorder.commit_stats()["here"], len(wakes)
+            await recorder.commit(call(chat, "ex", 5, "late"), "late", alone=True)
+            assert (recorder.commit_stats()["here"] - here, len(wakes) - woken) == (0, 1)
+            await recorder.commit(call(chat, "ex", 6, "and again"), "and again")  # not alone
+            assert len(wakes) - woken == 2
+            recorder.abandon(await recorder.begin(call(chat, "ex", 7, "gone"), "gone"))
+            while recorder.state("ex").requests < 8:  # the abandoned record lands, then is learned
+                await asyncio.sleep(0.01)
+            assert len(wakes) - woken == 3
+            return recorder.commit_stats()["records"]
+        finally:
+            recorder.close()
+
+    assert asyncio.run(main()) == 8
+    assert [c.request_id for c in ExecutionStore(tmp_path / "records").read("ex")] == [f"r{i}" for i in range(8)]

@@ -3,7 +3,8 @@
 The engine sends the whole answer in one chunk that carries its finish reason, so every event of the
 answer belongs to the generation's last step. The commit journal's write (the seam every durable
 record passes) is held: the record was handed to the writer, and the client has received nothing,
-not even the response head; once the write is released, the whole stream arrives, intact.
+not even the response head; once the write is released, the whole stream arrives, intact. The same
+with only the journal's sync held, after the record was written: a written record is not a durable one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 import socket
 
 import pytest
+
+from gyre.real.store.durable import Disk
 
 try:
     from held_calls import held
@@ -66,8 +69,11 @@ def _dechunk(body: bytes) -> bytes:
         at = end + 2 + size + 2
 
 
-def test_the_last_step_is_held_until_the_record_is_durable_then_sent_whole(stack):
-    with held(stack["server"].recorder.group.journal, "append") as (reached, release):
+@pytest.mark.parametrize("seam", ["append", "fdatasync"])
+def test_the_last_step_is_held_until_the_record_is_durable_then_sent_whole(stack, seam):
+    journal = stack["server"].recorder.group.journal
+    journal.disk = Disk()  # this journal's own syncs (``held`` replaces a method of this object only)
+    with held(journal if seam == "append" else journal.disk, seam) as (reached, release):
         sock = _send_stream_request(stack["url"])
         try:
             assert reached.wait(10), "the record never reached the commit journal"
