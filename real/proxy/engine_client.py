@@ -101,6 +101,7 @@ def generate_body(rid: str, ids_text: str, sampling: dict[str, Any]) -> bytes:
 
 IDS_KEY = b'"output_ids":'
 LOGPROBS_KEY = b'"output_token_logprobs":'
+TEXT_OPEN = b'{"text":"'  # how SGLang's chunks begin (orjson: compact, ``text`` first)
 SUFFIX_PARSE_BYTES = 2048  # events at least this long have only their new tokens parsed (``ChunkDecoder``)
 
 
@@ -133,6 +134,8 @@ class ChunkDecoder:
     the arrays are located with byte searches, cut out of the payload (the rest
     is parsed whole: it is small) and only their last ``completion_tokens -
     seen`` items are parsed, so a stream's Python work is linear in its length.
+    The ``text`` SGLang repeats in every cumulative chunk is cut out of the head
+    too: its part already seen is compared with the previous chunk's, not parsed.
     An event whose log-probability triples carry text (``return_text_in_logprobs``,
     never asked for) or that does not have the expected shape is parsed whole."""
 
@@ -140,6 +143,7 @@ class ChunkDecoder:
         self.engine_id = engine_id
         self.seen = 0
         self.parsed_bytes = 0  # bytes handed to the JSON parser: the work that must stay linear in a stream
+        self.text = b""  # the last long event's text, as sent: a cumulative stream's next text starts with it
 
     def decode_event(self, body: bytes | bytearray, lo: int = 0, hi: int | None = None) -> TokenChunk:
         """The tokens of the event ``body[lo:hi]`` (bounds: a long event is read where it lies in the
@@ -174,7 +178,7 @@ class ChunkDecoder:
         if (lps_close <= 0 or body[lps_close + 1:quote].strip(b" \t\r\n,}")
                 or body.find(b'"', ids_open, ids_close) >= 0):
             return None  # text inside an array: a bracket may be quoted
-        head = bytes(body[lo:ids_open + 1]) + body[ids_close:lps_open + 1] + body[lps_close:hi]
+        head = self._head_before_ids(body, lo, ids_open) + body[ids_close:lps_open + 1] + body[lps_close:hi]
         self.parsed_bytes += len(head)
         try:
             payload = json.loads(head)
@@ -199,6 +203,25 @@ class ChunkDecoder:
         except ValueError:
             return None
         return self._tokens(new, new_ids, new_lps, meta)
+
+    def _head_before_ids(self, body: bytes | bytearray, lo: int, ids_open: int) -> bytes:
+        """``body[lo:ids_open + 1]`` with its ``text`` emptied when SGLang's compact spelling lets
+        it be cut out: a cumulative stream repeats its text so far in every chunk, so the part
+        that starts like the previous chunk's text is compared (memcmp), not parsed, and only the
+        rest is scanned for the string's end. The text itself is never used."""
+        start = lo + len(TEXT_OPEN)
+        if not body.startswith(TEXT_OPEN, lo, ids_open):
+            return bytes(body[lo:ids_open + 1])
+        known = len(self.text) if self.text and body.startswith(self.text, start, ids_open) else 0
+        try:
+            rest = body[start + known:ids_open + 1].decode()
+            _, end = json.decoder.scanstring(rest, 0)
+        except (UnicodeDecodeError, ValueError):
+            return bytes(body[lo:ids_open + 1])  # parsed whole: the same error, if any, as a whole parse
+        after = rest[end:].encode()
+        self.text = bytes(body[start:ids_open + 1 - len(after) - 1])
+        self.parsed_bytes += len(rest) - len(after)
+        return TEXT_OPEN + b'"' + after
 
     def decode(self, payload: dict[str, Any]) -> TokenChunk:
         if "error" in payload:

@@ -13,6 +13,15 @@ fixed subset of HTTP, and this module speaks exactly that subset over one
   streams), or by the end of the connection; ``1xx`` heads are skipped;
 - ``http://`` and ``https://`` (the system's default TLS context).
 
+Each connection is an ``asyncio.BufferedProtocol``: the event loop reads
+straight into the connection's one receive buffer, the chunked coding is
+decoded where the bytes lie, and ``Response.iter_in_place`` hands the reader
+the body there. So a received byte is copied once, by the kernel, and a
+reader waiting inside a chunk is woken once the chunk is whole (or reading
+pauses), not on every read: a cumulative engine's stream, whose bytes grow
+quadratically with the output, costs the proxy no per-byte work beyond the
+kernel's copy and the reader's one-byte searches.
+
 Invariants:
 - every failure (refused, reset, closed early, a timeout, a malformed head or
   chunk) raises ``HttpError``, which is a ``ConnectionError``;
@@ -27,7 +36,12 @@ Invariants:
 - ``Response.close()`` aborts the connection at once: a read waiting on it and
   every later read raise ``HttpError``;
 - ``read_timeout_s`` bounds each wait for bytes (aiohttp's ``sock_read``), not
-  the whole response: a long generation that keeps streaming never times out.
+  the whole response: a long generation that keeps streaming never times out,
+  nor does a long chunk that keeps arriving;
+- the body read in place is ``buffer[body_start:body_end]`` until ``consume``d;
+  decoded body bytes are never lost or reordered, however the wire is cut into
+  reads and the body into chunks, and the bytes after a response's end stay
+  unread for the next one.
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ def streams(draw) -> list[bytes]:
     incremental = draw(st.booleans())
     spaced = draw(st.booleans())
     triple_text = draw(st.booleans())
+    cumulative_text, text = draw(st.booleans()), ""
     cuts = sorted(set(draw(st.lists(st.integers(1, tokens), max_size=8)) + [tokens]))
     short = draw(st.sampled_from([None, *range(len(cuts))]))  # a chunk that announces one token too many
     payloads, sent = [], 0
@@ -55,7 +56,9 @@ def streams(draw) -> list[bytes]:
         triples = [[lp, t, draw(TEXTS) if triple_text else None] for lp, t in zip(logprobs[first:cut], ids[first:cut])]
         meta = {"id": "r", "finish_reason": {"type": "stop"} if cut == tokens else None,
                 "completion_tokens": cut + (n == short), "output_token_logprobs": triples, "weight_version": "v1"}
-        payload = {"text": draw(TEXTS) * draw(st.integers(0, 50)), "output_ids": ids[first:cut], "meta_info": meta}
+        piece = draw(TEXTS) * draw(st.integers(0, 50))
+        text = text + piece if cumulative_text else piece  # SGLang's cumulative mode repeats the text so far
+        payload = {"text": text, "output_ids": ids[first:cut], "meta_info": meta}
         separators = (", ", ": ") if spaced else (",", ":")
         payloads.append(json.dumps(payload, separators=separators, ensure_ascii=draw(st.booleans())).encode())
         sent = cut
@@ -255,12 +258,12 @@ def test_events_are_the_same_however_the_bytes_arrive(events, reads, crlf):
     assert not buffer
 
 
-def _sglang_event(ids: list[int], total: int) -> bytes:
+def _sglang_event(ids: list[int], total: int, text: str = "") -> bytes:
     """A compact SGLang chunk carrying ``ids`` (all so far when cumulative, the new ones when incremental)."""
-    return json.dumps({"text": "", "output_ids": ids, "meta_info": {
+    return json.dumps({"text": text, "output_ids": ids, "meta_info": {
         "id": "r", "finish_reason": None, "completion_tokens": total,
         "output_token_logprobs": [[-0.25, i, None] for i in ids], "weight_version": "v1"}},
-        separators=(",", ":")).encode()
+        separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def test_a_cumulative_chunk_costs_a_parse_of_its_new_suffix_only():
@@ -285,3 +288,18 @@ def test_a_multi_line_event_read_byte_by_byte_keeps_its_lines():
         buffer += stream[at:at + 1]
         got += engine_client._split_events(buffer, splitter)
     assert got == [b"a\nb", b"c"]
+
+
+def test_a_cumulative_text_costs_a_scan_of_its_new_part_only():
+    """SGLang's cumulative chunks repeat the text so far: only its new part reaches a parser or a
+    scan (what was seen before is compared), so the bytes parsed per chunk stay bounded while
+    the chunk grows; the ids are those of a whole parse."""
+    decoder, words = ChunkDecoder("e0"), ['run "tests" ', "\u00e9t\u00e9 ", "a\\b ", "line\n"]
+    ids = [(7919 * k) % 150_000 for k in range(1500)]
+    for n in range(1, len(ids) + 1):
+        before = decoder.parsed_bytes
+        event = _sglang_event(ids[:n], n, "".join(words[k % 4] for k in range(n)))
+        chunk = decoder.decode_event(event)
+        assert chunk.ids == (ids[n - 1],)
+        assert decoder.parsed_bytes - before <= 4096, (n, decoder.parsed_bytes - before)
+    assert len(event) > 40_000 and len(decoder.text) > 10_000  # the last chunk's text (~12 KB) was cut out

@@ -266,6 +266,35 @@ def test_the_read_timeout_bounds_each_wait_not_the_whole_response(monkeypatch) -
     run(main())
 
 
+def test_a_long_chunk_that_keeps_arriving_does_not_time_out_and_one_that_stalls_does() -> None:
+    """The reader waits for a whole chunk (one wake-up), yet the timeout still bounds each wait for bytes."""
+    async def main() -> None:
+        async def handler(reader, writer, n):
+            for stall in (False, True):
+                await server.read_request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\n")
+                for k in range(3 if stall else 6):  # 0.6 s for the chunk, never 0.3 s without a byte
+                    writer.write(b"x")
+                    await writer.drain()
+                    await asyncio.sleep(0.1)
+                if stall:
+                    await asyncio.sleep(30)
+                writer.write(b"\r\n0\r\n\r\n")
+                await writer.drain()
+
+        server = Server(handler)
+        async with server as url:
+            client = HttpClient(1.0, 0.3)
+            async with await client.request("POST", url, b"") as resp:
+                assert await resp.read() == b"xxxxxx"
+            async with await client.request("POST", url, b"") as resp:
+                with pytest.raises(HttpError, match="read timeout"):
+                    await resp.read()
+            await client.close()
+
+    run(main())
+
+
 @pytest.mark.parametrize("answer, match", [
     (b"SPDY/9 200 OK\r\n\r\n", "malformed status line"),
     (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line"),
