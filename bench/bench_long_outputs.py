@@ -22,8 +22,9 @@ chunk's new suffix is parsed. That term is measured apart as the floor
 (``receive_floor_us_per_token_*``): the CPU time of this process's thread
 doing nothing but receive the same stream from the same engine with
 ``recv_into`` into one preallocated buffer (no parsing, no copy). The proxy's
-own share is the difference (``above_floor_us_per_token_*``); it is what
-linear-time handling keeps flat.
+own share is the difference (``above_floor_us_per_token_*``), the figure
+linear-time handling is meant to keep flat (the floor does not include what
+3 GB passing through the proxy's caches costs the rest of its work).
 
 Bystander: during one more answer of the longest length in each mode (not
 counted in the CPU figures), another execution makes short calls (8 tokens)
