@@ -15,10 +15,16 @@ answered. Linear-time handling shows as a flat figure
 across lengths; a parse of every whole chunk grows with the length.
 
 In cumulative mode the engine sends a number of bytes quadratic in the
-length (the 16k-token answer's last chunk alone is ~0.5 MB): receiving and
-scanning them is C-speed work the proxy cannot skip, so that mode's figure
-keeps a small term growing with the length even when only each chunk's new
-suffix is parsed.
+length (the 16k-token answer's last chunk alone is ~0.5 MB, the answer ~3 GB):
+the kernel's copy of them into the receiver is work no receiver can skip, so
+that mode's figure keeps a term growing with the length even when only each
+chunk's new suffix is parsed. That term is measured apart as the floor
+(``receive_floor_us_per_token_*``): the CPU time of this process's thread
+doing nothing but receive the same stream from the same engine with
+``recv_into`` into one preallocated buffer (no parsing, no copy). The proxy's
+own share is the difference (``above_floor_us_per_token_*``), the figure
+linear-time handling is meant to keep flat (the floor does not include what
+3 GB passing through the proxy's caches costs the rest of its work).
 
 Bystander: during one more answer of the longest length in each mode (not
 counted in the CPU figures), another execution makes short calls (8 tokens)
@@ -32,7 +38,9 @@ compare; the load average is printed with the results.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -68,6 +76,23 @@ async def _bystander(session, url: str, stop: asyncio.Event, calls: int | None =
     while not stop.is_set() and (calls is None or len(times) < calls):
         times.append((await _call(session, url, "bench-key-1", 8))[0])
     return times
+
+
+def _receive_floor_seconds(engine_url: str, tokens: int) -> float:
+    """CPU time of this thread receiving one ``/generate`` stream of ``tokens`` tokens and doing
+    nothing else (read into one preallocated buffer until the engine closes the connection)."""
+    host, port = engine_url.split("//", 1)[1].rsplit(":", 1)
+    body = json.dumps({"rid": "floor", "input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": tokens},
+                       "return_logprob": True, "stream": True}).encode()
+    head = (f"POST /generate HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    view = memoryview(bytearray(1 << 20))
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head + body)
+        start = time.thread_time()
+        while sock.recv_into(view):
+            pass
+        return time.thread_time() - start
 
 
 async def _mode(url: str, pid: int, lengths: list[int]) -> dict:
@@ -119,6 +144,10 @@ def main() -> dict:
                     figures = asyncio.run(_mode(proxy_url, proxy.pid, lengths))
                 finally:
                     _stop(proxy)
+                for tokens in lengths:
+                    floor = _receive_floor_seconds(engine_url, tokens) * 1e6 / tokens
+                    figures[f"receive_floor_us_per_token_{tokens}"] = floor
+                    figures[f"above_floor_us_per_token_{tokens}"] = figures[f"cpu_us_per_token_{tokens}"] - floor
             finally:
                 _stop(engine)
             for name, value in figures.items():

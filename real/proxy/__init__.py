@@ -24,10 +24,12 @@ medians of 3 runs, the load average beside each):
 - ``http_client`` instead of aiohttp's client: 0.090 ms of client CPU per streamed engine
   call at 64 concurrent calls (runs 0.084-0.090) against aiohttp's 0.142 ms (0.135-0.143),
   load 8-10: 0.05 ms less per call, about 8% of the proxy's 0.57-0.60 ms per call at 64 clients
-  (``bench proxy``). Its ``Response.iter_into`` also appends a streamed body straight into the
-  engine client's one receive buffer, where the events are decoded in place: a cumulative
-  16k-token stream costs 209 us of proxy CPU per token instead of 225 (two copies of every
-  received byte fewer; ``bench long_outputs``, load 9 then 2). It stays.
+  (``bench proxy``). Its connections are ``asyncio.BufferedProtocol``s: the event loop reads into
+  one receive buffer per connection, the chunked coding is decoded in place and the engine client
+  decodes events where they lie (``Response.iter_in_place``), so no received byte is copied by the
+  proxy (aiohttp's client hands out a ``bytes`` per read and copies again to assemble events).
+  A cumulative 16k-token stream cost 240-241 us of proxy CPU per token against 270 with the
+  three copies it made before (``bench long_outputs``, runs interleaved, load 0.6-1.3). It stays.
 - ``gyre.real.store.commit_journal`` (one ``fdatasync`` per batch, whatever the number of logs
   it touched) instead of syncing each touched log, what it replaced: 0.034 ms of CPU per
   record against 0.093 ms, and 2.8 ms against 5.5 ms of wall per burst of 64 records

@@ -101,6 +101,7 @@ def generate_body(rid: str, ids_text: str, sampling: dict[str, Any]) -> bytes:
 
 IDS_KEY = b'"output_ids":'
 LOGPROBS_KEY = b'"output_token_logprobs":'
+TEXT_OPEN = b'{"text":"'  # how SGLang's chunks begin (orjson: compact, ``text`` first)
 SUFFIX_PARSE_BYTES = 2048  # events at least this long have only their new tokens parsed (``ChunkDecoder``)
 
 
@@ -133,6 +134,8 @@ class ChunkDecoder:
     the arrays are located with byte searches, cut out of the payload (the rest
     is parsed whole: it is small) and only their last ``completion_tokens -
     seen`` items are parsed, so a stream's Python work is linear in its length.
+    The ``text`` SGLang repeats in every cumulative chunk is cut out of the head
+    too: its part already seen is compared with the previous chunk's, not parsed.
     An event whose log-probability triples carry text (``return_text_in_logprobs``,
     never asked for) or that does not have the expected shape is parsed whole."""
 
@@ -140,6 +143,7 @@ class ChunkDecoder:
         self.engine_id = engine_id
         self.seen = 0
         self.parsed_bytes = 0  # bytes handed to the JSON parser: the work that must stay linear in a stream
+        self.text = b""  # the last long event's text, as sent: a cumulative stream's next text starts with it
 
     def decode_event(self, body: bytes | bytearray, lo: int = 0, hi: int | None = None) -> TokenChunk:
         """The tokens of the event ``body[lo:hi]`` (bounds: a long event is read where it lies in the
@@ -174,7 +178,7 @@ class ChunkDecoder:
         if (lps_close <= 0 or body[lps_close + 1:quote].strip(b" \t\r\n,}")
                 or body.find(b'"', ids_open, ids_close) >= 0):
             return None  # text inside an array: a bracket may be quoted
-        head = bytes(body[lo:ids_open + 1]) + body[ids_close:lps_open + 1] + body[lps_close:hi]
+        head = self._head_before_ids(body, lo, ids_open) + body[ids_close:lps_open + 1] + body[lps_close:hi]
         self.parsed_bytes += len(head)
         try:
             payload = json.loads(head)
@@ -199,6 +203,25 @@ class ChunkDecoder:
         except ValueError:
             return None
         return self._tokens(new, new_ids, new_lps, meta)
+
+    def _head_before_ids(self, body: bytes | bytearray, lo: int, ids_open: int) -> bytes:
+        """``body[lo:ids_open + 1]`` with its ``text`` emptied when SGLang's compact spelling lets
+        it be cut out: a cumulative stream repeats its text so far in every chunk, so the part
+        that starts like the previous chunk's text is compared (memcmp), not parsed, and only the
+        rest is scanned for the string's end. The text itself is never used."""
+        start = lo + len(TEXT_OPEN)
+        if not body.startswith(TEXT_OPEN, lo, ids_open):
+            return bytes(body[lo:ids_open + 1])
+        known = len(self.text) if self.text and body.startswith(self.text, start, ids_open) else 0
+        try:
+            rest = body[start + known:ids_open + 1].decode()
+            _, end = json.decoder.scanstring(rest, 0)
+        except (UnicodeDecodeError, ValueError):
+            return bytes(body[lo:ids_open + 1])  # parsed whole: the same error, if any, as a whole parse
+        after = rest[end:].encode()
+        self.text = bytes(body[start:ids_open + 1 - len(after) - 1])
+        self.parsed_bytes += len(rest) - len(after)
+        return TEXT_OPEN + b'"' + after
 
     def decode(self, payload: dict[str, Any]) -> TokenChunk:
         if "error" in payload:
@@ -230,55 +253,61 @@ class ChunkDecoder:
         return TokenChunk(tuple(int(i) for i in new_ids), values, finish, None if version is None else str(version))
 
 
-def _event_spans(buffer: bytearray, searched: int = 0) -> tuple[list[tuple[int, int] | bytes], int, int]:
-    """The complete SSE events (separated by a blank line) at the head of ``buffer``: an event of one
-    data line (what engines send) as the bounds of its data in ``buffer``, any other as its data
-    (``_event_data``; events without data left out); then how many bytes they span (the caller
-    removes them once read) and how far the rest was searched (a long event arriving in many reads
-    is not searched from its start each time)."""
-    spans: list[tuple[int, int] | bytes] = []
-    start = 0
-    while True:
-        end = _blank_line(buffer, max(start, searched - 1))
-        if end < 0:
-            return spans, start, len(buffer) - start
-        if buffer.startswith(b"data: ", start) and buffer.find(b"\n", start, end) < 0:
-            spans.append((start + 6, end))
-        else:
-            body = _event_data(bytes(buffer[start:end]))
-            if body is not None:
-                spans.append(body)
-        start = end + 2
+class EventSplitter:
+    """Finds the complete SSE events at the head of a body as it grows (``split``), so that each
+    byte is searched once: a long event arriving in many reads is not searched from its start each
+    time. Lines end with LF or CR LF (mixed too); events end with a blank line."""
+
+    def __init__(self) -> None:
+        self.searched = 0    # how far into the waiting body every line end was examined
+        self.lines = False   # whether the waiting event has a line end before ``searched``
+
+    def split(self, buffer: bytes | bytearray, lo: int, hi: int) -> tuple[list[tuple[int, int] | bytes], int]:
+        """The complete events of ``buffer[lo:hi]`` (the body not consumed): an event of one
+        ``data: `` line (what engines send) as the bounds of its data in ``buffer``, any other as
+        its data (``_event_data``; events without data left out); then where they end (the caller
+        consumes the body up to there once it has read them)."""
+        spans: list[tuple[int, int] | bytes] = []
+        start, at, lines = lo, lo + self.searched, self.lines
+        while True:
+            at = buffer.find(b"\n", at, hi)  # a one-byte search runs at memchr speed
+            if at < 0:
+                at = hi
+                break
+            if at + 1 >= hi or (buffer[at + 1] == 13 and at + 2 >= hi):
+                break  # whether this line end starts a blank line is not known yet
+            stop = at + 2 if buffer[at + 1] == 10 else at + 3 if buffer[at + 1:at + 3] == b"\r\n" else 0
+            if not stop:
+                lines, at = True, at + 1
+                continue
+            end = at - 1 if at > start and buffer[at - 1] == 13 else at
+            if not lines and buffer.startswith(b"data: ", start, end):
+                spans.append((start + 6, end))
+            else:
+                data = _event_data(bytes(buffer[start:end]))
+                if data is not None:
+                    spans.append(data)
+            start = at = stop
+            lines = False
+        self.searched, self.lines = at - start, lines
+        return spans, start
 
 
-def _split_events(buffer: bytearray, searched: int = 0) -> tuple[list[bytes], int]:
-    """``_event_spans`` as the events' data, removed from ``buffer``; and how far the rest was searched."""
-    spans, used, rest = _event_spans(buffer, searched)
+def _split_events(buffer: bytearray, splitter: EventSplitter) -> list[bytes]:
+    """``EventSplitter.split`` as the events' data, removed from ``buffer``."""
+    spans, used = splitter.split(buffer, 0, len(buffer))
     bodies = [bytes(buffer[span[0]:span[1]]) if isinstance(span, tuple) else span for span in spans]
     del buffer[:used]
-    return bodies, rest
-
-
-def _blank_line(buffer: bytearray, at: int) -> int:
-    """Index of the next ``\\n\\n`` from ``at``, or -1, found by one-byte searches: they run at
-    memchr speed, where a search for the two bytes tests the buffer byte by byte (~1.5 ns a byte:
-    the whole cost of a long cumulative chunk)."""
-    while True:
-        at = buffer.find(b"\n", at)
-        if at < 0 or at + 1 >= len(buffer):
-            return -1
-        if buffer[at + 1] == 10:
-            return at
-        at += 1
+    return bodies
 
 
 def _event_data(event: bytes) -> bytes | None:
-    """The data of one SSE event: its ``data:`` lines, each less the one space that may follow the
-    colon (the SSE rule, which the one-line fast path of ``_split_events`` applies too), joined by
-    newlines; None for an event without data."""
-    lines = [line[6:] if line.startswith(b"data: ") else line[5:]
-             for line in event.split(b"\n") if line.startswith(b"data:")]
-    return b"\n".join(lines) if lines else None
+    """The data of one SSE event: its ``data:`` lines (a CR ending a line dropped), each less the
+    one space that may follow the colon (the SSE rule, which the one-line fast path of
+    ``EventSplitter`` applies too), joined by newlines; None for an event without data."""
+    lines = [line[:-1] if line.endswith(b"\r") else line for line in event.split(b"\n")]
+    data = [line[6:] if line.startswith(b"data: ") else line[5:] for line in lines if line.startswith(b"data:")]
+    return b"\n".join(data) if data else None
 
 
 class EngineClient:
@@ -342,31 +371,23 @@ class EngineClient:
 
     async def _chunks(self, resp: Response, decoder: ChunkDecoder) -> AsyncIterator[TokenChunk]:
         """One ``TokenChunk`` per network read: the events that arrived together are merged, so
-        a burst of tokens costs one decode, one parse and one client write, not one per token."""
-        buffer = bytearray()  # received, not yet split into events: the one copy of the engine's bytes
-        searched = 0
-        crlf: bool | None = None  # whether this engine ends its lines with CR LF (known from its first line)
+        a burst of tokens costs one decode, one parse and one client write, not one per token.
+        Events are decoded where they lie in the connection's receive buffer: a received byte is
+        never copied by the proxy (``Response.iter_in_place``)."""
+        splitter = EventSplitter()
         # closed here, not left to the garbage collector: an abandoned async generator costs a task
         # (the loop's finalizer hook schedules its aclose) and a wake-up of the loop, on every call
-        async with contextlib.aclosing(resp.iter_into(buffer)) as pieces:
-            async for added in pieces:
-                new_at = len(buffer) - added
-                if crlf is None and buffer.find(b"\n", new_at) >= 0:
-                    crlf = buffer.find(b"\r\n", max(new_at - 1, 0)) >= 0
-                if crlf:
-                    buffer[new_at:] = buffer[new_at:].replace(b"\r\n", b"\n")
-                    if new_at and buffer[new_at - 1:new_at + 1] == b"\r\n":
-                        del buffer[new_at - 1]  # a CR LF cut between two reads: a blank line may end there
-                        searched = min(searched, new_at - 1)
-                spans, used, rest = _event_spans(buffer, searched)
-                searched = rest
+        async with contextlib.aclosing(resp.iter_in_place()) as pieces:
+            async for _ in pieces:
+                buffer, lo = resp.buffer, resp.body_start
+                spans, used = splitter.split(buffer, lo, resp.body_end)
                 ready: list[TokenChunk] = []
                 error: EngineCallError | None = None
                 done = False
                 try:
                     for span in spans:
                         if isinstance(span, tuple):
-                            if buffer[span[0]:span[1]] == b"[DONE]":
+                            if span[1] - span[0] == 6 and buffer.startswith(b"[DONE]", span[0]):
                                 done = True
                                 break
                             ready.append(decoder.decode_event(buffer, span[0], span[1]))
@@ -377,7 +398,7 @@ class EngineClient:
                             ready.append(decoder.decode_event(span))
                 except EngineCallError as exc:
                     error = exc  # the tokens that arrived before the error still count
-                del buffer[:used]
+                resp.consume(used - lo)
                 if ready:
                     yield merge_chunks(ready)
                 if error is not None:

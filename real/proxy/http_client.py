@@ -13,6 +13,15 @@ fixed subset of HTTP, and this module speaks exactly that subset over one
   streams), or by the end of the connection; ``1xx`` heads are skipped;
 - ``http://`` and ``https://`` (the system's default TLS context).
 
+Each connection is an ``asyncio.BufferedProtocol``: the event loop reads
+straight into the connection's one receive buffer, the chunked coding is
+decoded where the bytes lie, and ``Response.iter_in_place`` hands the reader
+the body there. So a received byte is copied once, by the kernel, and a
+reader waiting inside a chunk is woken once the chunk is whole (or reading
+pauses), not on every read: a cumulative engine's stream, whose bytes grow
+quadratically with the output, costs the proxy no per-byte work beyond the
+kernel's copy and the reader's one-byte searches.
+
 Invariants:
 - every failure (refused, reset, closed early, a timeout, a malformed head or
   chunk) raises ``HttpError``, which is a ``ConnectionError``;
@@ -27,7 +36,12 @@ Invariants:
 - ``Response.close()`` aborts the connection at once: a read waiting on it and
   every later read raise ``HttpError``;
 - ``read_timeout_s`` bounds each wait for bytes (aiohttp's ``sock_read``), not
-  the whole response: a long generation that keeps streaming never times out.
+  the whole response: a long generation that keeps streaming never times out,
+  nor does a long chunk that keeps arriving;
+- the body read in place is ``buffer[body_start:body_end]`` until ``consume``d;
+  decoded body bytes are never lost or reordered, however the wire is cut into
+  reads and the body into chunks, and the bytes after a response's end stay
+  unread for the next one.
 """
 
 from __future__ import annotations
@@ -41,7 +55,9 @@ from urllib.parse import urlsplit
 
 IDLE_S = 4.0
 MAX_HEAD_BYTES = 64 * 1024
-PAUSE_BYTES = 1 << 20  # stop reading the socket while this much is buffered and unread
+PAUSE_BYTES = 1 << 20  # stop reading the socket while this much is received and not yet decoded
+INITIAL_BUFFER = 64 * 1024  # a connection's receive buffer; it grows for long events, shrinks when pooled
+MIN_READ = 32 * 1024  # free space offered to each read of the socket
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _STATUS = re.compile(rb"HTTP/1\.[01] (\d{3})(?: .*)?")
 
@@ -50,28 +66,78 @@ class HttpError(ConnectionError):
     """An HTTP exchange with an engine failed; the message names how."""
 
 
-class _Connection(asyncio.Protocol):
-    """One TCP connection: buffers what arrives and wakes the one reader waiting for it."""
+class _Connection(asyncio.BufferedProtocol):
+    """One TCP connection: the event loop reads straight into its receive buffer (``get_buffer``),
+    and it wakes the one reader waiting for bytes.
+
+    The buffer holds, in order: the response body decoded and not yet consumed
+    (``buf[start:body_end]``), bytes of the transfer coding already decoded (a chunk's header:
+    ``buf[body_end:raw]``), bytes not yet decoded (``buf[raw:end]``), free space. Each received
+    byte is copied once, by the kernel; a chunk's data is decoded where it lies."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        self.buf = bytearray(INITIAL_BUFFER)
+        self.view = memoryview(self.buf)
+        self.start = self.body_end = self.raw = self.end = 0
         self.ended = False          # EOF, connection lost, or aborted by us
         self.reason = "connection closed by the engine"
         self.idle_since = 0.0
+        self.need = 1  # bytes to receive before the waiting reader is woken (the rest of a chunk)
+        self.last_read = 0.0  # when bytes last arrived without waking the reader
         self._waiter: asyncio.Future | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        if len(self.buffer) > PAUSE_BYTES and not self._paused and self.transport is not None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.start == self.end:
+            self.start = self.body_end = self.raw = self.end = 0  # nothing kept: read from the front
+        elif len(self.buf) - self.end < MIN_READ:
+            self._make_room()
+        return self.view[self.end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.end += nbytes
+        self.need -= nbytes
+        if self.end - self.raw > PAUSE_BYTES and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
-        self._wake()
+            self.need = 0  # the reader decodes what is here before reading resumes
+        if self.need <= 0:
+            self._wake()
+        else:
+            self.last_read = self.loop.time()
+
+    def _make_room(self) -> None:
+        """At least ``MIN_READ`` bytes free after ``end``: the kept bytes move to the front when
+        the consumed space before them is at least as large as they are (so a move costs no more
+        than the bytes received since the last one), else into a buffer at least twice as large."""
+        kept, start = self.end - self.start, self.start
+        if start >= kept and kept + MIN_READ <= len(self.buf):
+            self.view[:kept] = self.view[start:self.end]
+        else:
+            size = len(self.buf)
+            while size < 2 * (kept + MIN_READ):
+                size *= 2
+            buf = bytearray(size)
+            buf[:kept] = self.view[start:self.end]
+            self.buf, self.view = buf, memoryview(buf)
+        self.start, self.body_end, self.raw, self.end = 0, self.body_end - start, self.raw - start, kept
+
+    def reset(self) -> None:
+        """Between two responses: nothing kept; a buffer grown for long events is given back."""
+        self.start = self.body_end = self.raw = self.end = 0
+        if len(self.buf) > 4 * INITIAL_BUFFER:
+            self.buf = bytearray(INITIAL_BUFFER)
+            self.view = memoryview(self.buf)
+
+    def received(self) -> int:
+        """Bytes received and not yet consumed (a decoded body's, or undecoded ones)."""
+        return self.body_end - self.start + self.end - self.raw
 
     def eof_received(self) -> bool:
         self.ended = True
@@ -93,8 +159,8 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def consumed(self) -> None:
-        """The reader took bytes out of ``buffer``: resume reading once it is small again."""
-        if self._paused and len(self.buffer) < PAUSE_BYTES // 2 and self.transport is not None:
+        """The reader decoded bytes: resume reading once few are left undecoded."""
+        if self._paused and self.end - self.raw < PAUSE_BYTES // 2 and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
 
@@ -103,30 +169,37 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def more(self, timeout: float) -> None:
-        """Wait until more bytes arrive or the connection ends; ``HttpError`` after ``timeout`` s."""
+    async def more(self, timeout: float, need: int = 1) -> None:
+        """Wait until ``need`` more bytes arrive (fewer when reading pauses) or the connection ends;
+        ``HttpError`` once no byte arrived for ``timeout`` s."""
         if self.ended:
             raise HttpError(self.reason)
+        self.need, self.last_read = need, self.loop.time()
         waiter = self._waiter = self.loop.create_future()
-        timer = self.loop.call_later(timeout, _expire, waiter, timeout)
+        self._timer = self.loop.call_later(timeout, self._expire, waiter, timeout)
         try:
             await waiter
         finally:
-            timer.cancel()
-            self._waiter = None
+            self._timer.cancel()
+            self._waiter = self._timer = None
+            self.need = 1
+
+    def _expire(self, waiter: asyncio.Future, timeout: float) -> None:
+        if waiter.done():
+            return
+        quiet = self.loop.time() - self.last_read
+        if quiet < timeout:  # bytes arrived meanwhile, short of what the reader waits for
+            self._timer = self.loop.call_later(timeout - quiet, self._expire, waiter, timeout)
+        else:
+            waiter.set_exception(HttpError(f"no data from the engine for {timeout} s (read timeout)"))
 
     def reusable(self, now: float, idle_s: float = IDLE_S) -> bool:
-        return not self.ended and not self.buffer and now - self.idle_since < idle_s and \
+        return not self.ended and self.end == self.start and now - self.idle_since < idle_s and \
             self.transport is not None and not self.transport.is_closing()
 
 
-def _expire(waiter: asyncio.Future, timeout: float) -> None:
-    if not waiter.done():
-        waiter.set_exception(HttpError(f"no data from the engine for {timeout} s (read timeout)"))
-
-
 class _Dechunker:
-    """Decodes the chunked transfer coding incrementally, out of a connection's buffer."""
+    """Decodes the chunked transfer coding incrementally, in place in a connection's buffer."""
 
     def __init__(self) -> None:
         self.state = "size"
@@ -136,28 +209,31 @@ class _Dechunker:
     def done(self) -> bool:
         return self.state == "done"
 
-    def take(self, buffer: bytearray, out: bytearray) -> None:
-        """Move the body bytes at the head of ``buffer`` onto ``out`` (one copy a byte), up to the
-        body's end or the first incomplete chunk line."""
+    def take(self, conn: _Connection) -> None:
+        """Decode the bytes ``conn.buf[conn.raw:conn.end]`` up to the body's end or the first
+        incomplete chunk line, extending the body ``buf[start:body_end]``. A chunk's data is
+        moved only when decoded body is waiting before its header (an event cut into several
+        chunks), and then whichever is shorter moves, so no byte moves more than its share."""
         while self.state != "done":
             if self.state == "data":
-                if not buffer:
+                n = min(self.remaining, conn.end - conn.raw)
+                if not n:
                     break
-                n = min(self.remaining, len(buffer))
-                with memoryview(buffer) as view:
-                    out += view[:n]
-                del buffer[:n]  # from the front of a bytearray: moves its start, copies nothing
+                if conn.body_end != conn.raw:
+                    conn.view[conn.body_end:conn.body_end + n] = conn.view[conn.raw:conn.raw + n]
+                conn.body_end += n
+                conn.raw += n
                 self.remaining -= n
                 if not self.remaining:
                     self.state = "crlf"
                 continue
-            end = buffer.find(b"\r\n")
+            end = conn.buf.find(b"\r\n", conn.raw, conn.end)
             if end < 0:
-                if len(buffer) > 4096:
+                if conn.end - conn.raw > 4096:
                     raise HttpError("malformed chunked body: a chunk header line over 4 KB")
                 break
-            line = bytes(buffer[:end])
-            del buffer[:end + 2]
+            line = bytes(conn.view[conn.raw:end])
+            conn.raw = end + 2
             if self.state == "crlf":
                 if line:
                     raise HttpError("malformed chunked body: chunk data longer than its size")
@@ -168,8 +244,21 @@ class _Dechunker:
                     raise HttpError(f"malformed chunked body: chunk size {line[:40]!r}")
                 self.remaining = int(digits, 16)
                 self.state = "data" if self.remaining else "trailer"
+                if self.remaining:
+                    _close_gap(conn, self.remaining)
             elif not line:  # "trailer": header lines until an empty one
                 self.state = "done"
+
+
+def _close_gap(conn: _Connection, size: int) -> None:
+    """Before a chunk of ``size`` bytes: make the waiting body end where the chunk's data begins
+    (nothing waiting: it starts there; a shorter body than the chunk: the body moves up to it)."""
+    waiting = conn.body_end - conn.start
+    if not waiting:
+        conn.start = conn.body_end = conn.raw
+    elif waiting < size:
+        conn.view[conn.raw - waiting:conn.raw] = conn.view[conn.start:conn.body_end]
+        conn.start, conn.body_end = conn.raw - waiting, conn.raw
 
 
 class Response:
@@ -212,25 +301,38 @@ class Response:
             self._released = True
             self._conn.abort("response closed")
 
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        """The body's bytes as they arrive (each piece is whatever the buffer held)."""
-        out = bytearray()
-        async for _ in self.iter_into(out):
-            yield bytes(out)
-            out.clear()
+    @property
+    def buffer(self) -> bytearray:
+        """The connection's receive buffer: the body read by ``iter_in_place`` lies in it at
+        ``[body_start:body_end]`` (the buffer object may change between two steps)."""
+        return self._conn.buf
 
-    async def iter_into(self, out: bytearray) -> AsyncIterator[int]:
-        """``iter_any`` without its copy: each piece is appended to ``out`` (which the caller may
-        consume between pieces); yields the number of bytes added, never 0."""
+    @property
+    def body_start(self) -> int:
+        return self._conn.start
+
+    @property
+    def body_end(self) -> int:
+        return self._conn.body_end
+
+    def consume(self, n: int) -> None:
+        """The first ``n`` bytes of the body held in ``buffer`` are read: they may be overwritten."""
+        self._conn.start += n
+
+    async def iter_in_place(self) -> AsyncIterator[int]:
+        """The body as it arrives, left where the event loop read it: after each step,
+        ``buffer[body_start:body_end]`` holds the body received and not yet consumed (``consume``);
+        yields the number of bytes added, never 0."""
         conn = self._conn
         while not self._complete:
             if self._released:
                 raise HttpError("response closed")
-            before = len(out)
-            self._take(conn.buffer, out)
+            before = conn.body_end - conn.start
+            self._take(conn)
             conn.consumed()
-            if len(out) > before:
-                yield len(out) - before
+            added = conn.body_end - conn.start - before
+            if added:
+                yield added
                 continue
             if self._complete:
                 break
@@ -239,8 +341,24 @@ class Response:
                     self._complete = True  # the body runs to the connection's end
                     break
                 raise HttpError(f"response body cut short: {conn.reason}")
-            await conn.more(self.read_timeout_s)
+            chunk = self._chunks
+            await conn.more(self.read_timeout_s, chunk.remaining if chunk is not None and chunk.state == "data" else 1)
         self._release()
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive (each piece is whatever the buffer held)."""
+        out = bytearray()
+        async for _ in self.iter_into(out):
+            yield bytes(out)
+            out.clear()
+
+    async def iter_into(self, out: bytearray) -> AsyncIterator[int]:
+        """``iter_in_place`` copied out: each piece is appended to ``out``; yields its length."""
+        conn = self._conn
+        async for added in self.iter_in_place():
+            out += conn.view[conn.start:conn.body_end]
+            conn.start = conn.body_end
+            yield added
 
     async def read(self) -> bytes:
         out = bytearray()
@@ -251,15 +369,14 @@ class Response:
     async def text(self) -> str:
         return (await self.read()).decode("utf-8", "replace")
 
-    def _take(self, buffer: bytearray, out: bytearray) -> None:
+    def _take(self, conn: _Connection) -> None:
         if self._chunks is not None:
-            self._chunks.take(buffer, out)
+            self._chunks.take(conn)
             self._complete = self._chunks.done
             return
-        n = len(buffer) if self._left is None else min(self._left, len(buffer))
-        with memoryview(buffer) as view:
-            out += view[:n]
-        del buffer[:n]
+        n = conn.end - conn.raw if self._left is None else min(self._left, conn.end - conn.raw)
+        conn.body_end += n  # no transfer coding: the body is the received bytes, where they lie
+        conn.raw += n
         if self._left is not None:
             self._left -= n
             self._complete = not self._left
@@ -268,7 +385,8 @@ class Response:
         if self._released:
             return
         self._released = True
-        if self._keep and not self._conn.buffer:
+        if self._keep and self._conn.raw == self._conn.end:
+            self._conn.reset()
             self._client._give_back(self._key, self._conn)
         else:
             self._conn.abort("not reusable")
@@ -304,7 +422,7 @@ class HttpClient:
                 status, fields = await self._head(conn, timeout)
                 return Response(self, key, conn, status, fields, timeout, head_request=method == "HEAD")
             except HttpError:
-                if reused and not conn.buffer and conn.ended:  # closed while idle: it never saw the request
+                if reused and conn.end == conn.start and conn.ended:  # closed while idle: it never saw the request
                     conn, reused = await self._connect(key), False
                     continue
                 conn.abort("failed")
@@ -368,14 +486,14 @@ class HttpClient:
     async def _head(conn: _Connection, timeout: float) -> tuple[int, dict[str, str]]:
         """Status and lower-cased headers of the next final (non-1xx) response head."""
         while True:
-            end = conn.buffer.find(b"\r\n\r\n")
+            end = conn.buf.find(b"\r\n\r\n", conn.start, conn.end)
             if end < 0:
-                if len(conn.buffer) > MAX_HEAD_BYTES:
+                if conn.end - conn.start > MAX_HEAD_BYTES:
                     raise HttpError(f"response head over {MAX_HEAD_BYTES} bytes")
                 await conn.more(timeout)
                 continue
-            head = bytes(conn.buffer[:end]).split(b"\r\n")
-            del conn.buffer[:end + 4]
+            head = bytes(conn.view[conn.start:end]).split(b"\r\n")
+            conn.start = conn.body_end = conn.raw = end + 4
             match = _STATUS.fullmatch(head[0])
             if match is None:
                 raise HttpError(f"malformed status line {head[0][:60]!r}")

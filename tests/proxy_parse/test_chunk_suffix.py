@@ -8,9 +8,11 @@ carry text, and chunks that announce more tokens than they carry:
   parse (``ChunkDecoder.decode(json.loads(...))``) yields, or raises the same
   ``EngineCallError``;
 - so does ``decode_event`` on an event read where it lies in a larger buffer (bounds, no copy);
-- ``_split_events`` returns the same events' data however the bytes are cut into reads;
+- ``EventSplitter`` returns the same events' data however the bytes are cut into reads (LF or CR LF);
 - ``EngineClient._chunks`` yields the same tokens however a stream is cut into reads, with LF or
-  CR LF line ends (a CR LF may be cut between two reads).
+  CR LF line ends (a CR LF may be cut between two reads);
+- so does the real receive path (``http_client``'s connection buffer and in-place chunked decoding)
+  however the wire is cut into reads and the stream into chunks.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from hypothesis import strategies as st
 
 from gyre.real.proxy import engine_client
 from gyre.real.proxy.engine_client import ChunkDecoder, EngineCallError, EngineClient, TokenChunk
+from gyre.real.proxy.http_client import HttpClient, Response, _Connection
 
 try:
     from hypothesis_budget import examples
@@ -44,6 +47,7 @@ def streams(draw) -> list[bytes]:
     incremental = draw(st.booleans())
     spaced = draw(st.booleans())
     triple_text = draw(st.booleans())
+    cumulative_text, text = draw(st.booleans()), ""
     cuts = sorted(set(draw(st.lists(st.integers(1, tokens), max_size=8)) + [tokens]))
     short = draw(st.sampled_from([None, *range(len(cuts))]))  # a chunk that announces one token too many
     payloads, sent = [], 0
@@ -52,7 +56,9 @@ def streams(draw) -> list[bytes]:
         triples = [[lp, t, draw(TEXTS) if triple_text else None] for lp, t in zip(logprobs[first:cut], ids[first:cut])]
         meta = {"id": "r", "finish_reason": {"type": "stop"} if cut == tokens else None,
                 "completion_tokens": cut + (n == short), "output_token_logprobs": triples, "weight_version": "v1"}
-        payload = {"text": draw(TEXTS) * draw(st.integers(0, 50)), "output_ids": ids[first:cut], "meta_info": meta}
+        piece = draw(TEXTS) * draw(st.integers(0, 50))
+        text = text + piece if cumulative_text else piece  # SGLang's cumulative mode repeats the text so far
+        payload = {"text": text, "output_ids": ids[first:cut], "meta_info": meta}
         separators = (", ", ": ") if spaced else (",", ":")
         payloads.append(json.dumps(payload, separators=separators, ensure_ascii=draw(st.booleans())).encode())
         sent = cut
@@ -91,14 +97,25 @@ def test_an_event_read_in_place_matches_a_copy(payloads, before, after):
 
 
 class _Pieces:
-    """A response whose body arrives in the given reads (``Response.iter_into``'s contract)."""
+    """A response whose body arrives in the given reads (``Response.iter_in_place``'s contract)."""
 
     def __init__(self, reads: list[bytes]) -> None:
         self.reads = reads
+        self.buffer = bytearray()
+        self.body_start = 0
 
-    async def iter_into(self, out: bytearray):
+    @property
+    def body_end(self) -> int:
+        return len(self.buffer)
+
+    def consume(self, n: int) -> None:
+        self.body_start += n
+        assert self.body_start <= len(self.buffer)
+
+    async def iter_in_place(self):
         for read in self.reads:
-            out += read
+            self.buffer = self.buffer[self.body_start:] + read  # a new buffer: offsets move, as they may
+            self.body_start = 0
             yield len(read)
 
 
@@ -127,6 +144,67 @@ def test_tokens_are_the_same_however_the_stream_is_cut(payloads, cuts, crlf):
     end = b"\r\n" if crlf else b"\n"
     stream = b"".join(b"data: " + p + end + end for p in payloads) + b"data: [DONE]" + end + end
     assert _tokens_of(stream, cuts) == [i for chunk in expected for i in chunk.ids]
+
+
+def _chunked_wire(stream: bytes, sizes: list[int]) -> bytes:
+    """``stream`` in the chunked transfer coding: one chunk per event (as uvicorn sends them), or
+    chunks of the given sizes cutting across events."""
+    pieces, at = [], 0
+    if not sizes:
+        pieces = [event + b"\n\n" for event in stream.split(b"\n\n")[:-1]]
+    for size in sizes:
+        if at < len(stream):
+            pieces.append(stream[at:at + size])
+            at += size
+    if sizes and at < len(stream):
+        pieces.append(stream[at:])
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
+def _received_tokens(wire: bytes, cuts: list[int]) -> list[int]:
+    """The tokens ``EngineClient._chunks`` yields from ``wire`` received by a real connection in
+    reads cut at ``cuts`` (the event loop's ``get_buffer`` / ``buffer_updated`` calls)."""
+    async def run() -> list[int]:
+        conn = _Connection(asyncio.get_running_loop())
+        client = HttpClient(1.0, 5.0)
+        response = Response(client, ("engine", 1, False), conn, 200, {"transfer-encoding": "chunked"}, 5.0)
+
+        async def feed() -> None:
+            at = 0
+            for cut in [*cuts, len(wire)]:
+                piece = wire[at:at + cut]
+                at += cut
+                while piece:
+                    view = conn.get_buffer(-1)
+                    n = min(len(view), len(piece))
+                    view[:n] = piece[:n]
+                    conn.buffer_updated(n)
+                    piece = piece[n:]
+                await asyncio.sleep(0)
+
+        feeder = asyncio.ensure_future(feed())
+        ids: list[int] = []
+        async for chunk in EngineClient._chunks(None, response, ChunkDecoder("e0")):
+            ids += chunk.ids
+        await EngineClient._drain(response)  # what follows the finish, as ``EngineClient.stream`` does
+        await feeder
+        assert client._idle  # read to its end: the connection went back to the pool
+        return ids
+
+    return asyncio.run(run())
+
+
+@PROPERTY
+@given(streams(), st.lists(st.integers(1, 5000), max_size=30), st.lists(st.integers(1, 4000), max_size=6))
+def test_the_receive_path_yields_the_same_tokens_however_the_wire_is_cut(payloads, cuts, sizes):
+    """The real receive path (in-place chunked decoding in the connection's buffer, events decoded
+    where they lie): a recorded stream cut into reads anywhere, and into chunks anywhere, gives the
+    tokens of a whole parse of each event."""
+    expected = _outcomes(ChunkDecoder("e0").decode_event, payloads)
+    if any(isinstance(outcome, str) for outcome in expected):
+        return  # a stream that fails: covered above
+    stream = b"".join(b"data: " + p + b"\n\n" for p in payloads) + b"data: [DONE]\n\n"
+    assert _received_tokens(_chunked_wire(stream, sizes), cuts) == [i for c in expected for i in c.ids]
 
 
 def test_a_crlf_cut_between_two_reads_still_ends_an_event():
@@ -165,26 +243,27 @@ def test_suffix_parse_is_taken_for_long_cumulative_chunks():
 
 @PROPERTY
 @given(st.lists(st.one_of(st.binary(max_size=40), st.binary(max_size=40).map(lambda b: b"data: " + b))
-                .map(lambda b: re.sub(b"\n+", b"\n", b).rstrip(b"\n")), max_size=12),
-       st.lists(st.integers(1, 60), max_size=20))
-def test_events_are_the_same_however_the_bytes_arrive(events, reads):
-    stream = b"".join(e + b"\n\n" for e in events)
-    buffer, searched, got, at = bytearray(), 0, [], 0
+                .map(lambda b: re.sub(b"\n+", b"\n", b.replace(b"\r", b"")).rstrip(b"\n")), max_size=12),
+       st.lists(st.integers(1, 60), max_size=20), st.booleans())
+def test_events_are_the_same_however_the_bytes_arrive(events, reads, crlf):
+    """With LF or CR LF line ends, and a CR LF cut anywhere between two reads."""
+    end = b"\r\n" if crlf else b"\n"
+    stream = b"".join(e.replace(b"\n", end) + end + end for e in events)
+    buffer, splitter, got, at = bytearray(), engine_client.EventSplitter(), [], 0
     for size in [*reads, len(stream)]:
         buffer += stream[at:at + size]
         at += size
-        found, searched = engine_client._split_events(buffer, searched)
-        got += found
+        got += engine_client._split_events(buffer, splitter)
     assert got == [d for d in map(engine_client._event_data, events) if d is not None]
     assert not buffer
 
 
-def _sglang_event(ids: list[int], total: int) -> bytes:
+def _sglang_event(ids: list[int], total: int, text: str = "") -> bytes:
     """A compact SGLang chunk carrying ``ids`` (all so far when cumulative, the new ones when incremental)."""
-    return json.dumps({"text": "", "output_ids": ids, "meta_info": {
+    return json.dumps({"text": text, "output_ids": ids, "meta_info": {
         "id": "r", "finish_reason": None, "completion_tokens": total,
         "output_token_logprobs": [[-0.25, i, None] for i in ids], "weight_version": "v1"}},
-        separators=(",", ":")).encode()
+        separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def test_a_cumulative_chunk_costs_a_parse_of_its_new_suffix_only():
@@ -201,7 +280,26 @@ def test_a_cumulative_chunk_costs_a_parse_of_its_new_suffix_only():
         assert decoder.parsed_bytes - before <= bound, (n, decoder.parsed_bytes - before)
 
 
-@PROPERTY
-@given(st.binary(max_size=60).map(lambda b: bytearray(b.replace(b"x", b"\n"))), st.integers(0, 70))
-def test_blank_line_search_finds_what_a_two_byte_search_finds(buffer, at):
-    assert engine_client._blank_line(buffer, at) == buffer.find(b"\n\n", at)
+def test_a_multi_line_event_read_byte_by_byte_keeps_its_lines():
+    """A line end seen in an earlier read still marks the event as more than one ``data:`` line."""
+    stream = b"data: a\r\ndata: b\n\ndata: c\r\n\r\n"
+    buffer, splitter, got = bytearray(), engine_client.EventSplitter(), []
+    for at in range(len(stream)):
+        buffer += stream[at:at + 1]
+        got += engine_client._split_events(buffer, splitter)
+    assert got == [b"a\nb", b"c"]
+
+
+def test_a_cumulative_text_costs_a_scan_of_its_new_part_only():
+    """SGLang's cumulative chunks repeat the text so far: only its new part reaches a parser or a
+    scan (what was seen before is compared), so the bytes parsed per chunk stay bounded while
+    the chunk grows; the ids are those of a whole parse."""
+    decoder, words = ChunkDecoder("e0"), ['run "tests" ', "\u00e9t\u00e9 ", "a\\b ", "line\n"]
+    ids = [(7919 * k) % 150_000 for k in range(1500)]
+    for n in range(1, len(ids) + 1):
+        before = decoder.parsed_bytes
+        event = _sglang_event(ids[:n], n, "".join(words[k % 4] for k in range(n)))
+        chunk = decoder.decode_event(event)
+        assert chunk.ids == (ids[n - 1],)
+        assert decoder.parsed_bytes - before <= 4096, (n, decoder.parsed_bytes - before)
+    assert len(event) > 40_000 and len(decoder.text) > 10_000  # the last chunk's text (~12 KB) was cut out

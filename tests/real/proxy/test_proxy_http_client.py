@@ -16,9 +16,10 @@ import contextlib
 from typing import Awaitable, Callable
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gyre.real.proxy.http_client import HttpClient, HttpError, _Dechunker
+from gyre.real.proxy.http_client import INITIAL_BUFFER, HttpClient, HttpError, _Connection, _Dechunker
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -36,30 +37,63 @@ def _chunked(body: bytes, sizes: list[int], extension: bool) -> bytes:
     return bytes(out + b"0\r\nX-Trailer: 1\r\n\r\n")
 
 
+def _receive(conn: _Connection, data: bytes) -> None:
+    """Hand ``data`` to ``conn`` as the event loop would: through ``get_buffer`` / ``buffer_updated``."""
+    at = 0
+    while at < len(data):
+        view = conn.get_buffer(-1)
+        n = min(len(view), len(data) - at)
+        view[:n] = data[at:at + n]
+        conn.buffer_updated(n)
+        at += n
+
+
 @settings(max_examples=200, deadline=None)
 @given(body=st.binary(max_size=300), sizes=st.lists(st.integers(1, 40), max_size=12),
-       cuts=st.lists(st.integers(1, 30), max_size=40), extension=st.booleans(), tail=st.binary(max_size=5))
-def test_dechunking_is_exact_under_any_split(body, sizes, cuts, extension, tail) -> None:
-    """However the wire bytes arrive, the decoded body is exact, the end is found, and the
-    bytes after the end (the next response) stay in the buffer."""
+       cuts=st.lists(st.integers(1, 30), max_size=40), reads=st.lists(st.integers(0, 50), max_size=40),
+       extension=st.booleans(), tail=st.binary(max_size=5))
+def test_dechunking_is_exact_under_any_split(body, sizes, cuts, reads, extension, tail) -> None:
+    """However the wire bytes arrive and however much of the body the reader consumes between
+    reads (decoded body left waiting while the next chunk arrives is moved, not lost), the decoded
+    body is exact, the end is found, and the bytes after the end (the next response) stay received."""
     wire = _chunked(body, sizes, extension) + tail
-    decoder, buffer, out, at = _Dechunker(), bytearray(), bytearray(), 0
-    for cut in [*cuts, len(wire)]:
-        buffer += wire[at:at + cut]
+    decoder, conn, out, at = _Dechunker(), _Connection(asyncio.new_event_loop()), bytearray(), 0
+    for n, cut in enumerate([*cuts, len(wire)]):
+        _receive(conn, wire[at:at + cut])
         at += cut
-        decoder.take(buffer, out)
+        decoder.take(conn)
+        assert conn.start <= conn.body_end <= conn.raw <= conn.end
+        taken = min(reads[n] if n < len(reads) else 0, conn.body_end - conn.start)
+        out += conn.buf[conn.start:conn.start + taken]
+        conn.start += taken
         if decoder.done:
             break
-    buffer += wire[at:]
-    decoder.take(buffer, out)
-    assert decoder.done and bytes(out) == body and bytes(buffer) == tail
+    _receive(conn, wire[at:])
+    decoder.take(conn)
+    out += conn.buf[conn.start:conn.body_end]
+    assert decoder.done and bytes(out) == body and bytes(conn.buf[conn.raw:conn.end]) == tail
+
+
+def test_a_long_body_grows_the_buffer_and_a_pooled_connection_gives_it_back() -> None:
+    """A chunk many times the initial buffer is received whole in a grown buffer; ``reset``
+    between responses returns to the initial size."""
+    body = bytes(range(256)) * 4096  # 1 MiB
+    conn, decoder = _Connection(asyncio.new_event_loop()), _Dechunker()
+    _receive(conn, _chunked(body, [len(body)], False))
+    decoder.take(conn)
+    assert decoder.done and bytes(conn.buf[conn.start:conn.body_end]) == body
+    assert len(conn.buf) > len(body)
+    conn.reset()
+    assert len(conn.buf) == INITIAL_BUFFER and conn.end == 0
 
 
 @pytest.mark.parametrize("wire", [b"zz\r\n", b"-1\r\n", b"+5\r\nhello\r\n", b"3\r\nabcdef\r\n",
                                   b"1" * 5000])
 def test_a_malformed_chunked_body_is_an_http_error(wire) -> None:
+    conn = _Connection(asyncio.new_event_loop())
+    _receive(conn, wire)
     with pytest.raises(HttpError, match="malformed chunked body"):
-        _Dechunker().take(bytearray(wire), bytearray())
+        _Dechunker().take(conn)
 
 
 class Server:
@@ -218,6 +252,35 @@ def test_the_read_timeout_bounds_each_wait_not_the_whole_response(monkeypatch) -
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")  # then silence
             await writer.drain()
             await asyncio.sleep(30)
+
+        server = Server(handler)
+        async with server as url:
+            client = HttpClient(1.0, 0.3)
+            async with await client.request("POST", url, b"") as resp:
+                assert await resp.read() == b"xxxxxx"
+            async with await client.request("POST", url, b"") as resp:
+                with pytest.raises(HttpError, match="read timeout"):
+                    await resp.read()
+            await client.close()
+
+    run(main())
+
+
+def test_a_long_chunk_that_keeps_arriving_does_not_time_out_and_one_that_stalls_does() -> None:
+    """The reader waits for a whole chunk (one wake-up), yet the timeout still bounds each wait for bytes."""
+    async def main() -> None:
+        async def handler(reader, writer, n):
+            for stall in (False, True):
+                await server.read_request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\n")
+                for k in range(3 if stall else 6):  # 0.6 s for the chunk, never 0.3 s without a byte
+                    writer.write(b"x")
+                    await writer.drain()
+                    await asyncio.sleep(0.1)
+                if stall:
+                    await asyncio.sleep(30)
+                writer.write(b"\r\n0\r\n\r\n")
+                await writer.drain()
 
         server = Server(handler)
         async with server as url:
