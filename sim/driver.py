@@ -110,7 +110,7 @@ class Simulation(ActionHandler):
         self._done = False  # the last step is done: nothing more is fed to the core
         self.engines = EngineBank(self.env, bound.engine_curve(), self._capacity, self._execution_done)
         self._durations = self.trace.durations_s.tolist()  # plain lists: read once per execution, hot
-        self._harness = self.trace.harness_s.tolist() if HARNESS_COLUMN in self.trace.frame else None
+        self._harness = self.trace.harness_s.tolist() if HARNESS_COLUMN in self.trace.columns else None
         plan = execution_plan(self.trace, self.engines.curve, (cfg.C_e, cfg.C_s))
         self._work, self._shares, self._limits, self.ceiling_s = plan
         self._deadlines: dict[int, float] = {}  # execution -> wall-clock time its harness must stop
