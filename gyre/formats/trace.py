@@ -79,7 +79,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, NoReturn
+from typing import TYPE_CHECKING, Any, Iterator, NoReturn
 
 import numpy as np
 
@@ -175,6 +175,12 @@ class Trace:
 
     __slots__ = ("N", "source", "_columns", "_frame", "_grids", "_query_ids", "_trajectories")
     N: int
+    source: str
+    _columns: dict[str, Any]  # name -> array in frame order (``outcome`` as codes into OUTCOMES)
+    _frame: pd.DataFrame | None  # built on first use for from_columns
+    _grids: dict[str, np.ndarray]
+    _query_ids: np.ndarray
+    _trajectories: tuple[np.ndarray, np.ndarray] | None
 
     def __init__(self, frame: pd.DataFrame, N: int | None = None, source: str = "<frame>",
                  trajectories: tuple[np.ndarray, np.ndarray] | None = None) -> None:
@@ -182,8 +188,7 @@ class Trace:
 
         given = None if trajectories is None else _given_trajectories(trajectories, frame)
         frame, n = validate_frame(frame, N, source, check_trajectories=given is None)
-        self._build(frame_columns(frame), n, source, given)
-        self._frame = frame
+        self._build(frame_columns(frame), n, source, given, frame)
 
     @classmethod
     def from_columns(cls, columns: dict[str, np.ndarray | list], N: int, source: str = "<columns>",
@@ -197,18 +202,28 @@ class Trace:
         check_columns(columns, N, source)
         given = None if trajectories is None else _given_trajectories(trajectories, columns)
         trace = cls.__new__(cls)
-        trace._build(dict(columns), int(N), source, given)
-        trace._frame = None
+        trace._build(dict(columns), int(N), source, given, None)
         return trace
 
-    def _build(self, columns: dict, n: int, source: str,
-               given: tuple[np.ndarray, np.ndarray] | None) -> None:
-        self.N, self.source, self._columns, self._trajectories = n, source, columns, given
+    def _build(self, columns: dict, n: int, source: str, given: tuple[np.ndarray, np.ndarray] | None,
+               frame: pd.DataFrame | None) -> None:
         names = ("duration_s", HARNESS_COLUMN, MODEL_SHARE_COLUMN, *COUNT_COLUMNS)
         grids = {c: _frozen(np.asarray(columns[c]), n) for c in names if c in columns}
         grids["outcome"] = _frozen(np.asarray(OUTCOMES)[np.asarray(columns["outcome"])], n)
-        self._grids = grids
-        self._query_ids = np.asarray(columns["query_id"])[::n].copy()
+        for name, value in (("N", n), ("source", source), ("_columns", columns), ("_trajectories", given),
+                            ("_grids", grids), ("_query_ids", np.asarray(columns["query_id"])[::n].copy()),
+                            ("_frame", frame)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a Trace is never modified (cached shifted traces rely on it): cannot set {name!r}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
 
     @property
     def frame(self) -> pd.DataFrame:
@@ -216,7 +231,7 @@ class Trace:
         if self._frame is None:
             from gyre.formats.trace_frame import frame_from_columns
 
-            self._frame = frame_from_columns(self._columns)
+            object.__setattr__(self, "_frame", frame_from_columns(self._columns))  # a cache, not a change
         return self._frame
 
     @property
@@ -276,7 +291,7 @@ class Trace:
             from gyre.formats.trace_frame import _trajectories
 
             _, flat, counts = _trajectories(self.frame, self.source)
-            self._trajectories = (flat, counts)
+            object.__setattr__(self, "_trajectories", (flat, counts))  # parsed once, on first use
         return self._trajectories
 
     def kept_tokens(self, j_max: int) -> np.ndarray | None:

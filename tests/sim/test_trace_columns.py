@@ -128,3 +128,10 @@ def test_a_simulation_on_a_generated_trace_never_imports_pandas() -> None:
                "print('pandas' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_trace_is_never_modified() -> None:
+    trace = generate_trace("nl2repo-122b", 4, np.random.default_rng(0), N=2)
+    with pytest.raises(AttributeError, match="never modified"):
+        trace.N = 3  # type: ignore[misc]
+    assert trace.N == 2 and trace.frame is trace.frame  # the lazily built frame is built once
