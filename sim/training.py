@@ -125,8 +125,8 @@ class SimTrainingPlane:
         emitted, kept = pack_micro_steps(self.pending, self._micro_step_tokens, flush=flush)
         pending, per_token, per_node_s, queue = self.pending, self._per_token, self._per_node_s, self.queue
         for bin_ in emitted:  # train_node_s, inlined with the same arithmetic: once per micro-step
-            tokens = pending[bin_[0]] if len(bin_) == 1 else sum([pending[i] for i in bin_])  # sum([t]) is 0 + t
-            work = tokens * per_token / per_node_s
+            trained = pending[bin_[0]] if len(bin_) == 1 else sum([pending[i] for i in bin_])  # sum([t]) is 0 + t
+            work = trained * per_token / per_node_s
             self.work_node_s += work
             queue.append(work)
         self.pending = [pending[i] for i in kept]
