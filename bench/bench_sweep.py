@@ -11,9 +11,9 @@ seconds per schedule (this process and its workers, ``resource.getrusage``)
 and the goal extrapolated from them: ``500 * cpu_s_per_schedule / 2`` is the
 wall time on 2 otherwise idle cores. ``events_per_cpu_s`` is the driver's
 throughput: policy-core events simulated per CPU second. The window includes
-start-up: ``run_sweep`` imports the simulator (``gyre.sim.runner``, pandas
-most of it, ~0.35 CPU s) in this process before the workers fork, as ``gyre
-sweep`` does. ``parent_cpu_s`` is this process's share (that import and the
+start-up: ``run_sweep`` imports the simulator (``gyre.sim.runner``, numpy
+most of it since pandas left that path, ~0.15 CPU s) in this process before
+the workers fork, as ``gyre sweep`` does. ``parent_cpu_s`` is this process's share (that import and the
 pool's bookkeeping) and ``events_per_worker_cpu_s`` the throughput without it
 (the workers' CPU alone).
 """

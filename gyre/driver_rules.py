@@ -73,7 +73,8 @@ def first_fit_decreasing(sizes: Sequence[float], budget: float) -> list[list[int
     """Bins of indices into ``sizes``: first fit in decreasing size, ties in input order."""
     if not budget > 0:
         raise ValueError(f"token_budget must be positive, got {budget!r}")
-    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+    # decreasing size; a reverse sort is still stable, so ties stay in input order (no key tuple per item)
+    order = sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True)
     if len(order) < 2 or sizes[order[-1]] + sizes[order[-2]] > budget:
         return [[i] for i in order]  # no two fit together (the simulator's 122B executions): one bin each
     bins: list[list[int]] = []
@@ -99,8 +100,10 @@ def pack_micro_steps(sizes: Sequence[float], token_budget: float, *, flush: bool
         raise ValueError(f"emit_fill must be in (0, 1], got {emit_fill!r}")
     emitted: list[list[int]] = []
     kept: list[int] = []
+    threshold = emit_fill * token_budget
     for bin_ in first_fit_decreasing(sizes, token_budget):
-        if flush or sum([sizes[i] for i in bin_]) >= emit_fill * token_budget:  # a list: no generator frames
+        # a lone execution's load is its size (sum([s]) is 0 + s: the same number); a list, no generator frames
+        if flush or (sizes[bin_[0]] if len(bin_) == 1 else sum([sizes[i] for i in bin_])) >= threshold:
             emitted.append(bin_)
         else:
             kept.extend(bin_)

@@ -50,8 +50,6 @@ import gc
 from heapq import heappop
 from typing import Callable, Iterator
 
-import numpy as np
-
 from gyre import actions as act
 from gyre import events as ev
 from gyre.actions import SEPARATE
@@ -110,7 +108,7 @@ class Simulation(ActionHandler):
         self._done = False  # the last step is done: nothing more is fed to the core
         self.engines = EngineBank(self.env, bound.engine_curve(), self._capacity, self._execution_done)
         self._durations = self.trace.durations_s.tolist()  # plain lists: read once per execution, hot
-        self._harness = self.trace.harness_s.tolist() if HARNESS_COLUMN in self.trace.frame else None
+        self._harness = self.trace.harness_s.tolist() if HARNESS_COLUMN in self.trace.columns else None
         plan = execution_plan(self.trace, self.engines.curve, (cfg.C_e, cfg.C_s))
         self._work, self._shares, self._limits, self.ceiling_s = plan
         self._deadlines: dict[int, float] = {}  # execution -> wall-clock time its harness must stop
@@ -125,7 +123,8 @@ class Simulation(ActionHandler):
         self._dropped = frozenset(dropped_groups)
         self._tick_at: float | None = None
         self._publish_until = 0.0
-        self._tokens = trace.column("output_tokens")
+        tokens = trace.column("output_tokens")  # each query's sum, once (int64 sums: exact, as np.sum per group)
+        self._query_tokens = None if tokens is None else tokens.sum(axis=1).tolist()
         self._group_size = cfg.group_size  # hot: read per execution (Scheduler.group_of is x // group_size)
         self._tau = cfg.tau
         self._designated: dict[str, Designated] = {}  # trace outcome -> designated_outcome(it), read per finish
@@ -256,9 +255,10 @@ class Simulation(ActionHandler):
         return self.cfg.C_s if engine == SEPARATE else self.cfg.C_e
 
     def _group_tokens(self, g: int) -> float:
-        if self._tokens is None:
+        sums = self._query_tokens
+        if sums is None:
             return float(self.cfg.N)
-        return float(np.sum(self._tokens[g % self.trace.queries]))
+        return float(sums[g % len(sums)])
 
     def _execution_done(self, x: int) -> None:
         """``x``'s harness stopped (work done, or its deadline): it ends now, or evaluates first."""

@@ -195,11 +195,11 @@ def with_sandbox_start(trace: Trace, seconds: float) -> Trace:
 
 
 def _shifted(trace: Trace, seconds: float) -> Trace:
-    frame = trace.frame.copy()
-    frame["duration_s"] = frame["duration_s"] + seconds
-    if HARNESS_COLUMN in frame:  # the sandbox starts before the harness
-        frame[HARNESS_COLUMN] = frame[HARNESS_COLUMN] + seconds
-    return Trace(frame, N=trace.N, source=trace.source)
+    columns = trace.column_arrays()
+    changed = {"duration_s": columns["duration_s"] + seconds}
+    if HARNESS_COLUMN in columns:  # the sandbox starts before the harness
+        changed[HARNESS_COLUMN] = columns[HARNESS_COLUMN] + seconds
+    return trace.with_columns(**changed)
 
 
 def bind(costs: CostModel, cfg: SchedulerConfig, trace: Trace | None = None) -> BoundCosts:

@@ -59,6 +59,13 @@ Invariants of every ``Trace`` (checked when it is built, whatever the source):
   the first row), so the trace reshapes to a (queries, N) grid;
 * ``frame`` is sorted by (query_id, execution_index) with a fresh RangeIndex.
 
+A table arrives as a pandas DataFrame (``Trace(frame)``, ``load_trace``; checked
+in ``gyre.formats.trace_frame``) or as numpy columns already in that normalized
+form (``Trace.from_columns``, a generator's path; checked in
+``gyre.formats.trace_columns``): both give equal traces for equal tables. pandas
+is imported only on the first path or when ``frame`` is asked for, so a
+simulation on a generated trace does without it (~0.35 CPU s of imports).
+
 A rejected table raises ``TraceError`` naming the row and the column. Rows are
 numbered from 1 in file order and the header is row 0, so in a CSV file row r
 is on line r + 1.
@@ -69,14 +76,15 @@ The simulator draws queries in trace order and cycles: ``query_at(k)`` is group
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, NoReturn
+from typing import TYPE_CHECKING, Any, Iterator, NoReturn
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class TraceError(ValueError):
@@ -113,194 +121,6 @@ def _show(value: object) -> str:
     return repr(value.item() if isinstance(value, np.generic) else value)
 
 
-def _numbers(frame: pd.DataFrame, column: str, source: str, *, integer: bool) -> np.ndarray:
-    """Column as finite, non-negative floats (integral if asked), or TraceError."""
-    raw = frame[column]
-    if pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_bool_dtype(raw):
-        values = raw.to_numpy(dtype=float, na_value=np.nan)
-    else:
-        values = pd.to_numeric(raw.astype(object), errors="coerce").to_numpy(dtype=float)
-    checks = (
-        (~np.isfinite(values), "is not a finite number"),
-        (values < 0, "is negative"),
-        (values != np.floor(values) if integer else np.zeros(len(values), bool), "is not an integer"),
-    )
-    for bad, problem in checks:
-        if bad.any():
-            position = int(np.flatnonzero(bad)[0])
-            _fail(source, position + 1, column, f"value {_show(raw.iloc[position])} {problem}")
-    return values
-
-
-def _harness_seconds(frame: pd.DataFrame, source: str) -> np.ndarray:
-    """``harness_s`` as finite floats in [0, duration_s] (``duration_s`` already parsed), or TraceError."""
-    values = _numbers(frame, HARNESS_COLUMN, source, integer=False)
-    durations = frame["duration_s"].to_numpy(dtype=float)
-    beyond = values > durations
-    if beyond.any():
-        position = int(np.flatnonzero(beyond)[0])
-        problem = (f"value {_show(frame[HARNESS_COLUMN].iloc[position])} is above the row's "
-                   f"duration_s {_show(durations[position])}")
-        _fail(source, position + 1, HARNESS_COLUMN, problem)
-    return values
-
-
-def _shares(frame: pd.DataFrame, source: str) -> np.ndarray:
-    """``model_call_share`` as finite floats in [0, 1], or TraceError."""
-    values = _numbers(frame, MODEL_SHARE_COLUMN, source, integer=False)
-    if (values > 1).any():
-        position = int(np.flatnonzero(values > 1)[0])
-        _fail(source, position + 1, MODEL_SHARE_COLUMN,
-              f"value {_show(frame[MODEL_SHARE_COLUMN].iloc[position])} is above 1 (a share of harness_s)")
-    return values
-
-
-def _query_ids(frame: pd.DataFrame, source: str) -> pd.Series:
-    raw = frame["query_id"]
-    if pd.api.types.is_integer_dtype(raw):
-        return raw.astype("int64")
-    text = raw.astype(object)
-    missing = text.isna().to_numpy() | (text.astype(str).str.strip() == "").to_numpy()
-    if missing.any():
-        _fail(source, int(np.flatnonzero(missing)[0]) + 1, "query_id", "missing value")
-    text = text.astype(str)
-    canonical = text.str.fullmatch(r"0|-?[1-9][0-9]{0,17}")
-    return text.astype("int64") if bool(canonical.all()) else text
-
-
-def _outcomes(frame: pd.DataFrame, source: str) -> pd.Categorical:
-    raw = frame["outcome"]
-    if isinstance(raw.dtype, pd.CategoricalDtype) and set(raw.cat.categories) <= set(OUTCOMES):
-        if not raw.isna().any():  # fast path: already coded, e.g. a generated trace
-            return pd.Categorical(raw, categories=OUTCOMES)
-    text = raw.astype(object).astype(str)
-    unknown = ~text.isin(OUTCOMES).to_numpy()
-    if unknown.any():
-        position = int(np.flatnonzero(unknown)[0])
-        problem = f"unknown outcome {text.iloc[position]!r} (expected one of {', '.join(OUTCOMES)})"
-        _fail(source, position + 1, "outcome", problem)
-    return pd.Categorical(text, categories=OUTCOMES)
-
-
-def _call_timing(frame: pd.DataFrame, source: str) -> list[str]:
-    """Per-call durations as canonical JSON text; list-valued cells are accepted too."""
-    counts = frame["call_count"].to_numpy() if "call_count" in frame else None
-    canonical = []
-    for position, cell in enumerate(frame[CALL_TIMING_COLUMN].tolist()):
-        try:
-            calls = json.loads(cell) if isinstance(cell, str) else list(cell)
-            seconds = [float(c) for c in calls]
-        except (TypeError, ValueError):
-            _fail(source, position + 1, CALL_TIMING_COLUMN, f"{cell!r} is not a JSON list of numbers")
-        if not all(np.isfinite(s) and s >= 0 for s in seconds):
-            _fail(source, position + 1, CALL_TIMING_COLUMN, "call durations must be finite and >= 0")
-        if counts is not None and len(seconds) != counts[position]:
-            problem = f"{len(seconds)} call durations but call_count is {int(counts[position])}"
-            _fail(source, position + 1, CALL_TIMING_COLUMN, problem)
-        canonical.append(json.dumps(seconds))
-    return canonical
-
-
-def _trajectories(frame: pd.DataFrame, source: str) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """Trajectory token lists as canonical JSON text plus (flat sizes, counts); list cells are accepted too."""
-    cells = [c if isinstance(c, str) else json.dumps([int(v) for v in c]) if _is_list(c) else repr(c)
-             for c in frame[TRAJECTORY_COLUMN].tolist()]
-    text = pd.Series(cells, dtype=object)
-    if bool(text.str.fullmatch(r"\[[0-9]+(?:,[0-9]+)*\]").all()):  # fast path: compact lists of digits
-        counts = text.str.count(",").to_numpy(dtype=np.int64) + 1
-        flat = np.fromstring(",".join(c[1:-1] for c in cells), dtype=np.int64, sep=",")
-        return cells, flat, counts
-    try:  # every cell at once
-        lists = json.loads("[" + ",".join(cells) + "]")
-        if len(lists) != len(cells):
-            raise ValueError("a cell holds more than one value")
-    except ValueError:
-        lists = []
-        for position, cell in enumerate(cells):
-            try:
-                lists.append(json.loads(cell))
-            except ValueError:
-                _fail(source, position + 1, TRAJECTORY_COLUMN, f"{cell!r} is not a JSON list of token counts")
-    counts = np.fromiter((len(x) if isinstance(x, list) else -1 for x in lists), np.int64, len(lists))
-    flat = [v for x in lists if isinstance(x, list) for v in x]
-    ok_values = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in flat)
-    if counts.min() < 1 or not ok_values:
-        for position, x in enumerate(lists):
-            if not isinstance(x, list) or not x or not all(
-                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in x):
-                problem = f"{cells[position]!r} must be a non-empty JSON list of integers >= 0"
-                _fail(source, position + 1, TRAJECTORY_COLUMN, problem)
-    return cells, np.asarray(flat, dtype=np.int64), counts
-
-
-def _is_list(cell: object) -> bool:
-    return isinstance(cell, (list, tuple, np.ndarray))
-
-
-def _check_keys(frame: pd.DataFrame, source: str) -> None:
-    keys = ["query_id", "execution_index"]
-    repeated = frame.duplicated(keys, keep="first").to_numpy()
-    if repeated.any():
-        position = int(np.flatnonzero(repeated)[0])
-        qid, index = frame.at[position, "query_id"], frame.at[position, "execution_index"]
-        first = frame.index[(frame["query_id"] == qid) & (frame["execution_index"] == index)][0]
-        problem = f"duplicate (query_id={_show(qid)}, execution_index={index}); first seen in row {first + 1}"
-        _fail(source, position + 1, "execution_index", problem)
-
-
-def _group_size(frame: pd.DataFrame, N: int | None, source: str) -> int:
-    sizes = frame.groupby("query_id", sort=False).size()
-    expected = int(sizes.iloc[0]) if N is None else N
-    wrong = sizes[sizes != expected]
-    if len(wrong):
-        qid, size = wrong.index[0], int(wrong.iloc[0])
-        first = int(np.flatnonzero((frame["query_id"] == qid).to_numpy())[0])
-        how = "given" if N is not None else f"taken from query {_show(sizes.index[0])}"
-        problem = f"query {_show(qid)} has {size} executions, expected N={expected} ({how})"
-        _fail(source, first + 1, "query_id", problem)
-    return expected
-
-
-def validate_frame(
-    frame: pd.DataFrame, N: int | None = None, source: str = "<frame>", *, check_trajectories: bool = True
-) -> tuple[pd.DataFrame, int]:
-    """Check a raw table against the format; return (normalized sorted copy, N).
-
-    ``check_trajectories=False`` leaves ``trajectory_tokens`` unparsed (its
-    sizes come pre-parsed, see ``Trace``) and then needs rows already sorted.
-    """
-    if N is not None and (int(N) != N or N < 1):
-        raise ValueError(f"N must be a positive integer or None, got {N!r}")
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
-    if missing:
-        found = ", ".join(map(str, frame.columns))
-        _fail(source, 0, missing[0], f"required column is missing (found: {found})")
-    if len(frame) == 0:
-        raise TraceError(f"{source}: the trace has no rows")
-    out = frame.reset_index(drop=True).copy()
-    out["query_id"] = _query_ids(out, source)
-    out["execution_index"] = _numbers(out, "execution_index", source, integer=True).astype("int64")
-    out["duration_s"] = _numbers(out, "duration_s", source, integer=False)
-    if HARNESS_COLUMN in out.columns:
-        out[HARNESS_COLUMN] = _harness_seconds(out, source)
-    out["outcome"] = _outcomes(out, source)
-    if MODEL_SHARE_COLUMN in out.columns:
-        out[MODEL_SHARE_COLUMN] = _shares(out, source)
-    for column in (c for c in COUNT_COLUMNS if c in out.columns):
-        out[column] = _numbers(out, column, source, integer=True).astype("int64")
-    if CALL_TIMING_COLUMN in out.columns:
-        out[CALL_TIMING_COLUMN] = _call_timing(out, source)
-    if TRAJECTORY_COLUMN in out.columns and check_trajectories:
-        out[TRAJECTORY_COLUMN] = _trajectories(out, source)[0]
-    _check_keys(out, source)
-    n = _group_size(out, None if N is None else int(N), source)
-    out = out.sort_values(["query_id", "execution_index"], kind="stable")
-    if not check_trajectories and not out.index.equals(pd.RangeIndex(len(out))):
-        raise ValueError(f"{source}: pre-parsed trajectory sizes need rows sorted by query_id, execution_index")
-    out = out.reset_index(drop=True)
-    return out, n
-
-
 @dataclass(frozen=True, eq=False)
 class QueryGroup:
     """The N executions of one query, ordered by execution_index.
@@ -323,50 +143,109 @@ class QueryGroup:
         return float(self.durations_s.max())
 
 
+def _given_trajectories(trajectories: tuple[np.ndarray, np.ndarray],
+                        table: pd.DataFrame | dict) -> tuple[np.ndarray, np.ndarray]:
+    """Pre-parsed ``(sizes, counts)`` of ``table``'s trajectory column, checked against its rows."""
+    flat, counts = (np.asarray(a, dtype=np.int64) for a in trajectories)
+    rows = len(table["query_id"]) if isinstance(table, dict) else len(table)
+    if (TRAJECTORY_COLUMN not in table or counts.size != rows or counts.min(initial=1) < 1
+            or flat.size != counts.sum() or flat.min(initial=0) < 0):
+        raise ValueError("trajectories must be (sizes >= 0, counts >= 1) matching the frame's "
+                         f"{TRAJECTORY_COLUMN} column row by row")
+    return flat, counts
+
+
 def _frozen(values: np.ndarray, N: int) -> np.ndarray:
     grid = np.ascontiguousarray(values).reshape(-1, N)
     grid.setflags(write=False)
     return grid
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class Trace:
-    """A validated trace: a sorted DataFrame plus (queries, N) array views.
+    """A validated trace: its sorted columns plus (queries, N) array views.
 
-    ``Trace(frame)`` validates and normalizes ``frame`` (a copy is kept; do not
-    mutate ``trace.frame``). ``N=None`` infers the group size from the query of
-    the first row. ``trajectories=(sizes, counts)`` hands over the parsed
-    ``trajectory_tokens`` of an already sorted frame (a generator's fast path:
-    the column's JSON is then trusted to say the same, not parsed again).
+    ``Trace(frame)`` validates and normalizes a pandas DataFrame (a copy is
+    kept; do not mutate ``trace.frame``). ``N=None`` infers the group size from
+    the query of the first row. ``trajectories=(sizes, counts)`` hands over the
+    parsed ``trajectory_tokens`` of an already sorted frame (a generator's fast
+    path: the column's JSON is then trusted to say the same, not parsed again).
+    ``Trace.from_columns`` builds one from numpy columns without pandas;
+    ``trace.frame`` is then built (and pandas imported) only when asked for.
     """
 
-    frame: pd.DataFrame
-    N: int | None = None
-    source: str = "<frame>"
-    trajectories: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
-    if TYPE_CHECKING:  # set once in __post_init__ (object.__setattr__), not dataclass fields
-        _grids: dict[str, np.ndarray] = field(init=False)
-        _query_ids: np.ndarray = field(init=False)
-        _trajectories: tuple[np.ndarray, np.ndarray] | None = field(init=False)
+    __slots__ = ("N", "source", "_columns", "_frame", "_grids", "_query_ids", "_trajectories")
+    N: int
+    source: str
+    _columns: dict[str, Any]  # name -> array in frame order (``outcome`` as codes into OUTCOMES)
+    _frame: pd.DataFrame | None  # built on first use for from_columns
+    _grids: dict[str, np.ndarray]
+    _query_ids: np.ndarray
+    _trajectories: tuple[np.ndarray, np.ndarray] | None
 
-    def __post_init__(self) -> None:
-        given = self.trajectories
-        if given is not None:
-            flat, counts = (np.asarray(a, dtype=np.int64) for a in given)
-            if (TRAJECTORY_COLUMN not in self.frame or counts.size != len(self.frame) or counts.min(initial=1) < 1
-                    or flat.size != counts.sum() or flat.min(initial=0) < 0):
-                raise ValueError("trajectories must be (sizes >= 0, counts >= 1) matching the frame's "
-                                 f"{TRAJECTORY_COLUMN} column row by row")
-        frame, n = validate_frame(self.frame, self.N, self.source, check_trajectories=given is None)
-        object.__setattr__(self, "frame", frame)
-        object.__setattr__(self, "N", n)
-        columns = ("duration_s", HARNESS_COLUMN, MODEL_SHARE_COLUMN, *COUNT_COLUMNS)
-        grids = {c: _frozen(frame[c].to_numpy(), n) for c in columns if c in frame}
-        grids["outcome"] = _frozen(np.asarray(OUTCOMES)[frame["outcome"].cat.codes.to_numpy()], n)
-        object.__setattr__(self, "_grids", grids)
-        object.__setattr__(self, "_query_ids", frame["query_id"].to_numpy()[::n].copy())
-        object.__setattr__(self, "_trajectories", None if given is None else (flat, counts))
-        object.__setattr__(self, "trajectories", None)  # parsed sizes live in _trajectories
+    def __init__(self, frame: pd.DataFrame, N: int | None = None, source: str = "<frame>",
+                 trajectories: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        from gyre.formats.trace_frame import frame_columns, validate_frame
+
+        given = None if trajectories is None else _given_trajectories(trajectories, frame)
+        frame, n = validate_frame(frame, N, source, check_trajectories=given is None)
+        self._build(frame_columns(frame), n, source, given, frame)
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, np.ndarray | list], N: int, source: str = "<columns>",
+                     trajectories: tuple[np.ndarray, np.ndarray] | None = None) -> Trace:
+        """A trace of columns already in ``frame``'s normalized form and order, without pandas: query_id
+        int64 (or text), execution_index and counts int64, durations float64, ``outcome`` int codes into
+        OUTCOMES, rows sorted in blocks of N executions per query (``gyre.formats.trace_columns`` checks
+        all of it, as ``Trace(frame)`` does; ``trajectory_tokens`` cells are trusted when sizes are given)."""
+        from gyre.formats.trace_columns import check_columns
+
+        check_columns(columns, N, source)
+        given = None if trajectories is None else _given_trajectories(trajectories, columns)
+        trace = cls.__new__(cls)
+        trace._build(dict(columns), int(N), source, given, None)
+        return trace
+
+    def _build(self, columns: dict, n: int, source: str, given: tuple[np.ndarray, np.ndarray] | None,
+               frame: pd.DataFrame | None) -> None:
+        names = ("duration_s", HARNESS_COLUMN, MODEL_SHARE_COLUMN, *COUNT_COLUMNS)
+        grids = {c: _frozen(np.asarray(columns[c]), n) for c in names if c in columns}
+        grids["outcome"] = _frozen(np.asarray(OUTCOMES)[np.asarray(columns["outcome"])], n)
+        for name, value in (("N", n), ("source", source), ("_columns", columns), ("_trajectories", given),
+                            ("_grids", grids), ("_query_ids", np.asarray(columns["query_id"])[::n].copy()),
+                            ("_frame", frame)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a Trace is never modified (cached shifted traces rely on it): cannot set {name!r}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """The sorted, normalized table (a fresh RangeIndex); built on first use for ``from_columns``."""
+        if self._frame is None:
+            from gyre.formats.trace_frame import frame_from_columns
+
+            object.__setattr__(self, "_frame", frame_from_columns(self._columns))  # a cache, not a change
+        return self._frame
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The table's column names, in order."""
+        return tuple(self._columns)
+
+    def column_arrays(self) -> dict[str, np.ndarray]:
+        """Each column as an array (``outcome`` as codes into OUTCOMES), in order; do not mutate them."""
+        return {name: np.asarray(values) for name, values in self._columns.items()}
+
+    def with_columns(self, **changed: np.ndarray) -> Trace:
+        """The same trace with some columns replaced (checked again, as ``from_columns``), without pandas."""
+        return Trace.from_columns({**self._columns, **changed}, self.N, self.source, self._trajectories)
 
     def __repr__(self) -> str:
         return f"Trace(queries={self.queries}, N={self.N}, source={self.source!r})"
@@ -406,11 +285,13 @@ class Trace:
 
     def trajectory_sizes(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(flat token counts, trajectories per execution) in frame order, or None without the column."""
-        if TRAJECTORY_COLUMN not in self.frame:
+        if TRAJECTORY_COLUMN not in self._columns:
             return None
         if self._trajectories is None:
+            from gyre.formats.trace_frame import _trajectories
+
             _, flat, counts = _trajectories(self.frame, self.source)
-            object.__setattr__(self, "_trajectories", (flat, counts))
+            object.__setattr__(self, "_trajectories", (flat, counts))  # parsed once, on first use
         return self._trajectories
 
     def kept_tokens(self, j_max: int) -> np.ndarray | None:
@@ -424,7 +305,6 @@ class Trace:
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         rank = np.arange(flat.size) - np.repeat(starts, counts)
         kept = np.add.reduceat(np.where(rank < j_max, flat, 0), starts)
-        assert self.N is not None  # set by __post_init__
         return _frozen(kept, self.N)
 
     def group(self, i: int) -> QueryGroup:
@@ -457,13 +337,12 @@ def _suffix(path: Path) -> str:
 
 def load_trace(path: str | Path, N: int | None = None) -> Trace:
     """Read a CSV or Parquet trace (chosen by suffix) and validate it."""
+    from gyre.formats.trace_frame import read_frame
+
     path = Path(path)
-    suffix = _suffix(path)
+    _suffix(path)
     try:
-        if suffix in CSV_SUFFIXES:
-            frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-        else:
-            frame = pd.read_parquet(path)
+        frame = read_frame(path)
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
     except (OSError, ValueError) as exc:  # pandas and pyarrow parse errors are ValueErrors
@@ -473,12 +352,12 @@ def load_trace(path: str | Path, N: int | None = None) -> Trace:
 
 def save_trace(trace: Trace, path: str | Path) -> Path:
     """Write a trace as CSV or Parquet (chosen by suffix); return the path."""
+    from gyre.formats.trace_frame import write_frame
+
     path = Path(path)
+    _suffix(path)
     try:
-        if _suffix(path) in CSV_SUFFIXES:
-            trace.frame.to_csv(path, index=False)
-        else:
-            trace.frame.to_parquet(path, index=False)
+        write_frame(trace.frame, path)
     except OSError as exc:
         raise TraceError(f"{path}: cannot write trace: {exc}") from exc
     return path

@@ -32,9 +32,8 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 import numpy as np
-import pandas as pd
 
-from gyre.formats.trace import HARNESS_COLUMN, OUTCOMES, TRAJECTORY_COLUMN, Trace
+from gyre.formats.trace import HARNESS_COLUMN, TRAJECTORY_COLUMN, Trace
 from gyre.sim.traces.model import (  # re-exported: the generator's public surface
     HOUR_S,
     DurationModel,
@@ -121,18 +120,16 @@ def generate_trace(preset: str | TracePreset, queries: int, rng: np.random.Gener
     counts = realize_counts(chosen.model, variates, active_s)
     split = realize_trajectories(chosen.model.trajectory_model(), rng, counts["call_count"],
                                  counts["input_tokens"] + counts["output_tokens"])
-    frame = pd.DataFrame(
-        {
-            "query_id": np.repeat(np.arange(queries, dtype=np.int64), N),
-            "execution_index": np.tile(np.arange(N, dtype=np.int64), queries),
-            "duration_s": durations_s.ravel(),
-            HARNESS_COLUMN: active_s.ravel(),  # the ceiling for an overall timeout; else its duration
-            "outcome": pd.Categorical.from_codes(codes.ravel(), categories=OUTCOMES),
-            **{k: v.ravel() for k, v in counts.items()},
-            TRAJECTORY_COLUMN: split.as_json(),
-        }
-    )
-    return Trace(frame, N=int(N), source=f"preset:{chosen.name}", trajectories=(split.sizes, split.counts))
+    columns = {  # the normalized table Trace(frame) would make of them, built without pandas
+        "query_id": np.repeat(np.arange(queries, dtype=np.int64), N),
+        "execution_index": np.tile(np.arange(N, dtype=np.int64), queries),
+        "duration_s": durations_s.ravel(),
+        HARNESS_COLUMN: active_s.ravel(),  # the ceiling for an overall timeout; else its duration
+        "outcome": codes.ravel(),  # codes into OUTCOMES
+        **{k: v.ravel() for k, v in counts.items()},
+        TRAJECTORY_COLUMN: split.as_json(),
+    }
+    return Trace.from_columns(columns, int(N), f"preset:{chosen.name}", trajectories=(split.sizes, split.counts))
 
 
 def default_trace() -> Trace:

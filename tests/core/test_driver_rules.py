@@ -123,6 +123,19 @@ def test_micro_step_packing_places_every_execution_once(sizes: list[int], budget
             assert all(load + sizes[i] > budget for load in placed_before)
 
 
+@settings(max_examples=examples(200), deadline=None)
+@given(sizes=st.lists(st.sampled_from([1.0, 2.5, 2.5, 7.0, 3000.0]), max_size=24),
+       budget=st.sampled_from([1.0, 4.0, 6000.0]))
+def test_first_fit_takes_executions_in_decreasing_size_ties_in_input_order(sizes: list[float],
+                                                                          budget: float) -> None:
+    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))  # the rule, spelled out
+    bins = first_fit_decreasing(sizes, budget)
+    placed = sorted((i for bin_ in bins for i in bin_), key=order.index)
+    assert placed == order and all(bin_ == sorted(bin_, key=order.index) for bin_ in bins)
+    if len(sizes) > 1 and sizes[order[-1]] + sizes[order[-2]] > budget:  # no two fit: one bin each, in order
+        assert bins == [[i] for i in order]
+
+
 def test_micro_step_packing_by_hand() -> None:
     # 4000 alone; 3000 + 500 + 200 + 100 = 3800 <= 4096; nothing reaches 0.9 x 4096 = 3686.4 except both bins
     emitted, kept = pack_micro_steps([3000, 500, 100, 4000, 200], 4096, flush=False)
