@@ -1,11 +1,20 @@
 """A local Ray cluster of two nodes for the cluster tests: the head and one more node process on this
 machine (``ray.cluster_utils.Cluster``), shut down through its handle (never ``ray stop``, which would
-stop every Ray on the machine) whatever the test raised."""
+stop every Ray on the machine) whatever the test raised; and ``loopback_only``, the mark that skips a
+test outside a loopback-only network namespace: Ray listens on every interface and advertises the
+machine's address, so only there does a test stay on 127.0.0.1."""
 
 from __future__ import annotations
 
+import socket
 from contextlib import contextmanager
 from typing import Any, Iterator
+
+import pytest
+
+loopback_only = pytest.mark.skipif([name for _, name in socket.if_nameindex()] != ["lo"],
+                                   reason="not in a loopback-only network namespace "
+                                          "(run under tools/isolated.sh as root, as make test does)")
 
 
 @contextmanager

@@ -17,7 +17,6 @@ Skipped, with the reason, without Ray or outside a loopback-only namespace.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 
@@ -27,15 +26,13 @@ from gyre.cli import main
 from gyre.real.train.context import CellConfig
 
 try:
-    from ray_nodes import two_ray_nodes
+    from ray_nodes import loopback_only, two_ray_nodes
 except ImportError:
-    from ..ray_nodes import two_ray_nodes
+    from ..ray_nodes import loopback_only, two_ray_nodes
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
-LOOPBACK_ONLY = [name for _, name in socket.if_nameindex()] == ["lo"]
 pytestmark = [pytest.mark.timeout(300),
-              pytest.mark.skipif(not LOOPBACK_ONLY, reason="not in a loopback-only network namespace "
-                                 "(run under tools/isolated.sh as root, as make test does)")]
+              loopback_only]
 GPU_JOB = Path(__file__).resolve().parents[3] / "configs" / "gpu_node_qwen.toml"
 # Qwen2.5-0.5B's config.json (the fields the bridge reads): loading the job reads only this file
 QWEN25_05B = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,

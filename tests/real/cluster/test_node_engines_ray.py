@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import socket
 import sys
 
 import pytest
@@ -39,16 +38,14 @@ from gyre.real.supervisor.ledger import ENDED, RUNNING
 
 try:
     from processes import alive, all_gone, wait_until
-    from ray_nodes import two_ray_nodes
+    from ray_nodes import loopback_only, two_ray_nodes
 except ImportError:
     from ..processes import alive, all_gone, wait_until
-    from ..ray_nodes import two_ray_nodes
+    from ..ray_nodes import loopback_only, two_ray_nodes
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
-LOOPBACK_ONLY = [name for _, name in socket.if_nameindex()] == ["lo"]
 pytestmark = [pytest.mark.timeout(240),
-              pytest.mark.skipif(not LOOPBACK_ONLY, reason="not in a loopback-only network namespace "
-                                 "(run under tools/isolated.sh as root, as make test does)")]
+              loopback_only]
 STAND_IN = f"""#!{sys.executable}
 import http.server, sys
 port = int(sys.argv[sys.argv.index("--port") + 1])

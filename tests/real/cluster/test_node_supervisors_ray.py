@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -35,16 +34,14 @@ import pytest
 
 try:
     from processes import alive, wait_until
-    from ray_nodes import two_ray_nodes
+    from ray_nodes import loopback_only, two_ray_nodes
 except ImportError:
     from ..processes import alive, wait_until
-    from ..ray_nodes import two_ray_nodes
+    from ..ray_nodes import loopback_only, two_ray_nodes
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
-LOOPBACK_ONLY = [name for _, name in socket.if_nameindex()] == ["lo"]
 pytestmark = [pytest.mark.timeout(240),
-              pytest.mark.skipif(not LOOPBACK_ONLY, reason="not in a loopback-only network namespace "
-                                 "(run under tools/isolated.sh as root, as make test does)")]
+              loopback_only]
 LEASE_S, GRACE_S = 3.0, 2.0
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 DRIVER = """

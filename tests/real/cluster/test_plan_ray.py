@@ -12,8 +12,6 @@ Ray or outside a loopback-only namespace.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from gyre.cli import main
@@ -23,15 +21,13 @@ from gyre.sim.plan.study import PlanRequest, run_study
 from gyre.sim.sweep import parse_sweep, run_sweep
 
 try:
-    from ray_nodes import two_ray_nodes
+    from ray_nodes import loopback_only, two_ray_nodes
 except ImportError:
-    from ..ray_nodes import two_ray_nodes
+    from ..ray_nodes import loopback_only, two_ray_nodes
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
-LOOPBACK_ONLY = [name for _, name in socket.if_nameindex()] == ["lo"]
 pytestmark = [pytest.mark.timeout(300),
-              pytest.mark.skipif(not LOOPBACK_ONLY, reason="not in a loopback-only network namespace "
-                                 "(run under tools/isolated.sh as root, as make test does)")]
+              loopback_only]
 
 REQUEST = PlanRequest(workload=Workload("nl2repo-122b", steps=3, seeds=(0, 1)),
                       cluster=Cluster(nodes=16, cell_sizes=(2, 4), per_node=36, N=16, B=32),

@@ -35,9 +35,10 @@ node's supervisor, and adopted by the resume (same pid; summary.json's ``placeme
 running under their node supervisors, none started again; the kill waits for a moment when no
 engine's memory release or resume is under way, since a cut one leaves what the engine holds
 unknown and the resume must start it again: one full run here was killed in that window; should
-one begin between the check and the kill, that engine's restart, with its reason, is checked instead); the clean end stops the node
-supervisors with their engines. The kill's row (running at the checkpoint, re-attached, kept,
-re-run, saved execution-seconds, processes found) is printed. Measured here (2 cores shared, load ~1.5-7):
+one begin between the check and the kill, that engine's restart, with its reason, is checked
+instead); the clean end stops the node supervisors with their engines. The kill's row (running at
+the checkpoint, re-attached, kept, re-run, saved execution-seconds, processes found) is printed.
+Measured here (2 cores shared, load ~1.5-7):
 kill at version 2 (3 events past the checkpoint), 0 re-attached, 2 kept, 0 re-run, 7.2
 execution-s saved, 24 processes found (another run: 3 kept, 10.1 s, 23 found; a third, 279 s
 at load 5-9: 0 running at P, 2 kept, 4.3 s, 22 found). 0 re-attached
@@ -124,7 +125,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -148,24 +148,22 @@ try:
     import kill_points as kp
     import resume_watch as rw
     from processes import alive, all_gone, group_members, wait_until
-    from ray_nodes import two_ray_nodes
+    from ray_nodes import loopback_only, two_ray_nodes
 except ImportError:
     from ..processes import alive, all_gone, group_members, wait_until
-    from ..ray_nodes import two_ray_nodes
+    from ..ray_nodes import loopback_only, two_ray_nodes
     from . import kill_points as kp
     from . import resume_watch as rw
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = 30
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
-LOOPBACK_ONLY = [name for _, name in socket.if_nameindex()] == ["lo"]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(960),
               pytest.mark.skipif(not sglang_python().exists(),
                                  reason=f"SGLang CPU venv not found at {sglang_python()} (tools/setup_sglang_cpu.sh)"),
               # Ray listens on every interface and advertises the machine's address: only inside a
               # loopback-only network namespace does the test stay on 127.0.0.1
-              pytest.mark.skipif(not LOOPBACK_ONLY, reason="not in a loopback-only network namespace "
-                                 "(run under tools/isolated.sh as root, as make test does)")]
+              loopback_only]
 
 
 @pytest.fixture(scope="module")
