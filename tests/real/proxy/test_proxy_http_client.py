@@ -237,6 +237,18 @@ def test_close_aborts_a_waiting_read_and_every_later_one() -> None:
     run(main())
 
 
+async def _whole_then_read_timeout(url: str) -> None:
+    """Two calls through a client whose read timeout is 0.3 s: the first response is read whole (``xxxxxx``),
+    the second, which stalls, ends in a read timeout."""
+    client = HttpClient(1.0, 0.3)
+    async with await client.request("POST", url, b"") as resp:
+        assert await resp.read() == b"xxxxxx"
+    async with await client.request("POST", url, b"") as resp:
+        with pytest.raises(HttpError, match="read timeout"):
+            await resp.read()
+    await client.close()
+
+
 def test_the_read_timeout_bounds_each_wait_not_the_whole_response(monkeypatch) -> None:
     async def main() -> None:
         async def handler(reader, writer, n):
@@ -255,13 +267,7 @@ def test_the_read_timeout_bounds_each_wait_not_the_whole_response(monkeypatch) -
 
         server = Server(handler)
         async with server as url:
-            client = HttpClient(1.0, 0.3)
-            async with await client.request("POST", url, b"") as resp:
-                assert await resp.read() == b"xxxxxx"
-            async with await client.request("POST", url, b"") as resp:
-                with pytest.raises(HttpError, match="read timeout"):
-                    await resp.read()
-            await client.close()
+            await _whole_then_read_timeout(url)
 
     run(main())
 
@@ -273,7 +279,7 @@ def test_a_long_chunk_that_keeps_arriving_does_not_time_out_and_one_that_stalls_
             for stall in (False, True):
                 await server.read_request(reader)
                 writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\n")
-                for k in range(3 if stall else 6):  # 0.6 s for the chunk, never 0.3 s without a byte
+                for _ in range(3 if stall else 6):  # 0.6 s for the chunk, never 0.3 s without a byte
                     writer.write(b"x")
                     await writer.drain()
                     await asyncio.sleep(0.1)
@@ -284,13 +290,7 @@ def test_a_long_chunk_that_keeps_arriving_does_not_time_out_and_one_that_stalls_
 
         server = Server(handler)
         async with server as url:
-            client = HttpClient(1.0, 0.3)
-            async with await client.request("POST", url, b"") as resp:
-                assert await resp.read() == b"xxxxxx"
-            async with await client.request("POST", url, b"") as resp:
-                with pytest.raises(HttpError, match="read timeout"):
-                    await resp.read()
-            await client.close()
+            await _whole_then_read_timeout(url)
 
     run(main())
 
