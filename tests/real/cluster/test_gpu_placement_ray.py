@@ -118,8 +118,11 @@ def test_the_processes_a_placed_gpu_cell_starts_see_its_gpus_and_their_local_ran
     from gyre.real.engines.manager import EngineSpec
     from gyre.real.runtime.ports import free_port
 
-    fake = tmp_path / "fake-python"  # stands in for SGLang's interpreter: writes what it was given, then waits
-    fake.write_text(f"#!/bin/sh\nenv > {tmp_path}/$$.env\necho \"$@\" > {tmp_path}/$$.args\nsleep 600\n")
+    # stands in for SGLang's interpreter: writes what it was given, then waits; its environment file is
+    # written aside and renamed, so the test never reads one half written
+    fake = tmp_path / "fake-python"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/$$.args\n"
+                    f"env > {tmp_path}/$$.part && mv {tmp_path}/$$.part {tmp_path}/$$.env\nsleep 600\n")
     fake.chmod(0o755)
     placement = Placement(ClusterConfig(address=address, interface="lo", rank_cpus=0.25, engine_cpus=0.25))
     try:
