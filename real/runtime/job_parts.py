@@ -364,11 +364,11 @@ class JobParts:
         no longer renewed, bounds how long they wait for one)."""
         if self.lease is not None:
             self.lease.stop()
+        if self.proxy is not None:  # first: the supervisor's stop ends the proxy, and that is no crash to restart
+            self.proxy.detach()  # kept with a kept supervisor: the harnesses' calls wait in it for a resume
         if self.supervisor is not None and not self.keep_supervisor:
             self.supervisor.stop()
-        if self.proxy is not None and self.keep_supervisor and hasattr(self.proxy, "detach"):
-            self.proxy.detach()  # kept with the supervisor: the harnesses' calls wait in it for a resume
-        elif self.proxy is not None:
+        if self.proxy is not None and not self.keep_supervisor:
             self.proxy.stop()
         if self.engines is not None and self.keep_supervisor:
             self.engines.detach_all()  # kept with the supervisor: a resume adopts them, loaded weights and all

@@ -25,7 +25,8 @@ come back within ``start_timeout_s`` is raised from ``supervise``.
 
 Invariants: at most one proxy process per ``ProxyProcess`` at a time; ``url``
 is constant; ``stop`` ends the process (SIGTERM, then SIGKILL) and no restart
-follows it; every restart is recorded before ``on_restart`` runs.
+follows it, nor one after ``detach`` (stop watching, leave it running); every
+restart is recorded before ``on_restart`` runs.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ class ProxyProcess:
         while not self._stopped:
             time.sleep(self.poll_s)
             code = self.exited()
-            if code is None:
+            if code is None or self._stopped:  # stopped or detached while asked: an ordered stop, no crash
                 continue
             died = time.monotonic()
             self.progress(f"proxy exited ({_describe(code)}); restarting it on {self.url}")
@@ -150,6 +151,11 @@ class ProxyProcess:
             self.restarts.append({"exit_code": code, "at_s": died - self._t0, "back_s": time.monotonic() - died})
             self.progress(f"proxy back after {time.monotonic() - died:.1f} s")
             back()
+
+    def detach(self) -> None:
+        """Stop watching it and leave it running: whatever ends it next (a supervisor's stop, a resume's
+        adoption) is not a crash to restart."""
+        self._stopped = True
 
     def stop(self) -> None:
         self._stopped = True

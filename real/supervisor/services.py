@@ -112,10 +112,6 @@ class SupervisedProxy(ProxyProcess):
         self._stopped = True
         self._kill()
 
-    def detach(self) -> None:
-        """Stop watching it, leave it running (a failed run: a resume adopts it)."""
-        self._stopped = True
-
     def _kill(self) -> None:
         try:
             self.client.call("kill", key=PROXY_KEY, grace_s=15.0, timeout=60.0)

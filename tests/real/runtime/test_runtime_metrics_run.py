@@ -11,7 +11,9 @@ Megatron-core training cell, the proxy and scripted harnesses; N = B = 2,
 - loss and reward equal the run summary's; transitions and publications only grow;
   the time breakdown sums to at most the record's time; engine load names the engine;
 - TensorBoard's own event reader reads back the same loss, reward and staleness;
-- off a terminal, stderr has one plain ``progress:`` line per step naming step, burst and roles.
+- off a terminal, stderr has one plain ``progress:`` line per step naming step, burst and roles;
+- nothing died, so nothing was restarted, on the way out either (the ordered stop once ended the proxy
+  under its watcher, which relaunched it).
 Skipped, with the reason, when the SGLang virtualenv is absent.
 """
 
@@ -119,3 +121,9 @@ def test_off_a_terminal_each_step_prints_one_plain_progress_line(run):
     assert len(lines) == 4, run["stderr"][-2000:]
     assert lines[0].startswith("[gyre run] progress: step 1/4, burst 1, roles 0:")
     assert lines[-1].startswith("[gyre run] progress: step 4/4, burst 2, roles 0:")
+
+
+def test_a_clean_run_restarts_nothing_on_its_way_out(run):
+    said = [line for line in run["stderr"].splitlines() if "exited" in line or "restarting" in line]
+    assert said == [], said
+    assert run["summary"]["proxy_restarts"] == [] and run["summary"]["engine_restarts"] == []

@@ -4,7 +4,8 @@
 Checked: the proxy comes back on the same URL by itself; the execution's key still works (keys live in the
 record folder); the record of the call made before the kill is intact and the call after it is recorded
 beside it; ``on_restart`` runs after the proxy is back (its admin call succeeds) and after the restart is
-recorded; a stopped proxy is not restarted; a proxy that cannot start names its exit and its log.
+recorded; a stopped proxy is not restarted, nor a detached one that something else ended; a proxy that
+cannot start names its exit and its log.
 """
 
 from __future__ import annotations
@@ -119,6 +120,23 @@ def test_a_killed_proxy_comes_back_on_its_address_with_keys_and_records(model, t
         assert proxy.exited() is None and len(proxy.restarts) == 1  # stopped on purpose: no restart
     records = check_records(tmp_path / "records", "survivor", model)
     assert len(records) == 2  # the call before the kill is intact beside the one after it
+
+
+def test_a_detached_proxy_ended_by_someone_else_is_not_restarted(model, tmp_path):
+    """The job's ordered stop: the watcher lets go first, then whoever owns the process ends it."""
+    config = proxy_config(model, tmp_path / "records", {"e0": "http://127.0.0.1:9"}, port=free_port(), fsync=False)
+    proxy = ProxyProcess(config, tmp_path / "proxy", poll_s=0.05).start()
+    supervisor = Supervisor(proxy, lambda: None)
+    try:
+        pid = proxy.pid
+        proxy.detach()
+        assert _alive(proxy.url)  # detached: still serving
+        os.killpg(pid, signal.SIGTERM)
+        time.sleep(1.0)  # twenty of the watcher's polls
+        assert proxy.restarts == [] and proxy.pid == pid and proxy.exited() is None
+    finally:
+        supervisor.close()
+        proxy.stop()
 
 
 def test_a_proxy_that_cannot_start_names_its_exit_and_log(model, tmp_path):
