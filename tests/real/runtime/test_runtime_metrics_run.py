@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from gyre.real.engines.manager import sglang_python
 from gyre.formats.eventlog import replay_run
+from gyre.real.engines.manager import sglang_python
 
 try:
     from jobs import small_job, write_job

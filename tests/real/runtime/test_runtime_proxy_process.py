@@ -168,8 +168,8 @@ def test_the_proxy_serves_on_the_event_loop_asked_for(model, tmp_path, loop, gc_
     with ServerThread(engine.application) as engine_thread:
         config = proxy_config(model, tmp_path / "records", {"e0": engine_thread.url}, port=free_port(), fsync=True)
         (tmp_path / "proxy.json").write_text(json.dumps(config_mapping(config)))
-        command = [sys.executable, "-m", "gyre.real.proxy.cli", "--config", str(tmp_path / "proxy.json"), "--loop", loop,
-                   "--gc", gc_mode]
+        command = [sys.executable, "-m", "gyre.real.proxy.cli", "--config", str(tmp_path / "proxy.json"),
+                   "--loop", loop, "--gc", gc_mode]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1"))
         try:
