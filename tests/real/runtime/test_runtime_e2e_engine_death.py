@@ -1,7 +1,7 @@
 """End to end: an SGLang engine, then the proxy, die during ``gyre run`` and the run survives both (issue 16 item 3).
 
 ``gyre run`` on configs/cpu_demo.toml (only ``--set`` overrides: work
-folders, a shorter run) runs as a subprocess of the real CLI. After the first
+folders, a shorter run, a tool-work pause) runs as a subprocess of the real CLI. After the first
 publication, the test reads ``metrics.jsonl`` for an engine in the rollout role with
 executions placed on it and ``engines.json`` for its process group, and kills
 the whole group with SIGKILL. In this shape the killed engine is often the
@@ -29,11 +29,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-from signal import SIGKILL
 import subprocess
 import sys
 import time
 from pathlib import Path
+from signal import SIGKILL
 
 import pytest
 
@@ -41,7 +41,14 @@ from gyre.real.engines.manager import sglang_python
 
 ROOT = Path(__file__).resolve().parents[3]
 NO_VENV = f"SGLang CPU venv not found at {sglang_python()} (run tools/setup_sglang_cpu.sh)"
-STEPS = 12  # the warm-up burst's fresher groups weigh less in the staleness mean (8 steps: 1.25 of 1.5)
+# The run must outlast the restart, which it need not wait for: the core, which knows nothing of the death,
+# may put another cell in the rollout role and go on without the killed engine (seen on CI: the run's last 9
+# steps took 45 s and the restart was not done; restarts took 63-80 s then). A 4 s "tool work" pause after
+# each call lightens the engines' load (the restart went faster: 53-54 s at load 1.5-7.6) and stretches each
+# burst: the run went on 186-216 s after the kill here. Also: the warm-up burst's fresher groups weigh less in
+# the staleness mean (8 steps: 1.25 of 1.5).
+STEPS = 14
+TOOL_WORK_S = 4.0
 # While the killed engine was the only one in the rollout role its calls have nowhere to go: the proxy holds
 # them until the engine is back; should a hold run out, the scripted harness retries the overload error (as
 # agent CLIs do), 400 times, up to ~400 s, longer than an engine takes to start here.
@@ -89,7 +96,8 @@ def test_gyre_run_restarts_an_engine_killed_mid_run(tmp_path):
     work = tmp_path / "run"
     argv = [sys.executable, "-m", "gyre.cli", "run", "--config", str(ROOT / "configs" / "cpu_demo.toml"),
             "--set", f'workdir="{work}"', "--set", f'model_dir="{tmp_path / "tok"}"',
-            "--set", f"steps={STEPS}", "--set", "timeout_s=600.0", "--set", f"harness_options={{retries={RETRIES}}}"]
+            "--set", f"steps={STEPS}", "--set", "timeout_s=600.0",
+            "--set", f"harness_options={{retries={RETRIES}, sleep_s={TOOL_WORK_S}}}"]
     t0 = time.monotonic()
     with open(tmp_path / "stderr.txt", "w") as stderr:
         proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True)
@@ -104,6 +112,7 @@ def test_gyre_run_restarts_an_engine_killed_mid_run(tmp_path):
             proxy_killed_at = time.time()
             os.killpg(proxy_pid, SIGKILL)  # then the proxy, with harnesses mid-call
             stdout, _ = proc.communicate(timeout=780)
+            ended_at = time.time()
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -112,7 +121,8 @@ def test_gyre_run_restarts_an_engine_killed_mid_run(tmp_path):
     err = (tmp_path / "stderr.txt").read_text()
     assert proc.returncode == 0, err[-4000:]
     s = json.loads((work / "summary.json").read_text())
-    print(f"killed {victim} (pid {pid}); wall {wall:.0f} s; restarts {s['engine_restarts']}; "
+    print(f"killed {victim} (pid {pid}); the run went on {ended_at - killed_at:.0f} s after; wall {wall:.0f} s; "
+          f"restarts {s['engine_restarts']}; "
           f"timings {s['timings']}")
     print("\n".join(line for line in err.splitlines() if line.startswith("[gyre run] engine")))
 
