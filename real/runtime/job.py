@@ -161,7 +161,7 @@ def _summarise(job: JobConfig, run: JobParts, log_dir: Path) -> dict[str, Any]:
         "backend_errors": backend.errors + (supervisor.errors if supervisor else []),
         "engine_restarts": supervisor.restarts if supervisor else [],
         "proxy_restarts": proxy.restarts if proxy is not None else [], "trace": str(trace_path) if trace_path else None,
-        "resumes": _resumes(work), "supervisor": _supervision(work, backend.parts.runner),
+        "resumes": _resumes(work), "supervisor": _supervision(work, backend.parts.runner, run.adoptions),
         "log": str(log_dir), "timings": timings, "config": job_to_table(job),
     }
     if summary["reward_curve"]:
@@ -185,13 +185,15 @@ def _resumes(work: Path) -> list[dict[str, Any]]:
     return [{k: v for k, v in json.loads(p.read_text()).items() if k in keys} for p in found]
 
 
-def _supervision(work: Path, runner) -> dict[str, Any]:
-    """What the run's supervisor ledger says was started again and why (``supervisor.ledger.restarts``), and
-    the harnesses this attempt attached to (execution: pid)."""
+def _supervision(work: Path, runner, adoptions: dict[str, str]) -> dict[str, Any]:
+    """What the run's supervisor ledger says was started again and why (``supervisor.ledger.restarts``), the
+    harnesses this attempt attached to (execution: pid), and on a resume each engine's adoption: "adopted
+    (pid, url)", or why it was started again ("not running", "pid N stopped: its memory state is unknown ...")."""
     from gyre.real.supervisor.ledger import read_records, restarts
 
     return {"restarted": restarts(read_records(work / "supervisor" / "ledger.jsonl")),
-            "attached": {str(x): pid for x, pid in sorted(getattr(runner, "attached", {}).items())}}
+            "attached": {str(x): pid for x, pid in sorted(getattr(runner, "attached", {}).items())},
+            "engines": dict(sorted(adoptions.items()))}
 
 
 def _predict(work: Path) -> dict[str, Any]:

@@ -104,6 +104,7 @@ class JobParts:
         self.supervisor: SupervisorClient | None = None  # the folder's supervisor (real.supervisor)
         self.lease: LeaseRenewer | None = None
         self.keep_supervisor = False  # close(): keep it (and its harnesses) for a resume to attach to
+        self.adoptions: dict[str, str] = {}  # a resume: per engine, adopted or why not (summary.json)
         # what ``close`` stops: each None until its step has started it (a build can fail part-way)
         self.plane: TrainingPlane | None = None
         self.engines: EngineManager | None = None
@@ -256,6 +257,7 @@ class JobParts:
         """Whether the engine a killed attempt left under the supervisor serves ``spec`` for this run (its weights
         are loaded later, never assumed); one that cannot is stopped and launched afresh."""
         engine, why = engines.adopt(spec, timeout=300)  # as a launch: it may still be loading its model
+        self.adoptions[spec.engine_id] = why
         if engine is not None or why != "not running":
             self.say(f"engine {spec.engine_id}: {why}")
         return engine is not None

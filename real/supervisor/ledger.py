@@ -155,14 +155,16 @@ class Ledger:
 
 def restarts(records: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
     """Per key started more than once, why each earlier run did not count: its supervisor was lost (the
-    reason recorded) or a driver cut it (cancelled or timed out)."""
+    reason recorded) or a driver stopped it (cancelled, timed out, or an engine a resume did not adopt: the
+    summary's ``supervisor.engines`` says why)."""
     last: dict[str, dict[str, Any]] = {}
     found: dict[str, list[str]] = {}
     for record in records:
         key, before = record.get("key"), last.get(record.get("key"))
         if record.get("kind") == "started" and before is not None:
             why = before.get("reason", "lost") if before["kind"] == "lost" else \
-                "cut by a driver (cancelled or timed out)" if before.get("killed") else "ended by itself"
+                "stopped by a driver (cancelled, timed out, or not adopted on a resume)" if before.get("killed") \
+                else "ended by itself"
             found.setdefault(str(key), []).append(why)
         last[key] = record
     return found

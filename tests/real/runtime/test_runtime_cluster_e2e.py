@@ -208,10 +208,13 @@ def test_cpu_demo_placed_across_two_ray_nodes(tmp_path, two_node_cluster):
         assert info["pid"] == started[f"gyre-cell{c}"], (info, started)  # the agent's process answers the cell
         # each engine is its node's supervisor's: adopted by the resume (same pid, started once), unless the
         # kill cut one of its memory changes (the race the kill moment avoids): then it is stopped, started again
+        adoption = s["supervisor"]["engines"][f"e{c}"]  # the summary says, per engine, adopted or why not
         if f"e{c}" not in kill.unsettled:
             assert roster[f"e{c}"]["pid"] == kill.engines[f"engine-e{c}"] == engine_entries(work)[f"engine-e{c}"][1]
+            assert adoption.startswith(f"adopted (pid {kill.engines[f'engine-e{c}']}"), adoption
         else:
-            assert f"engine e{c}: pid {kill.engines[f'engine-e{c}']} stopped: its memory state is unknown" in err
+            stopped = f"pid {kill.engines[f'engine-e{c}']} stopped: its memory state is unknown"
+            assert f"engine e{c}: {stopped}" in err and adoption.startswith(stopped), adoption
         assert roster[f"e{c}"]["url"].startswith("http://127.0.0.1:")
     assert {key: starts for key, (starts, _) in engine_entries(work).items()} == \
         {f"engine-e{c}": 2 if f"e{c}" in kill.unsettled else 1 for c in cells}, kill.unsettled

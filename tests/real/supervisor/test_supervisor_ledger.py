@@ -123,7 +123,8 @@ def test_restarts_name_why_each_earlier_run_did_not_count():
                dict(started, key="x1"), dict(ended, key="x1", killed=True), dict(started, key="x1"),
                dict(started, key="x2"), dict(ended, key="x2")]
     assert fold(records)["x1"].starts == 3
-    assert restarts(records) == {"x1": ["its supervisor is gone (pid 7)", "cut by a driver (cancelled or timed out)"]}
+    assert restarts(records) == {"x1": ["its supervisor is gone (pid 7)",
+                                        "stopped by a driver (cancelled, timed out, or not adopted on a resume)"]}
 
 
 FIELD = st.one_of(st.none(), st.integers(-3, 3), st.floats(allow_nan=True), st.text(max_size=3), st.booleans())
