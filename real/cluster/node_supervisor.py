@@ -125,15 +125,20 @@ class RemoteSupervisor:
 
     def call(self, op: str, timeout: float = CALL_TIMEOUT_S, **fields: Any) -> Any:
         """One request; ``SupervisorGone`` when the actor (or its daemon) is gone."""
+        return self._ask(op, self.actor.call.remote(op, timeout, fields), timeout + CALL_TIMEOUT_S)
+
+    def _ask(self, what: str, ref: Any, timeout: float) -> Any:
+        """``ray.get(ref)`` with the actor's failures told as the daemon's: ``SupervisorGone`` when the actor is
+        gone (or the call raised it), ``RuntimeError`` when no answer came in time or the call raised another."""
         import ray
 
         try:
-            return ray.get(self.actor.call.remote(op, timeout, fields), timeout=timeout + CALL_TIMEOUT_S)
+            return ray.get(ref, timeout=timeout)
         except ray.exceptions.RayActorError as exc:
             raise SupervisorGone(f"the supervisor of node {self.node_id} ({self.folder}) is gone: "
                                  f"{type(exc).__name__}") from None
         except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"the supervisor of node {self.node_id}: {op} got no answer in time") from None
+            raise RuntimeError(f"the supervisor of node {self.node_id}: {what} got no answer in time") from None
         except ray.exceptions.RayTaskError as exc:
             cause = exc.as_instanceof_cause()
             raise (cause if isinstance(cause, SupervisorGone) else RuntimeError(str(cause))) from None
@@ -154,19 +159,11 @@ class RemoteSupervisor:
         self.call("renew", timeout=5.0)
 
     def describe(self) -> dict[str, Any]:
-        import ray
-
-        return ray.get(self.actor.describe.remote(), timeout=CALL_TIMEOUT_S)
+        return self._ask("describe", self.actor.describe.remote(), CALL_TIMEOUT_S)
 
     def engine_env(self, spec: Any, placed: dict[str, str]) -> dict[str, str]:
         """An engine's environment built on this node (``NodeSupervisorHost.engine_env``)."""
-        import ray
-
-        try:
-            return ray.get(self.actor.engine_env.remote(spec, placed), timeout=CALL_TIMEOUT_S)
-        except ray.exceptions.RayActorError as exc:
-            raise SupervisorGone(f"the supervisor of node {self.node_id} ({self.folder}) is gone: "
-                                 f"{type(exc).__name__}") from None
+        return self._ask("engine_env", self.actor.engine_env.remote(spec, placed), CALL_TIMEOUT_S)
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop what the daemon owns and the daemon; True once the actor has ended with it."""
@@ -245,15 +242,13 @@ class NodeSupervisors:
     def reopen(self, node: str) -> RemoteSupervisor:
         """A new supervisor for ``node`` whose supervisor is gone (its lease renewed as the others'); its
         ledger goes on in the same folder, so a key started again counts a second start."""
-        import ray
-
         deadline = time.monotonic() + CALL_TIMEOUT_S
         while True:  # the lost actor's name is freed only once Ray has seen it die
             supervisor = _host(self.run_dir, node, self.grace_s, self.lease_s)
             try:
                 supervisor.describe()
                 break
-            except ray.exceptions.RayActorError:
+            except SupervisorGone:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
