@@ -319,7 +319,8 @@ class ProxyServer:
 
     @staticmethod
     def _hints(request: web.Request) -> dict[str, str]:
-        return {name: request.headers[name][:200] for name in HINT_HEADERS if name in request.headers}
+        headers = request.headers  # one case-insensitive lookup per header name, not two
+        return {name: value[:200] for name in HINT_HEADERS if (value := headers.get(name)) is not None}
 
     @staticmethod
     def _error(api: ModuleType, error: ApiError) -> web.Response:

@@ -303,7 +303,7 @@ class ChatService:
         hints.update(harness=self.config.harness, engines=",".join(generation.log.engines), moves=str(generation.log.moves),
                      move_stalls_ms=",".join(f"{x * 1e3:.1f}" for x in generation.log.move_stalls_s),
                      reused_ids=str(prepared.reused_ids), finish=str((generation.log.finish or {}).get("type")),
-                     sampling=_SORTED_JSON.encode(self.sampling(prepared.request)),
+                     sampling=_SORTED_JSON.encode(generation.sampling),  # as sent; built once per call
                      requested=_SORTED_JSON.encode(prepared.request.sampling_record()))
         if generation.log.holds:  # waited for an engine (RetryPolicy.hold_s): the stall the harness saw
             hints["held_ms"] = f"{generation.log.held_s * 1e3:.1f}"
