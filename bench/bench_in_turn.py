@@ -12,6 +12,10 @@ direct, both at that percentile), and the proxy's CPU per call (whole process, a
 loop's thread) over the run's rounds, read from ``/proc``. Without ``GYRE_BENCH_BASE`` both
 proxies run this checkout: the spread between them is the noise floor.
 
+``paired_median_ms``: the median over rounds of ``this`` minus ``base`` within a round, the
+comparison that holds best while other work loads the machine (both calls of a round see the same
+phase of it).
+
 ``GYRE_BENCH_RUNS`` runs (default 3) of ``GYRE_BENCH_ROUNDS`` rounds (default 1,000), each on
 fresh proxies; the load average is printed beside each run.
 """
@@ -86,6 +90,8 @@ async def _rounds(engine_url: str, proxies: dict, input_ids: list[int], rounds: 
         figures[f"{name}_cpu_ms_per_call"] = (_cpu_seconds(pid) - cpu[name][0]) * 1e3 / rounds
         figures[f"{name}_loop_cpu_ms_per_call"] = (_cpu_seconds(pid, pid) - cpu[name][1]) * 1e3 / rounds
     figures["direct_p50_ms"] = float(np.percentile(direct_ms, 50))
+    if len(names) == 2:  # the two calls of one round see the same phase of the machine
+        figures["paired_median_ms"] = float(np.median((np.array(times[names[1]]) - np.array(times[names[0]])) * 1e3))
     return figures
 
 
@@ -135,6 +141,8 @@ def main() -> dict:
         summary[f"{name}_median"] = float(np.median(values))
         summary[f"{name}_min"], summary[f"{name}_max"] = float(min(values)), float(max(values))
     deltas = [f["this_added_p50_ms"] - f["base_added_p50_ms"] for f in all_runs]
+    paired = [f["paired_median_ms"] for f in all_runs]
+    print(f"   this - base, median of the rounds' differences (ms): {', '.join(f'{d:+.3f}' for d in paired)}")
     cpu_deltas = [f["this_cpu_ms_per_call"] - f["base_cpu_ms_per_call"] for f in all_runs]
     print(f"   this - base, added p50 per run (ms): {', '.join(f'{d:+.3f}' for d in deltas)}")
     print(f"   this - base, proxy CPU per call (ms): {', '.join(f'{d:+.3f}' for d in cpu_deltas)}")

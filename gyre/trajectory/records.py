@@ -210,8 +210,8 @@ class ModelCall:
         meta["lengths"] = [len(self.input_ids) - shared, len(self.output_ids)]
         meta["has_provenance"] = [self.input_provenance is not None, self.output_provenance is not None]
         header = _HEADER_JSON.encode(meta).encode()
-        parts = [_HEADER.pack(len(header)), header, self.input_ids[shared:].astype("<i4").tobytes(),
-                 self.output_ids.astype("<i4").tobytes(), self.output_logprobs.astype("<f8").tobytes()]
+        parts = [_HEADER.pack(len(header)), header, _little(self.input_ids[shared:], "<i4"),
+                 _little(self.output_ids, "<i4"), _little(self.output_logprobs, "<f8")]
         parts += [p.tobytes() for p in (self.input_provenance, self.output_provenance) if p is not None]
         return b"".join(parts)
 
@@ -243,6 +243,11 @@ class ModelCall:
             return cls(**meta)
         except TypeError as exc:
             raise RecordError(f"record has unexpected fields: {exc}") from exc
+
+
+def _little(array: np.ndarray, dtype: str) -> bytes:
+    """``array.astype(dtype).tobytes()`` without the copy ``astype`` makes when the array has that dtype."""
+    return np.ascontiguousarray(array, dtype=dtype).tobytes()
 
 
 def _check_shared(call: ModelCall, base: ModelCall, shared: int) -> None:

@@ -319,8 +319,7 @@ class ProxyServer:
 
     @staticmethod
     def _hints(request: web.Request) -> dict[str, str]:
-        headers = request.headers  # one case-insensitive lookup per header name, not two
-        return {name: value[:200] for name in HINT_HEADERS if (value := headers.get(name)) is not None}
+        return {name: request.headers[name][:200] for name in HINT_HEADERS if name in request.headers}
 
     @staticmethod
     def _error(api: ModuleType, error: ApiError) -> web.Response:
