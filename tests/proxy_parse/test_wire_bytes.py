@@ -1,6 +1,11 @@
-"""The Anthropic event stream's bytes (``api.anthropic.stream``), built from prebuilt event blocks.
+"""Bytes on the wire: the Anthropic event stream (``api.anthropic.stream``, built from prebuilt
+event blocks) and the request body's decoding (``fields._decode``, a fast path for UTF-8).
 
-Properties, for any sequence of thinking, text and tool-call events (text with quotes, escapes,
+Properties of the body decoder: for JSON in every UTF that ``json.loads`` detects (with and without
+a BOM), arbitrary bytes and text with lone surrogates, it gives what ``json.loads`` gives, value or
+kind of error.
+
+Properties of the stream, for any sequence of thinking, text and tool-call events (text with quotes, escapes,
 non-ASCII and lone surrogates), ended by any ``Finished``:
 - every event is ``sse(name, data)`` of its own data, byte for byte (the prebuilt blocks write what
   the JSON encoder writes), and its data is JSON in valid UTF-8;
@@ -18,6 +23,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gyre.real.proxy import fields
 from gyre.real.proxy.api import anthropic
 from gyre.real.proxy.request import ChatRequest, Finished, Prepared
 from gyre.real.proxy.toolcalls import OutputEvent, ToolCall
@@ -81,3 +87,27 @@ def test_every_event_is_its_data_encoded_and_in_the_official_order(events, reaso
             expected.append((event.kind, [event.text]))
     assert [(kind, "".join(parts)) for kind, parts in texts.values()] == \
         [(kind, "".join(parts)) for kind, parts in expected if kind != "tool"]
+
+
+JSON_VALUES = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=6)),
+                           lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                   st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+                           max_leaves=8)
+ENCODINGS = st.sampled_from(["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le"])
+
+
+def _outcome(decode, raw: bytes):
+    try:
+        return "value", decode(raw)
+    except (ValueError, RecursionError) as exc:
+        return "error", type(exc)
+
+
+@PROPERTY
+@given(st.one_of(st.tuples(JSON_VALUES, ENCODINGS).map(lambda v: json.dumps(v[0], ensure_ascii=False).encode(v[1])),
+                 st.binary(max_size=24), st.text(max_size=12).map(lambda t: t.encode("utf-8", "surrogatepass"))))
+def test_the_body_decoder_reads_what_json_loads_reads(raw):
+    """``fields._decode`` (no encoding detection for a plainly UTF-8 body, one decoder for every call)
+    gives what ``json.loads`` gives, value or kind of error, for bodies in every UTF json.loads detects."""
+    reference = _outcome(lambda data: json.loads(data, parse_constant=fields._constant), raw)
+    assert _outcome(fields._decode, raw) == reference
