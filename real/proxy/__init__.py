@@ -57,7 +57,9 @@ proxies on one engine called in turn, five runs of 1,500 rounds, load 0.8-1.1): 
 0.94-1.07 ms against 1.00-1.12 (the rounds' paired differences -0.027 to -0.055 ms), proxy CPU
 1.17-1.21 ms per call against 1.20-1.25, after the record's checks, the body's decoding and
 the Anthropic events' encoding were cut and the record's request-only hints moved to while
-the engine generates (``docs/cpu-stack.md#the-proxy-on-two-cores``).
+the engine generates; with the prefix cache's lookup cut too, in a slower phase (load
+2.4-2.7), paired -0.033 to -0.054 ms, CPU -0.033 to -0.053 ms per call, added p50 1.16-1.24
+ms against 1.21-1.27 (``docs/cpu-stack.md#the-proxy-on-two-cores``).
 
 May import: ``gyre`` (trajectory records, trees, tool-call cache) and
 ``gyre.real.store``. Never the runtime, the training cells or the engines'
