@@ -49,7 +49,17 @@ medians of 3 runs, the load average beside each):
   the hand-off, but a stalled disk would then stall every call; letting the writer reach its
   sync before the loop formats the answer, so the two overlap, cost 0.10 ms more (the
   writer's wake-up, otherwise hidden behind that formatting, is then waited for): neither is
-  used.
+  used. Nor is telling a batch's callers as the writer's last act before it sleeps (paired
+  +0.11 and -0.015 ms in ``bench in_turn``, load 3.7-4.2: no gain that shows).
+
+The lone call as a whole, against the morning's main (``python -m bench in_turn``: two
+proxies on one engine called in turn, five runs of 1,500 rounds, load 0.8-1.1): added p50
+0.94-1.07 ms against 1.00-1.12 (the rounds' paired differences -0.027 to -0.055 ms), proxy CPU
+1.17-1.21 ms per call against 1.20-1.25, after the record's checks, the body's decoding and
+the Anthropic events' encoding were cut and the record's request-only hints moved to while
+the engine generates; with the prefix cache's lookup cut too, in a slower phase (load
+2.4-2.7), paired -0.033 to -0.054 ms, CPU -0.033 to -0.053 ms per call, added p50 1.16-1.24
+ms against 1.21-1.27 (``docs/cpu-stack.md#the-proxy-on-two-cores``).
 
 May import: ``gyre`` (trajectory records, trees, tool-call cache) and
 ``gyre.real.store``. Never the runtime, the training cells or the engines'

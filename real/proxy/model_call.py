@@ -236,6 +236,10 @@ class ChatService:
         calls: list[dict[str, Any]] = []
         pending: PendingCommit | None = None
         waited = False
+        hints: dict[str, str] = {}
+        # the record's hints that the request alone decides are written down while the engine generates
+        # (the loop's next turn: the engine request is sent by then), not after its last chunk
+        asyncio.get_running_loop().call_soon(self._request_hints, hints, prepared, generation.sampling)
         self.in_flight += 1
         try:
             async with contextlib.aclosing(generation.__aiter__()) as chunks:
@@ -248,13 +252,13 @@ class ChatService:
                     # the last chunk: the record is complete once its events (tool calls) are named
                     last = [self._named(event, calls, id_prefix, prepared.request_id)
                             for event in events + output.finish(_matched_stop(generation))]
-                    pending = await self._begin_commit(prepared, generation, calls)
+                    pending = await self._begin_commit(prepared, generation, calls, hints)
                     for event in last:
                         yield event
             if pending is None:  # the token budget ran out between two submissions: no last chunk
                 for event in output.finish(_matched_stop(generation)):
                     yield self._named(event, calls, id_prefix, prepared.request_id)
-                pending = await self._begin_commit(prepared, generation, calls)
+                pending = await self._begin_commit(prepared, generation, calls, hints)
             finished = self._finished(prepared, generation, calls)
             waited = True
             await self.recorder.wait(pending, alone=self.in_flight == 1)
@@ -264,9 +268,9 @@ class ChatService:
             self.in_flight -= 1
         yield finished
 
-    async def _begin_commit(self, prepared: Prepared, generation: Generation,
-                            calls: list[dict[str, Any]]) -> PendingCommit:
-        pending = await self.recorder.begin(self._record(prepared, generation, calls), prepared.prompt_text)
+    async def _begin_commit(self, prepared: Prepared, generation: Generation, calls: list[dict[str, Any]],
+                            hints: dict[str, str]) -> PendingCommit:
+        pending = await self.recorder.begin(self._record(prepared, generation, calls, hints), prepared.prompt_text)
         prepared.finishing = True
         return pending
 
@@ -298,13 +302,21 @@ class ChatService:
                         input_tokens=len(prepared.input_ids), output_tokens=len(generation.output_ids),
                         tokens=tokens)
 
-    def _record(self, prepared: Prepared, generation: Generation, calls: list[dict[str, Any]]) -> ModelCall:
-        hints = role_hints(prepared.request)
-        hints.update(harness=self.config.harness, engines=",".join(generation.log.engines), moves=str(generation.log.moves),
-                     move_stalls_ms=",".join(f"{x * 1e3:.1f}" for x in generation.log.move_stalls_s),
-                     reused_ids=str(prepared.reused_ids), finish=str((generation.log.finish or {}).get("type")),
-                     sampling=_SORTED_JSON.encode(self.sampling(prepared.request)),
+    def _request_hints(self, hints: dict[str, str], prepared: Prepared, sampling: dict[str, Any]) -> None:
+        """Fill the empty ``hints`` with what the request decides: its roles, the sampling parameters asked
+        for and those sent to the engine (``sampling``), as JSON."""
+        if hints:
+            return  # filled already (by ``_record``, when the generation ended before the loop's next turn)
+        hints.update(role_hints(prepared.request), harness=self.config.harness, reused_ids=str(prepared.reused_ids),
+                     sampling=_SORTED_JSON.encode(sampling),
                      requested=_SORTED_JSON.encode(prepared.request.sampling_record()))
+
+    def _record(self, prepared: Prepared, generation: Generation, calls: list[dict[str, Any]],
+                hints: dict[str, str]) -> ModelCall:
+        self._request_hints(hints, prepared, generation.sampling)
+        hints.update(engines=",".join(generation.log.engines), moves=str(generation.log.moves),
+                     move_stalls_ms=",".join(f"{x * 1e3:.1f}" for x in generation.log.move_stalls_s),
+                     finish=str((generation.log.finish or {}).get("type")))
         if generation.log.holds:  # waited for an engine (RetryPolicy.hold_s): the stall the harness saw
             hints["held_ms"] = f"{generation.log.held_s * 1e3:.1f}"
         matched = _matched_stop(generation)

@@ -132,8 +132,10 @@ class ExecutionState:
         if prompt_text is None:
             prompt_text = chat.decode(call.input_ids.tolist())
         output_ids = call.output_ids.tolist()
-        self.prefix.add(prompt_text, chat.decode(output_ids), len(call.input_ids), placement.request)
-        raw = chat.decode(output_ids[:-1] if output_ids and output_ids[-1] in chat.stop_token_ids else output_ids)
+        output_text = chat.decode(output_ids)
+        self.prefix.add(prompt_text, output_text, len(call.input_ids), placement.request)
+        stopped = bool(output_ids) and output_ids[-1] in chat.stop_token_ids
+        raw = chat.decode(output_ids[:-1]) if stopped else output_text  # decoded once when nothing is cut
         calls = [dict(c) for c in call.tool_calls]
         for payload in calls:
             self.echo[("call", payload["id"])] = raw

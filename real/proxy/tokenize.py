@@ -82,13 +82,14 @@ class PrefixCache:
                 hashes[length] = hash(text[:length])
             return hashes[length]
 
-        best_chars, best = 0, None
-        for item in reversed(self._items):
-            for length, digest, full in ((item.full_len, item.full_hash, True),
-                                         (item.prompt_len, item.prompt_hash, False)):
-                if best_chars < length <= len(text) and prefix_hash(length) == digest:
-                    best_chars, best = length, (item, full)
-                    break
+        best_chars, best, size = 0, None, len(text)
+        for item in reversed(self._items):  # newest first: ties go to the newer call
+            if best_chars < item.full_len <= size and prefix_hash(item.full_len) == item.full_hash:
+                best_chars, best = item.full_len, (item, True)
+            elif best_chars < item.prompt_len <= size and prefix_hash(item.prompt_len) == item.prompt_hash:
+                best_chars, best = item.prompt_len, (item, False)
+            if best_chars == size:
+                break  # the whole text: no older call can cover more
         if best is None:
             return 0, np.zeros(0, dtype=np.int32)
         item, full = best

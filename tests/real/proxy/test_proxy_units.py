@@ -334,6 +334,28 @@ def test_prefix_cache_reuses_the_longest_exact_text_prefix():
     assert _listed(cache.best_prefix("abcdefgh")) == (7, [1, 2, 3, 4, 5, 6, 7])
 
 
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.text("ab", max_size=4), st.text("ab", max_size=3)), max_size=6),
+       st.text("ab", max_size=8), st.integers(1, 4))
+def test_prefix_cache_finds_what_a_scan_of_every_cached_text_finds(calls, text, size):
+    """``best_prefix`` is the longest cached prompt or prompt + output that begins ``text``, the newest
+    call's on a tie, among the last ``size`` calls (a plain scan with string comparisons)."""
+    from gyre.real.proxy.tokenize import PrefixCache
+
+    sequences = {key: list(range(100 * key, 100 * key + len(p) + len(o))) for key, (p, o) in enumerate(calls)}
+    cache = PrefixCache(sequences.__getitem__, size=size)
+    for key, (prompt, output) in enumerate(calls):
+        cache.add(prompt, output, len(prompt), key)
+    expected = (0, [])
+    for key in reversed(range(len(calls))[-size:]):
+        prompt, output = calls[key]
+        for cached, ids in ((prompt + output, sequences[key]), (prompt, sequences[key][:len(prompt)])):
+            if len(cached) > expected[0] and text.startswith(cached):
+                expected = (len(cached), ids)
+                break
+    assert _listed(cache.best_prefix(text)) == expected
+
+
 def test_chunks_of_one_read_merge_in_order():
     from gyre.real.proxy.engine_client import merge_chunks
 
