@@ -216,24 +216,13 @@ class ChunkDecoder:
         return self.decode(payload)
 
     def _decode_suffix(self, body: Buffer, lo: int, hi: int) -> TokenChunk | None:
-        layout = self._layout
         text_end, ids_open = self._text_end(body, lo, hi)
-        ids_from = layout.ids.resume(body, ids_open + 1, hi) if ids_open >= 0 else -1
+        ids_from = self._layout.ids.resume(body, ids_open + 1, hi) if ids_open >= 0 else -1
         ids_close = body.find(b"]", ids_from, hi) if ids_open >= 0 else -1
-        lps_open = _array_open(body, LOGPROBS_KEY, ids_close, hi) if ids_close >= 0 else -1
-        if lps_open < 0 or body[lps_open + 1:min(lps_open + 2, hi)] not in (b"]", b"["):
-            return None  # not SGLang's key order, or log-probabilities that are not triples
-        lps_from = layout.logprobs.resume(body, lps_open + 1, hi)
-        # the array ends at the last "]]" before the next quote (one-byte searches run at memchr speed;
-        # a forward search for "]]" would test every "]" of the array, byte by byte)
-        quote = body.find(b'"', lps_from, hi)
-        quote = hi if quote < 0 else quote
-        empty = body[lps_open + 1:lps_open + 2] == b"]"
-        lps_close = lps_open + 1 if empty else body.rfind(b"]]", max(lps_open, lps_from - 1), quote) + 1
-        self.searched_bytes += (ids_close - ids_from) + (quote - lps_from) + (lps_open - ids_close)
-        if (lps_close <= 0 or body[lps_close + 1:quote].strip(b" \t\r\n,}")
-                or body.find(b'"', ids_from, ids_close) >= 0):
-            return None  # text inside an array: a bracket may be quoted
+        lps_open, lps_close = self._logprobs_bounds(body, ids_close, hi) if ids_close >= 0 else (-1, -1)
+        self.searched_bytes += max(ids_close, ids_from) - ids_from
+        if lps_close <= 0 or body.find(b'"', ids_from, ids_close) >= 0:
+            return None  # not SGLang's key order or triples, or text inside an array (a bracket may be quoted)
         text_head = body[lo:ids_open + 1] if text_end < 0 else TEXT_OPEN + body[text_end:ids_open + 1]
         head = text_head + body[ids_close:lps_open + 1] + body[lps_close:hi]
         self.parsed_bytes += len(head)
@@ -255,6 +244,25 @@ class ChunkDecoder:
             self._layout = _Layout(_Mark.of(body, lo + len(TEXT_OPEN), text_end) if text_end >= 0 else _Mark(),
                                    _Mark.of(body, ids_open + 1, ids_close), _Mark.of(body, lps_open + 1, lps_close))
         return chunk
+
+    def _logprobs_bounds(self, body: Buffer, ids_close: int, hi: int) -> tuple[int, int]:
+        """The ``[`` and ``]`` of ``output_token_logprobs`` after the ids, its closing ``]`` searched
+        from the previous array's end when its last bytes are where they were; (-1, -1) when the
+        array is not there or does not hold triples without text."""
+        lps_open = _array_open(body, LOGPROBS_KEY, ids_close, hi)
+        if lps_open < 0 or body[lps_open + 1:min(lps_open + 2, hi)] not in (b"]", b"["):
+            return -1, -1
+        lps_from = self._layout.logprobs.resume(body, lps_open + 1, hi)
+        # the array ends at the last "]]" before the next quote (one-byte searches run at memchr speed;
+        # a forward search for "]]" would test every "]" of the array, byte by byte)
+        quote = body.find(b'"', lps_from, hi)
+        quote = hi if quote < 0 else quote
+        empty = body[lps_open + 1:lps_open + 2] == b"]"
+        lps_close = lps_open + 1 if empty else body.rfind(b"]]", max(lps_open, lps_from - 1), quote) + 1
+        self.searched_bytes += (quote - lps_from) + (lps_open - ids_close)
+        if lps_close <= 0 or body[lps_close + 1:quote].strip(b" \t\r\n,}"):
+            return -1, -1  # text after the array's last "]]" before a quote: triples that carry text
+        return lps_open, lps_close
 
     def _new_tokens(self, body: Buffer, new: int, ids: tuple[int, int], lps: tuple[int, int],
                     meta: dict[str, Any]) -> TokenChunk | None:
