@@ -11,8 +11,10 @@ length in ``GYRE_BENCH_STREAM_TOKENS`` (default 1000,4000,16000 tokens), one
 token per chunk every millisecond (``--token-delay``: paced like a fast
 engine, so each token is a chunk the proxy handles on its own), and the
 proxy process's CPU time for it (``/proc/<pid>/stat``) divided by the tokens
-answered. Linear-time handling shows as a flat figure
-across lengths; a parse of every whole chunk grows with the length.
+answered (``cpu_us_system_per_token_*``: the part spent in the kernel, where
+receiving the engine's bytes and writing the client's are counted). Linear-time
+handling shows as a flat figure across lengths; a parse of every whole chunk
+grows with the length.
 
 In cumulative mode the engine sends a number of bytes quadratic in the
 length (the 16k-token answer's last chunk alone is ~0.5 MB, the answer ~3 GB):
@@ -78,6 +80,12 @@ async def _bystander(session, url: str, stop: asyncio.Event, calls: int | None =
     return times
 
 
+def _system_seconds(pid: int) -> float:
+    """The system (kernel) part of ``_cpu_seconds``: field 15 of ``/proc/<pid>/stat``."""
+    with open(f"/proc/{pid}/stat") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[12]) / os.sysconf("SC_CLK_TCK")
+
+
 def _receive_floor_seconds(engine_url: str, tokens: int) -> float:
     """CPU time of this thread receiving one ``/generate`` stream of ``tokens`` tokens and doing
     nothing else (read into one preallocated buffer until the engine closes the connection)."""
@@ -105,10 +113,11 @@ async def _mode(url: str, pid: int, lengths: list[int]) -> dict:
         figures["bystander_idle_p50_ms"] = float(np.percentile(idle, 50)) * 1e3
         figures["bystander_idle_max_ms"] = max(idle) * 1e3
         for tokens in lengths:
-            cpu = _cpu_seconds(pid)
+            cpu, system = _cpu_seconds(pid), _system_seconds(pid)
             wall, answered = await _call(session, url, "bench-key-0", tokens)
             used = _cpu_seconds(pid) - cpu
             figures[f"cpu_us_per_token_{tokens}"] = used * 1e6 / max(answered, 1)
+            figures[f"cpu_us_system_per_token_{tokens}"] = (_system_seconds(pid) - system) * 1e6 / max(answered, 1)
             figures[f"wall_s_{tokens}"] = wall
             figures[f"answered_{tokens}"] = answered
         stop = asyncio.Event()

@@ -15,6 +15,8 @@ docs/trajectories.md#proxy-and-tito).
 - ``generation`` / ``engine_client`` / ``routing``: one call's generation kept
   alive across reroutes and engine failures, the SGLang client, the routing
   table; ``http_client``: the lean keep-alive HTTP/1.1 client under it;
+  ``engine_stream``: the engine's event stream decoded into new tokens, in work
+  linear in the tokens also when the engine repeats every token in every chunk;
 - ``recording``: per-execution state, TITO records into ``gyre.real.store``.
 
 Hand-written pieces, and what each buys over what it stands in for, measured with

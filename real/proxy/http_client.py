@@ -94,8 +94,10 @@ class _Connection(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self.start == self.end:
-            self.start = self.body_end = self.raw = self.end = 0  # nothing kept: read from the front
+        if self.start == self.body_end and self.raw == self.end:
+            # nothing kept (a chunk's decoded framing, between body_end and raw, is not kept):
+            # read from the front, so a long event is not placed after the last one and moved
+            self.start = self.body_end = self.raw = self.end = 0
         elif len(self.buf) - self.end < MIN_READ:
             self._make_room()
         return self.view[self.end:]
@@ -265,7 +267,7 @@ class Response:
     """Status, headers and a body read as it arrives; an async context manager that frees the
     connection (back to the pool when read to its end, aborted otherwise)."""
 
-    def __init__(self, client: "HttpClient", key: tuple, conn: _Connection, status: int,
+    def __init__(self, client: HttpClient, key: tuple, conn: _Connection, status: int,
                  headers: dict[str, str], read_timeout_s: float, head_request: bool = False) -> None:
         self.status, self.headers = status, headers
         self._client, self._key, self._conn = client, key, conn
@@ -289,7 +291,7 @@ class Response:
         if self._complete:
             self._release()
 
-    async def __aenter__(self) -> "Response":
+    async def __aenter__(self) -> Response:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -476,7 +478,7 @@ class HttpClient:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(lambda: _Connection(loop), host, port, ssl=self._tls if tls else None),
                 self.connect_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise HttpError(f"cannot connect to {host}:{port}: no answer within {self.connect_timeout_s} s") from None
         except OSError as exc:
             raise HttpError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None

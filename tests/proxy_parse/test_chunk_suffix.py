@@ -24,7 +24,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre.real.proxy import engine_client
+from gyre.real.proxy import engine_stream
 from gyre.real.proxy.engine_client import ChunkDecoder, EngineCallError, EngineClient, TokenChunk
 from gyre.real.proxy.http_client import HttpClient, Response, _Connection
 
@@ -237,8 +237,8 @@ def test_suffix_parse_is_taken_for_long_cumulative_chunks():
     whole = decoder.whole
     chunks = [decoder.decode_event(p) for p in payloads]
     assert [c.ids for c in chunks] == [(k,) for k in range(399)]
-    assert sum(len(p) >= engine_client.SUFFIX_PARSE_BYTES for p in payloads) > 250
-    assert len(whole) == sum(len(p) < engine_client.SUFFIX_PARSE_BYTES for p in payloads)
+    assert sum(len(p) >= engine_stream.SUFFIX_PARSE_BYTES for p in payloads) > 250
+    assert len(whole) == sum(len(p) < engine_stream.SUFFIX_PARSE_BYTES for p in payloads)
 
 
 @PROPERTY
@@ -249,12 +249,12 @@ def test_events_are_the_same_however_the_bytes_arrive(events, reads, crlf):
     """With LF or CR LF line ends, and a CR LF cut anywhere between two reads."""
     end = b"\r\n" if crlf else b"\n"
     stream = b"".join(e.replace(b"\n", end) + end + end for e in events)
-    buffer, splitter, got, at = bytearray(), engine_client.EventSplitter(), [], 0
+    buffer, splitter, got, at = bytearray(), engine_stream.EventSplitter(), [], 0
     for size in [*reads, len(stream)]:
         buffer += stream[at:at + size]
         at += size
-        got += engine_client._split_events(buffer, splitter)
-    assert got == [d for d in map(engine_client._event_data, events) if d is not None]
+        got += engine_stream._split_events(buffer, splitter)
+    assert got == [d for d in map(engine_stream._event_data, events) if d is not None]
     assert not buffer
 
 
@@ -283,23 +283,96 @@ def test_a_cumulative_chunk_costs_a_parse_of_its_new_suffix_only():
 def test_a_multi_line_event_read_byte_by_byte_keeps_its_lines():
     """A line end seen in an earlier read still marks the event as more than one ``data:`` line."""
     stream = b"data: a\r\ndata: b\n\ndata: c\r\n\r\n"
-    buffer, splitter, got = bytearray(), engine_client.EventSplitter(), []
+    buffer, splitter, got = bytearray(), engine_stream.EventSplitter(), []
     for at in range(len(stream)):
         buffer += stream[at:at + 1]
-        got += engine_client._split_events(buffer, splitter)
+        got += engine_stream._split_events(buffer, splitter)
     assert got == [b"a\nb", b"c"]
 
 
 def test_a_cumulative_text_costs_a_scan_of_its_new_part_only():
     """SGLang's cumulative chunks repeat the text so far: only its new part reaches a parser or a
-    scan (what was seen before is compared), so the bytes parsed per chunk stay bounded while
-    the chunk grows; the ids are those of a whole parse."""
+    search (the old part is skipped), and so do only the new parts of the arrays, so the bytes
+    parsed and searched per chunk stay bounded while the chunk grows; the ids are those of a
+    whole parse."""
     decoder, words = ChunkDecoder("e0"), ['run "tests" ', "\u00e9t\u00e9 ", "a\\b ", "line\n"]
     ids = [(7919 * k) % 150_000 for k in range(1500)]
     for n in range(1, len(ids) + 1):
         before = decoder.parsed_bytes
         event = _sglang_event(ids[:n], n, "".join(words[k % 4] for k in range(n)))
+        searched = decoder.searched_bytes
         chunk = decoder.decode_event(event)
         assert chunk.ids == (ids[n - 1],)
         assert decoder.parsed_bytes - before <= 4096, (n, decoder.parsed_bytes - before)
-    assert len(event) > 40_000 and len(decoder.text) > 10_000  # the last chunk's text (~12 KB) was cut out
+        assert decoder.searched_bytes - searched <= 4096, (n, decoder.searched_bytes - searched)
+    assert len(event) > 40_000 and decoder._layout.text.length > 10_000  # the last chunk's text (~12 KB) was cut out
+
+
+@st.composite
+def rewritten_streams(draw) -> list[bytes]:
+    """A compact cumulative stream with text, one of whose chunks rewrites what earlier chunks
+    sent: its text, an old id (of another length), or an old triple dropped or doubled."""
+    tokens = draw(st.integers(120, 300))
+    ids = draw(st.lists(st.integers(0, 150_000), min_size=tokens, max_size=tokens))
+    cuts = sorted(set(draw(st.lists(st.integers(100, tokens), min_size=2, max_size=6)) + [tokens]))
+    texts = [draw(TEXTS) * draw(st.integers(0, 8)) for _ in cuts]
+    victim = draw(st.integers(1, max(len(cuts) - 1, 1)))
+    how = draw(st.sampled_from(["text", "id", "drop", "double"]))
+    payloads = []
+    for n, cut in enumerate(cuts):
+        chunk_ids, text = list(ids[:cut]), "".join(texts[:n + 1])
+        triples = [[-(i % 97) / 7.0, t, None] for i, t in enumerate(chunk_ids)]
+        if n == victim:
+            old = draw(st.integers(0, cuts[n - 1] - 1))
+            if how == "text":
+                text = draw(TEXTS) * draw(st.integers(0, 8)) + texts[n]
+            elif how == "id":
+                chunk_ids[old] = draw(st.integers(0, 10**12))
+            elif how == "drop":
+                del chunk_ids[old], triples[old]
+            else:
+                chunk_ids.insert(old, chunk_ids[old])
+                triples.insert(old, triples[old])
+        meta = {"id": "r", "finish_reason": {"type": "stop"} if cut == tokens else None,
+                "completion_tokens": cut, "output_token_logprobs": triples}
+        payloads.append(json.dumps({"text": text, "output_ids": chunk_ids, "meta_info": meta},
+                                   separators=(",", ":"), ensure_ascii=draw(st.booleans())).encode())
+    return payloads
+
+
+@settings(max_examples=examples(60), deadline=None, derandomize=True)  # streams of 100-300 tokens: the slow ones
+@given(rewritten_streams())
+def test_a_chunk_that_rewrites_what_was_sent_decodes_as_a_whole_parse(payloads):
+    """The old part of a cumulative chunk is skipped, not read: a chunk whose old part differs
+    from what was sent before (another text, an id of another length, a token dropped or
+    doubled) still yields exactly what a whole parse yields (which reads only the last items)."""
+    whole, suffix = ChunkDecoder("e0"), ChunkDecoder("e0")
+    expected = _outcomes(lambda body: whole.decode(json.loads(body)), payloads)
+    assert _outcomes(suffix.decode_event, payloads) == expected
+
+
+def test_a_long_incremental_stream_takes_the_suffix_parse_for_every_chunk():
+    """Chunks of an incremental stream do not repeat the previous one: its layout is not
+    trusted (its last bytes are not where they were) and each chunk is searched from its start,
+    never parsed whole because a skip landed past its arrays."""
+    decoder, sent = WholeParseCounter("e0"), 0
+    for size in [300, 120, 250, 90, 400, 100, 100, 310]:
+        ids = [(7919 * (sent + k)) % 150_000 for k in range(size)]
+        sent += size
+        chunk = decoder.decode_event(_sglang_event(ids, sent, "w" * (size % 7)))
+        assert chunk.ids == tuple(ids)
+    assert decoder.whole == []
+
+
+def test_a_rewritten_text_is_searched_from_its_start_not_parsed_whole():
+    """A text that does not extend the previous one is found by a search from its start, and the
+    chunk still takes the suffix parse: shorter, another one, or one whose last bytes are where
+    the old ones were but whose old end now falls inside an escape (a backslash moved by one),
+    where the end found from the old end is refused as no ``,"output_ids":[`` follows it."""
+    decoder = WholeParseCounter("e0")
+    ids = [(7919 * k) % 150_000 for k in range(420)]
+    texts = ["x" * 300, "\\" * 200, "a" + "\\" * 200, "short", 'y' * 390 + '"quoted" and more', "z" * 500]
+    for n, text in enumerate(texts, start=396):
+        chunk = decoder.decode_event(_sglang_event(ids[:n], n, text))
+        assert chunk.ids == (tuple(ids[:n]) if n == 396 else (ids[n - 1],))
+    assert decoder.whole == []

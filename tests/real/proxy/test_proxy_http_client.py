@@ -87,6 +87,31 @@ def test_a_long_body_grows_the_buffer_and_a_pooled_connection_gives_it_back() ->
     assert len(conn.buf) == INITIAL_BUFFER and conn.end == 0
 
 
+def test_each_chunk_read_after_the_last_was_consumed_lands_at_the_front() -> None:
+    """A cumulative engine's chunks grow to hundreds of KB; each arrives after the reader consumed
+    the last one, whose framing (``\\r\\n`` after its data) is decoded but not body. Nothing is kept
+    then, so the next chunk is read at the buffer's front, never placed after the last one and
+    moved to the front later: no byte is moved within the buffer, which grows only to fit a chunk."""
+    conn, decoder, moved = _Connection(asyncio.new_event_loop()), _Dechunker(), 0
+    make_room = conn._make_room
+
+    def counting_make_room() -> None:  # bytes moved within the buffer (a grown one is a copy, once)
+        nonlocal moved
+        kept, buffer = conn.end - conn.start, conn.buf
+        make_room()
+        moved += kept if conn.buf is buffer else 0
+
+    conn._make_room = counting_make_room  # type: ignore[method-assign]
+    for k in range(1, 40):
+        event = b"data: " + b"7," * (3000 * k) + b"\n\n"
+        _receive(conn, b"%x\r\n%s\r\n" % (len(event), event))
+        decoder.take(conn)
+        assert bytes(conn.buf[conn.start:conn.body_end]) == event
+        conn.start = conn.body_end  # the reader consumed the event
+    assert moved == 0
+    assert len(conn.buf) < 4 * len(event)
+
+
 @pytest.mark.parametrize("wire", [b"zz\r\n", b"-1\r\n", b"+5\r\nhello\r\n", b"3\r\nabcdef\r\n",
                                   b"1" * 5000])
 def test_a_malformed_chunked_body_is_an_http_error(wire) -> None:
