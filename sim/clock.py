@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from heapq import heappush
 from typing import Any, Callable
 
 
@@ -53,7 +54,7 @@ class Clock:
         """Call ``fn(*args)`` ``delay`` seconds from now."""
         if delay < 0:
             raise ValueError(f"negative delay {delay}")
-        heapq.heappush(self.queue, (self.now + delay, next(self._sequence), fn, args))
+        heappush(self.queue, (self.now + delay, next(self._sequence), fn, args))
 
     def timeout(self, delay: float) -> Timeout:
         """SimPy's ``env.timeout(delay)``: append callbacks to the result; each gets the timeout."""

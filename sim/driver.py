@@ -117,9 +117,10 @@ class Simulation(ActionHandler):
         outcomes = self.trace.outcomes
         self._outcome_grid = outcomes.tolist() if outcomes.dtype.kind == "U" else [  # str already, or made str
             [str(o) for o in row] for row in outcomes.tolist()]
-        self._tails = None if self._harness is None else [  # _evaluation_tail of each trace cell, read per finish
-            [float(d) - float(h) for d, h in zip(row, harness)] for row, harness in zip(self._durations, self._harness)]
-        self._outcomes: dict[int, GroupOutcomes] = {}
+        self._tails = None if self._harness is None else (  # _evaluation_tail of each trace cell, read per finish
+            self.trace.durations_s.astype(float) - self.trace.harness_s.astype(float)).tolist()  # float(d) - float(h)
+        self._outcomes: dict[int, GroupOutcomes] = {}  # dispatched groups not ready yet
+        self._evaluated: dict[int, GroupOutcomes] = {}  # ready groups whose evaluation is under way
         self._dropped = frozenset(dropped_groups)
         self._tick_at: float | None = None
         self._publish_until = 0.0
@@ -288,17 +289,18 @@ class Simulation(ActionHandler):
         self.record.execution_finished(x, now, outcome)
         self.send(ev.ExecutionFinished(now, x, outcome))
         g = x // self._group_size
-        outcomes = self._outcomes.get(g)  # gone once the group was reported ready
-        if outcomes is None or outcomes.ready or outcome == "cancelled" or g in self._dropped:
+        outcomes = self._outcomes.get(g)  # gone once the group is ready
+        if outcomes is None or outcome == "cancelled" or g in self._dropped:
             return  # cancelled work and late surplus have no designated outcome
         designated = self._designated.get(outcome)
         if designated is None:
             designated = self._designated[outcome] = designated_outcome(outcome)
         if outcomes.resolve(execution_id(x), designated):
+            self._evaluated[g] = self._outcomes.pop(g)
             self.env.call_in(self.costs.evaluation_s, self._group_ready, g)  # _after, without a closure
 
     def _group_ready(self, g: int) -> None:
-        outcomes = self._outcomes.pop(g)
+        outcomes = self._evaluated.pop(g)
         self.record.group_ready(g, self.env.now, len(outcomes.participants), len(outcomes.excluded))
         self.send(ev.GroupReady(self.env.now, g))
 

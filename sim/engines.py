@@ -208,19 +208,38 @@ class EngineBank:
 
     def flush(self) -> None:
         """Re-evaluate the rate of every engine changed since the last flush and re-arm its timer."""
-        dirty = self._dirty
-        while dirty:
+        dirty, speeds, now, heappop = self._dirty, self._speeds, self.env.now, heapq.heappop
+        while dirty:  # once per event: the timer's arming is written here, not in a method of its own
             e = dirty.pop()
             e.dirty = False
-            key = (len(e.tags), e.capacity)
-            speed = self._speeds.get(key)
+            tags = e.tags
+            key = (len(tags), e.capacity)
+            speed = speeds.get(key)
             if speed is None:
-                speed = self._speeds[key] = self.curve.speed(*key)
+                speed = speeds[key] = self.curve.speed(*key)
             if speed != e.speed:
                 e.speed = speed
                 for clock in e.clocks.values():
                     clock.eff = effective_speed(clock.share, speed)
-            self._arm(e)
+            due = math.inf  # the earliest finish: each clock's first live tag, stale heap entries dropped
+            for clock in e.clocks.values():
+                heap = clock.heap
+                while heap:
+                    tag, x = heap[0]
+                    if tags.get(x, _GONE)[1] == tag:
+                        left = tag - clock.v  # max(0, left) and min(due, at), as comparisons
+                        at = e.t + (left if left > 0.0 else 0.0) / clock.eff
+                        if at < due:
+                            due = at
+                        break
+                    heappop(heap)  # removed or re-tagged
+            if len(e.clocks) > 1:  # forget classes with no execution left (their heaps are empty by now)
+                for share in [s for s, c in e.clocks.items() if not c.live]:
+                    del e.clocks[share]
+            if due != e.armed_at:
+                e.armed_at = due
+                if due < math.inf:
+                    self.env.call_in(due - now, self._fire, e, due)
 
     # ---- internals -------------------------------------------------------------------
     def _touch(self, engine: int) -> _Engine:
@@ -242,28 +261,6 @@ class EngineBank:
             for clock in e.clocks.values():
                 clock.v += dt * clock.eff
             e.t = now
-
-    def _arm(self, e: _Engine) -> None:
-        tags, due, heappop = e.tags, math.inf, heapq.heappop
-        for clock in e.clocks.values():
-            heap = clock.heap
-            while heap:
-                tag, x = heap[0]
-                if tags.get(x, _GONE)[1] == tag:
-                    left = tag - clock.v  # max(0, left) and min(due, at), as comparisons: once per flush
-                    at = e.t + (left if left > 0.0 else 0.0) / clock.eff
-                    if at < due:
-                        due = at
-                    break
-                heappop(heap)  # removed or re-tagged
-        if len(e.clocks) > 1:  # forget classes with no execution left (their heaps are empty by now)
-            for share in [s for s, c in e.clocks.items() if not c.live]:
-                del e.clocks[share]
-        if due == e.armed_at:
-            return
-        e.armed_at = due
-        if due < math.inf:
-            self.env.call_in(due - self.env.now, self._fire, e, due)
 
     def _fire(self, e: _Engine, due: float) -> None:
         if e.armed_at != due:

@@ -41,7 +41,7 @@ from gyre.sim.costs import CostModel
 from gyre.sim.sizes import BoundCosts, flops_per_token
 
 
-@dataclass
+@dataclass(slots=True)
 class Member:
     nodes: int
     available_at: float
@@ -58,6 +58,7 @@ class SimTrainingPlane:
         base = self.costs.base  # train_node_s(base, tokens) = tokens * per_token / per_node_s, read once
         self._per_token, self._per_node_s = flops_per_token(base), base.node_peak_tflops * 1e12 * base.train_utilisation
         self._micro_step_tokens = self.costs.micro_step_tokens
+        self._streaming, self._batch_size = cfg.streaming, cfg.B  # read once per micro-step
         self.members: dict[int, Member] = {}
         self._claim_order: list[int] = []  # sorted(self.members), kept as members join and leave
         self.version: int | None = None
@@ -166,7 +167,7 @@ class SimTrainingPlane:
             self.env.call_in(seconds, self._micro_step_done, cell)
 
     def _ask_for_groups(self) -> None:
-        if not self.cfg.streaming:
+        if not self._streaming:
             return
         # the rule the real backend follows too (gyre.driver_rules)
         if self.version is not None and asks_for_group(asked=self.wanted, fed=self.fed, batch_size=self.cfg.B,
@@ -177,12 +178,15 @@ class SimTrainingPlane:
 
     def _micro_step_done(self, cell: int) -> None:
         self.in_flight -= 1
-        if cell in self.members:
-            self.members[cell].busy = False
-        if self.fed == self.cfg.B and not self.queue and self.in_flight == 0:
+        member = self.members.get(cell)
+        if member is not None:
+            member.busy = False
+        if self.fed == self._batch_size and not self.queue and self.in_flight == 0:
             self._finish_batch()
-        else:
-            self._assign()
+        else:  # _assign, inlined: once per micro-step (a batch is open while one runs)
+            self._claim_free_cells()
+            if self._streaming:
+                self._ask_for_groups()
 
     def _finish_batch(self) -> None:
         version, self.version = self.version, None
