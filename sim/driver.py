@@ -62,7 +62,7 @@ from gyre.roles import ROLLOUT
 from gyre.scheduler import Scheduler
 from gyre.sim.clock import Clock
 from gyre.sim.costs import CostModel
-from gyre.sim.deadlines import TIMED_OUT, execution_plan
+from gyre.sim.deadlines import TIMED_OUT, Grid, execution_plan
 from gyre.sim.engines import EngineBank
 from gyre.sim.record import SimRecord
 from gyre.sim.training import SimTrainingPlane
@@ -89,6 +89,23 @@ def cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+@functools.lru_cache(maxsize=8)
+def trace_lists(trace: Trace) -> tuple[Grid, Grid | None, Grid | None, Grid]:
+    """(durations, harness times or None, evaluation tails or None, outcomes as str) by (query, index).
+
+    Plain nested lists, which the driver reads once per execution (faster than numpy's scalars). A
+    Trace is never modified and a sweep simulates hundreds of schedules on one, so each trace's lists
+    are built once (building them was ~2% of a sweep schedule's CPU) and shared: read them, never
+    change them. A tail is ``duration_s - harness_s`` in floats (the time from the harness's stop to
+    the execution's end)."""
+    durations = trace.durations_s.tolist()
+    harness = trace.harness_s.tolist() if HARNESS_COLUMN in trace.columns else None
+    tails = None if harness is None else (trace.durations_s.astype(float) - trace.harness_s.astype(float)).tolist()
+    outcomes = trace.outcomes
+    grid = outcomes.tolist() if outcomes.dtype.kind == "U" else [[str(o) for o in row] for row in outcomes.tolist()]
+    return durations, harness, tails, grid
+
+
 class Simulation(ActionHandler):
     def __init__(self, cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
                  on_step: Callable[[int], None] | None = None, dropped_groups: frozenset[int] = frozenset()) -> None:
@@ -107,18 +124,12 @@ class Simulation(ActionHandler):
         self._on_step = on_step
         self._done = False  # the last step is done: nothing more is fed to the core
         self.engines = EngineBank(self.env, bound.engine_curve(), self._capacity, self._execution_done)
-        self._durations = self.trace.durations_s.tolist()  # plain lists: read once per execution, hot
-        self._harness = self.trace.harness_s.tolist() if HARNESS_COLUMN in self.trace.columns else None
+        self._durations, self._harness, self._tails, self._outcome_grid = trace_lists(self.trace)
         plan = execution_plan(self.trace, self.engines.curve, (cfg.C_e, cfg.C_s))
         self._work, self._shares, self._limits, self.ceiling_s = plan
         self._deadlines: dict[int, float] = {}  # execution -> wall-clock time its harness must stop
         self._cut: set[int] = set()  # stopped at the ceiling before their work was done: harness timeouts
         self._evaluating: set[int] = set()  # harness stopped, evaluation tail still running
-        outcomes = self.trace.outcomes
-        self._outcome_grid = outcomes.tolist() if outcomes.dtype.kind == "U" else [  # str already, or made str
-            [str(o) for o in row] for row in outcomes.tolist()]
-        self._tails = None if self._harness is None else (  # _evaluation_tail of each trace cell, read per finish
-            self.trace.durations_s.astype(float) - self.trace.harness_s.astype(float)).tolist()  # float(d) - float(h)
         self._outcomes: dict[int, GroupOutcomes] = {}  # dispatched groups not ready yet
         self._evaluated: dict[int, GroupOutcomes] = {}  # ready groups whose evaluation is under way
         self._dropped = frozenset(dropped_groups)
