@@ -209,7 +209,8 @@ class EngineBank:
 
     def flush(self) -> None:
         """Re-evaluate the rate of every engine changed since the last flush and re-arm its timer."""
-        dirty, now, heappop = self._dirty, self.env.now, heapq.heappop
+        dirty, clock_, heappop = self._dirty, self.env, heapq.heappop
+        now = clock_.now
         while dirty:  # once per event: the timer's arming is written here, not in a method of its own
             e = dirty.pop()
             e.dirty = False
@@ -240,8 +241,8 @@ class EngineBank:
                     del e.clocks[share]
             if due != e.armed_at:
                 e.armed_at = due
-                if due < math.inf:
-                    self.env.call_in(due - now, self._fire, e, due)
+                if due < math.inf:  # Clock.call_in(due - now, ...), pushed here (due >= now: e.t is now)
+                    heapq.heappush(clock_.queue, (now + (due - now), next(clock_.sequence), self._fire, (e, due)))
 
     # ---- internals -------------------------------------------------------------------
     def _touch(self, engine: int) -> _Engine:

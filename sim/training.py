@@ -31,6 +31,7 @@ from __future__ import annotations
 from bisect import insort
 from collections import deque
 from dataclasses import dataclass
+from heapq import heappush
 from typing import Callable
 
 from gyre import events as ev
@@ -150,7 +151,8 @@ class SimTrainingPlane:
     def _claim_free_cells(self) -> None:
         if not self.queue:
             return
-        now, members, queue = self.env.now, self.members, self.queue
+        clock, members, queue = self.env, self.members, self.queue
+        now = clock.now
         for cell in self._claim_order:
             member = members[cell]
             if not queue:
@@ -164,7 +166,8 @@ class SimTrainingPlane:
             member.warmed = True
             self.micro_steps_by_cell[cell] = self.micro_steps_by_cell.get(cell, 0) + 1
             self.busy_node_s += seconds * member.nodes
-            self.env.call_in(seconds, self._micro_step_done, cell)
+            # Clock.call_in(seconds, ...), pushed here (seconds >= 0: costs and work are never negative)
+            heappush(clock.queue, (now + seconds, next(clock.sequence), self._micro_step_done, (cell,)))
 
     def _ask_for_groups(self) -> None:
         if not self._streaming:
