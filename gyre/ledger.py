@@ -36,6 +36,8 @@ class RolloutLedger:
         self._members: dict[int, set[int]] = {e: set() for e in self._preference}
         self._where: dict[int, int] = {}
         self._open_order: list[tuple[int, set[int], int]] = []  # (engine, members, capacity): accepting, in order
+        self._position: dict[int, int] = {}  # accepting engine -> its position in _open_order
+        self._full_below = 0  # every engine before this position of _open_order is full: place starts here
         self._order_open()
 
     # ---- queries ------------------------------------------------------------
@@ -85,20 +87,29 @@ class RolloutLedger:
 
     def place(self, execution: int, exclude: frozenset[int] = frozenset()) -> int:
         """Put an execution on the most preferred accepting engine with room."""
-        for engine, on_engine, capacity in self._open_order:  # once per placement: no lookup per engine
+        order = self._open_order
+        for position in range(self._full_below, len(order)):  # the engines before are full: not asked again
+            engine, on_engine, capacity = order[position]
             if len(on_engine) < capacity and engine not in exclude:
                 on_engine.add(execution)
                 self._where[execution] = engine
+                if not exclude:  # else an engine passed over may have room
+                    self._full_below = position
                 return engine
         raise LedgerError(f"no accepting engine has room for execution {execution}")
 
     def _order_open(self) -> None:
         """``place``'s list of the accepting engines in order of preference (changed only by open and close)."""
         self._open_order = [(e, self._members[e], self._capacity[e]) for e in self._preference if e in self._accepting]
+        self._position = {engine: position for position, (engine, _, _) in enumerate(self._open_order)}
+        self._full_below = 0
 
     def release(self, execution: int) -> None:
         engine = self._where.pop(execution)
         self._members[engine].discard(execution)
+        position = self._position.get(engine)
+        if position is not None and position < self._full_below:  # it has room again
+            self._full_below = position
 
     def evacuate(self, engines: frozenset[int]) -> list[tuple[int, int, int]]:
         """Move every execution off ``engines``; returns (execution, source, dest)."""

@@ -138,6 +138,7 @@ class Simulation(ActionHandler):
         tokens = trace.column("output_tokens")  # each query's sum, once (int64 sums: exact, as np.sum per group)
         self._query_tokens = None if tokens is None else tokens.sum(axis=1).tolist()
         self._group_size = cfg.group_size  # hot: read per execution (Scheduler.group_of is x // group_size)
+        self._N, self._rows = cfg.N, len(self._durations)  # the trace's queries: read per execution too
         self._tau = cfg.tau
         self._designated: dict[str, Designated] = {}  # trace outcome -> designated_outcome(it), read per finish
 
@@ -276,7 +277,7 @@ class Simulation(ActionHandler):
         """``x``'s harness stopped (work done, or its deadline): it ends now, or evaluates first."""
         self._deadlines.pop(x, None)
         g, i = divmod(x, self._group_size)
-        q, i = (g % len(self._durations), i) if i < self.cfg.N else self._cell(x)  # _cell's first case, inlined
+        q, i = (g % self._rows, i) if i < self._N else self._cell(x)  # _cell's first case, inlined
         if self._tails is not None and self._tails[q][i] > 0:  # _evaluation_tail, inlined: once per execution
             self._evaluating.add(x)
             self.record.harness_stopped(x, self.env.now)

@@ -188,7 +188,7 @@ class SimTrainingPlane:
             self._finish_batch()
         else:  # _assign, inlined: once per micro-step (a batch is open while one runs)
             self._claim_free_cells()
-            if self._streaming:
+            if self._streaming and self.fed < self._batch_size:  # a batch fed whole asks for nothing (the rule's test)
                 self._ask_for_groups()
 
     def _finish_batch(self) -> None:
