@@ -151,9 +151,10 @@ class Simulation(ActionHandler):
             clock = self.env
             queue = clock.queue  # Clock.step, inlined: this loop runs once per scheduled call
             while not self._done:
-                if not queue:
-                    raise SimulationStalled(self._stall_message())
-                clock.now, _, fn, args = heappop(queue)
+                try:
+                    clock.now, _, fn, args = heappop(queue)
+                except IndexError:  # nothing is scheduled (a try costs nothing until it raises)
+                    raise SimulationStalled(self._stall_message()) from None
                 fn(*args)
         self.record.close(self.env.now)
         return self.record
