@@ -8,7 +8,7 @@ without its cache model): four schedules of ``bench_sweep``'s sweep (phi in
 by the collection a sweep worker makes after a job (``gyre.sim.workers.collecting``;
 a full one in trees without it), minus the same process running none of them
 (imports, the trace and one warm-up run), divided by the events the four simulated. Repeated runs agreed within ~0.3% at
-first, and later by up to 2.5% (the hash seed and address layout differ). Skipped where valgrind is not
+first, and later differed by up to 2.5% (the hash seed and address layout differ). Skipped where valgrind is not
 installed.
 """
 
