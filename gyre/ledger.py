@@ -35,6 +35,10 @@ class RolloutLedger:
         self._accepting_capacity = sum(self._capacity[e] for e in self._accepting)  # kept by open/close
         self._members: dict[int, set[int]] = {e: set() for e in self._preference}
         self._where: dict[int, int] = {}
+        self._open_order: list[tuple[int, set[int], int]] = []  # (engine, members, capacity): accepting, in order
+        self._position: dict[int, int] = {}  # accepting engine -> its position in _open_order
+        self._full_below = 0  # every engine before this position of _open_order is full: place starts here
+        self._order_open()
 
     # ---- queries ------------------------------------------------------------
     @property
@@ -70,6 +74,7 @@ class RolloutLedger:
         if engine not in self._accepting:
             self._accepting_capacity += self._capacity[engine]
             self._accepting.add(engine)
+            self._order_open()
 
     def close(self, engine: int) -> None:
         """The engine stops accepting; it must have been emptied by ``evacuate``."""
@@ -78,22 +83,33 @@ class RolloutLedger:
         if engine in self._accepting:
             self._accepting_capacity -= self._capacity[engine]
             self._accepting.discard(engine)
+            self._order_open()
 
     def place(self, execution: int, exclude: frozenset[int] = frozenset()) -> int:
         """Put an execution on the most preferred accepting engine with room."""
-        accepting, members, capacity = self._accepting, self._members, self._capacity  # once per placement
-        for engine in self._preference:
-            if engine in accepting and engine not in exclude:
-                on_engine = members[engine]
-                if len(on_engine) < capacity[engine]:
-                    on_engine.add(execution)
-                    self._where[execution] = engine
-                    return engine
+        order = self._open_order
+        for position in range(self._full_below, len(order)):  # the engines before are full: not asked again
+            engine, on_engine, capacity = order[position]
+            if len(on_engine) < capacity and engine not in exclude:
+                on_engine.add(execution)
+                self._where[execution] = engine
+                if not exclude:  # else an engine passed over may have room
+                    self._full_below = position
+                return engine
         raise LedgerError(f"no accepting engine has room for execution {execution}")
+
+    def _order_open(self) -> None:
+        """``place``'s list of the accepting engines in order of preference (changed only by open and close)."""
+        self._open_order = [(e, self._members[e], self._capacity[e]) for e in self._preference if e in self._accepting]
+        self._position = {engine: position for position, (engine, _, _) in enumerate(self._open_order)}
+        self._full_below = 0
 
     def release(self, execution: int) -> None:
         engine = self._where.pop(execution)
         self._members[engine].discard(execution)
+        position = self._position.get(engine)
+        if position is not None and position < self._full_below:  # it has room again
+            self._full_below = position
 
     def evacuate(self, engines: frozenset[int]) -> list[tuple[int, int, int]]:
         """Move every execution off ``engines``; returns (execution, source, dest)."""

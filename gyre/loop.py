@@ -86,8 +86,7 @@ class DriverLoop:
     def feed(self, event: ev.Event) -> list[act.Action]:
         """Apply one event to the core, record it, and carry out the actions it returns."""
         actions = self.core.handle(event)
-        self.log.record_event(event)
-        self.log.record_actions(actions)
+        self.log.record(event, actions)
         for action in actions:
             try:
                 self._apply[type(action)](action)

@@ -83,7 +83,7 @@ class PolicyError(RuntimeError):
     """An event that is illegal in the current state; the state is unchanged."""
 
 
-@dataclass
+@dataclass(slots=True)
 class GroupState:
     v_d: int
     closed: int = 0
@@ -112,6 +112,7 @@ class Scheduler(CounterViews):
         self._core_unit = cfg.core_unit  # read once per event by _open_batch
         self._static = cfg.static
         self._group_size = cfg.group_size
+        self._batch_size = cfg.B  # read once per event by _settle
         self._continuous = cfg.dispatch == "continuous"
         # Derived from the roles and awaiting_publish alone, read after most events and changed by few:
         # kept until one of them changes (``_set_role``, ``_set_awaiting_publish``).
@@ -404,12 +405,15 @@ class Scheduler(CounterViews):
         # each guard below is the first test of the method it skips (this runs once per event)
         if self.d > self.p:
             self._start_queued(out)
-        if not self.batch_open and self._core_training is not False:  # known out of training: no batch opens
+        batch_open = self.batch_open
+        if not batch_open and self._core_training is not False:  # known out of training: no batch opens
             self._open_batch(out)
-        if self.batch_open and self._feed(out) and self._continuous:
+            batch_open = self.batch_open
+        if batch_open and self._feed(out) and self._continuous:
             self._start_queued(out)
         # the supply timer runs while the supply suffices (_supply_ok, inlined: once per event)
-        key = (len(self._ready), self.cfg.B - self.fed if self.batch_open else self.cfg.B)
+        B = self._batch_size
+        key = (len(self._ready), B - self.fed if batch_open else B)
         if key != self._supply_key:
             self._supply_key, self._supply_value = key, rules.supply_sufficient(self.cfg, rules.supply(*key))
         if not self._supply_value:

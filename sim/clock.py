@@ -15,12 +15,18 @@ Invariants:
   first), computed as ``now + delay`` with the same float additions as SimPy;
 - a negative delay is refused with ``ValueError``; ``step()`` on an empty clock
   raises ``EmptyClock``.
+
+The two calls made once per simulated event (an engine's timer, a micro-step's
+end) push onto the heap themselves, ``heappush(clock.queue, (clock.now + delay,
+next(clock.sequence), fn, args))`` with a delay they know is >= 0: exactly what
+``call_in`` pushes, without a call.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from heapq import heappush
 from typing import Any, Callable
 
 
@@ -42,18 +48,18 @@ class Timeout:
 
 
 class Clock:
-    __slots__ = ("now", "queue", "_sequence")
+    __slots__ = ("now", "queue", "sequence")
 
     def __init__(self) -> None:
         self.now: float = 0
         self.queue: list[tuple[float, int, Callable[..., Any], tuple[Any, ...]]] = []
-        self._sequence = itertools.count()
+        self.sequence = itertools.count()  # the order of scheduling, among calls due at one time
 
     def call_in(self, delay: float, fn: Callable[..., Any], *args: Any) -> None:
         """Call ``fn(*args)`` ``delay`` seconds from now."""
         if delay < 0:
             raise ValueError(f"negative delay {delay}")
-        heapq.heappush(self.queue, (self.now + delay, next(self._sequence), fn, args))
+        heappush(self.queue, (self.now + delay, next(self.sequence), fn, args))
 
     def timeout(self, delay: float) -> Timeout:
         """SimPy's ``env.timeout(delay)``: append callbacks to the result; each gets the timeout."""

@@ -29,7 +29,7 @@ ceiling; without a timed-out row there is no ceiling and no other limit.
 
 from __future__ import annotations
 
-from typing import Iterable
+import functools
 
 import numpy as np
 
@@ -47,9 +47,13 @@ def trace_ceiling_s(trace: Trace) -> float | None:
     return float(trace.harness_s[stuck].max()) if stuck.any() else None
 
 
+@functools.lru_cache(maxsize=8)
 def execution_plan(trace: Trace, curve: EngineCurve,
-                   capacities: Iterable[int]) -> tuple[Grid, Grid, Grid, float | None]:
-    """(work, model-call share, wall-clock limit or None) grids by (query, index), and the ceiling."""
+                   capacities: tuple[int, ...]) -> tuple[Grid, Grid, Grid, float | None]:
+    """(work, model-call share, wall-clock limit or None) grids by (query, index), and the ceiling.
+
+    A pure function of a trace (never modified), a curve and the capacities, kept for the last few: a
+    sweep simulates hundreds of schedules on one trace and cell size. The grids are shared: read only."""
     harness = trace.harness_s
     shares = np.round(trace.model_call_share, 2)
     stuck = np.isin(trace.outcomes, list(TIMED_OUT))

@@ -62,7 +62,7 @@ from gyre.roles import ROLLOUT
 from gyre.scheduler import Scheduler
 from gyre.sim.clock import Clock
 from gyre.sim.costs import CostModel
-from gyre.sim.deadlines import TIMED_OUT, execution_plan
+from gyre.sim.deadlines import TIMED_OUT, Grid, execution_plan
 from gyre.sim.engines import EngineBank
 from gyre.sim.record import SimRecord
 from gyre.sim.training import SimTrainingPlane
@@ -89,6 +89,23 @@ def cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+@functools.lru_cache(maxsize=8)
+def trace_lists(trace: Trace) -> tuple[Grid, Grid | None, Grid | None, Grid]:
+    """(durations, harness times or None, evaluation tails or None, outcomes as str) by (query, index).
+
+    Plain nested lists, which the driver reads once per execution (faster than numpy's scalars). A
+    Trace is never modified and a sweep simulates hundreds of schedules on one, so each trace's lists
+    are built once (building them was ~2% of a sweep schedule's CPU) and shared: read them, never
+    change them. A tail is ``duration_s - harness_s`` in floats (the time from the harness's stop to
+    the execution's end)."""
+    durations = trace.durations_s.tolist()
+    harness = trace.harness_s.tolist() if HARNESS_COLUMN in trace.columns else None
+    tails = None if harness is None else (trace.durations_s.astype(float) - trace.harness_s.astype(float)).tolist()
+    outcomes = trace.outcomes
+    grid = outcomes.tolist() if outcomes.dtype.kind == "U" else [[str(o) for o in row] for row in outcomes.tolist()]
+    return durations, harness, tails, grid
+
+
 class Simulation(ActionHandler):
     def __init__(self, cfg: SchedulerConfig, trace: Trace, costs: CostModel, steps: int,
                  on_step: Callable[[int], None] | None = None, dropped_groups: frozenset[int] = frozenset()) -> None:
@@ -107,25 +124,21 @@ class Simulation(ActionHandler):
         self._on_step = on_step
         self._done = False  # the last step is done: nothing more is fed to the core
         self.engines = EngineBank(self.env, bound.engine_curve(), self._capacity, self._execution_done)
-        self._durations = self.trace.durations_s.tolist()  # plain lists: read once per execution, hot
-        self._harness = self.trace.harness_s.tolist() if HARNESS_COLUMN in self.trace.columns else None
+        self._durations, self._harness, self._tails, self._outcome_grid = trace_lists(self.trace)
         plan = execution_plan(self.trace, self.engines.curve, (cfg.C_e, cfg.C_s))
         self._work, self._shares, self._limits, self.ceiling_s = plan
         self._deadlines: dict[int, float] = {}  # execution -> wall-clock time its harness must stop
         self._cut: set[int] = set()  # stopped at the ceiling before their work was done: harness timeouts
         self._evaluating: set[int] = set()  # harness stopped, evaluation tail still running
-        outcomes = self.trace.outcomes
-        self._outcome_grid = outcomes.tolist() if outcomes.dtype.kind == "U" else [  # str already, or made str
-            [str(o) for o in row] for row in outcomes.tolist()]
-        self._tails = None if self._harness is None else [  # _evaluation_tail of each trace cell, read per finish
-            [float(d) - float(h) for d, h in zip(row, harness)] for row, harness in zip(self._durations, self._harness)]
-        self._outcomes: dict[int, GroupOutcomes] = {}
+        self._outcomes: dict[int, GroupOutcomes] = {}  # dispatched groups not ready yet
+        self._evaluated: dict[int, GroupOutcomes] = {}  # ready groups whose evaluation is under way
         self._dropped = frozenset(dropped_groups)
         self._tick_at: float | None = None
         self._publish_until = 0.0
         tokens = trace.column("output_tokens")  # each query's sum, once (int64 sums: exact, as np.sum per group)
         self._query_tokens = None if tokens is None else tokens.sum(axis=1).tolist()
         self._group_size = cfg.group_size  # hot: read per execution (Scheduler.group_of is x // group_size)
+        self._N, self._rows = cfg.N, len(self._durations)  # the trace's queries: read per execution too
         self._tau = cfg.tau
         self._designated: dict[str, Designated] = {}  # trace outcome -> designated_outcome(it), read per finish
 
@@ -138,9 +151,10 @@ class Simulation(ActionHandler):
             clock = self.env
             queue = clock.queue  # Clock.step, inlined: this loop runs once per scheduled call
             while not self._done:
-                if not queue:
-                    raise SimulationStalled(self._stall_message())
-                clock.now, _, fn, args = heappop(queue)
+                try:
+                    clock.now, _, fn, args = heappop(queue)
+                except IndexError:  # nothing is scheduled (a try costs nothing until it raises)
+                    raise SimulationStalled(self._stall_message()) from None
                 fn(*args)
         self.record.close(self.env.now)
         return self.record
@@ -264,7 +278,7 @@ class Simulation(ActionHandler):
         """``x``'s harness stopped (work done, or its deadline): it ends now, or evaluates first."""
         self._deadlines.pop(x, None)
         g, i = divmod(x, self._group_size)
-        q, i = (g % len(self._durations), i) if i < self.cfg.N else self._cell(x)  # _cell's first case, inlined
+        q, i = (g % self._rows, i) if i < self._N else self._cell(x)  # _cell's first case, inlined
         if self._tails is not None and self._tails[q][i] > 0:  # _evaluation_tail, inlined: once per execution
             self._evaluating.add(x)
             self.record.harness_stopped(x, self.env.now)
@@ -288,17 +302,18 @@ class Simulation(ActionHandler):
         self.record.execution_finished(x, now, outcome)
         self.send(ev.ExecutionFinished(now, x, outcome))
         g = x // self._group_size
-        outcomes = self._outcomes.get(g)  # gone once the group was reported ready
-        if outcomes is None or outcomes.ready or outcome == "cancelled" or g in self._dropped:
+        outcomes = self._outcomes.get(g)  # gone once the group is ready
+        if outcomes is None or outcome == "cancelled" or g in self._dropped:
             return  # cancelled work and late surplus have no designated outcome
         designated = self._designated.get(outcome)
         if designated is None:
             designated = self._designated[outcome] = designated_outcome(outcome)
         if outcomes.resolve(execution_id(x), designated):
+            self._evaluated[g] = self._outcomes.pop(g)
             self.env.call_in(self.costs.evaluation_s, self._group_ready, g)  # _after, without a closure
 
     def _group_ready(self, g: int) -> None:
-        outcomes = self._outcomes.pop(g)
+        outcomes = self._evaluated.pop(g)
         self.record.group_ready(g, self.env.now, len(outcomes.participants), len(outcomes.excluded))
         self.send(ev.GroupReady(self.env.now, g))
 

@@ -131,10 +131,11 @@ def effective_speed(share: float, speed: float) -> float:
 
 
 class _Engine:
-    __slots__ = ("capacity", "t", "speed", "clocks", "tags", "armed_at", "dirty")
+    __slots__ = ("capacity", "speeds", "t", "speed", "clocks", "tags", "armed_at", "dirty")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, speeds: dict[int, float]) -> None:
         self.capacity = capacity
+        self.speeds = speeds  # load -> curve.speed(load, capacity), shared by the engines of one capacity
         self.t = 0.0          # real time at which every clock was last brought up to date
         self.speed = 1.0      # model-call speed at the current load
         self.clocks: dict[float, _Clock] = {}  # model-call share -> its clock
@@ -152,7 +153,7 @@ class EngineBank:
         self._engines: dict[int, _Engine] = {}
         self._where: dict[int, int] = {}
         self._dirty: list[_Engine] = []
-        self._speeds: dict[tuple[int, int], float] = {}  # (load, capacity) -> curve.speed: a pure function, hot
+        self._speeds: dict[int, dict[int, float]] = {}  # capacity -> load -> curve.speed: a pure function, hot
 
     # ---- queries -------------------------------------------------------------------
     def load(self, engine: int) -> int:
@@ -177,7 +178,7 @@ class EngineBank:
         """Put ``x`` on ``engine`` with ``work`` harness-seconds, ``share`` of them model calls."""
         if x in self._where:
             raise ValueError(f"execution {x} is already running on engine {self._where[x]}")
-        if not (math.isfinite(work) and work >= 0):
+        if not 0.0 <= work < math.inf:  # finite and >= 0 (NaN fails both comparisons)
             raise ValueError(f"execution {x}: work must be a finite number >= 0, got {work!r}")
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"execution {x}: model-call share must lie in [0, 1], got {share!r}")
@@ -208,25 +209,47 @@ class EngineBank:
 
     def flush(self) -> None:
         """Re-evaluate the rate of every engine changed since the last flush and re-arm its timer."""
-        dirty = self._dirty
-        while dirty:
+        dirty, clock_, heappop = self._dirty, self.env, heapq.heappop
+        now = clock_.now
+        while dirty:  # once per event: the timer's arming is written here, not in a method of its own
             e = dirty.pop()
             e.dirty = False
-            key = (len(e.tags), e.capacity)
-            speed = self._speeds.get(key)
+            tags = e.tags
+            load = len(tags)
+            speed = e.speeds.get(load)
             if speed is None:
-                speed = self._speeds[key] = self.curve.speed(*key)
+                speed = e.speeds[load] = self.curve.speed(load, e.capacity)
             if speed != e.speed:
                 e.speed = speed
-                for clock in e.clocks.values():
-                    clock.eff = effective_speed(clock.share, speed)
-            self._arm(e)
+                for clock in e.clocks.values():  # effective_speed, inlined (the same arithmetic): once per flush
+                    share = clock.share
+                    clock.eff = speed if share == 1.0 else 1.0 / ((1.0 - share) + share / speed)
+            due = math.inf  # the earliest finish: each clock's first live tag, stale heap entries dropped
+            for clock in e.clocks.values():
+                heap = clock.heap
+                while heap:
+                    tag, x = heap[0]
+                    if tags.get(x, _GONE)[1] == tag:
+                        left = tag - clock.v  # max(0, left) and min(due, at), as comparisons
+                        at = e.t + (left if left > 0.0 else 0.0) / clock.eff
+                        if at < due:
+                            due = at
+                        break
+                    heappop(heap)  # removed or re-tagged
+            if len(e.clocks) > 1:  # forget classes with no execution left (their heaps are empty by now)
+                for share in [s for s, c in e.clocks.items() if not c.live]:
+                    del e.clocks[share]
+            if due != e.armed_at:
+                e.armed_at = due
+                if due < math.inf:  # Clock.call_in(due - now, ...), pushed here (due >= now: e.t is now)
+                    heapq.heappush(clock_.queue, (now + (due - now), next(clock_.sequence), self._fire, (e, due)))
 
     # ---- internals -------------------------------------------------------------------
     def _touch(self, engine: int) -> _Engine:
         e = self._engines.get(engine)
         if e is None:
-            e = self._engines[engine] = _Engine(self._capacity(engine))
+            capacity = self._capacity(engine)
+            e = self._engines[engine] = _Engine(capacity, self._speeds.setdefault(capacity, {}))
             e.t = self.env.now
         elif self.env.now != e.t:  # _advance's first test, here: most touches come at the same instant
             self._advance(e)
@@ -242,28 +265,6 @@ class EngineBank:
             for clock in e.clocks.values():
                 clock.v += dt * clock.eff
             e.t = now
-
-    def _arm(self, e: _Engine) -> None:
-        tags, due, heappop = e.tags, math.inf, heapq.heappop
-        for clock in e.clocks.values():
-            heap = clock.heap
-            while heap:
-                tag, x = heap[0]
-                if tags.get(x, _GONE)[1] == tag:
-                    left = tag - clock.v  # max(0, left) and min(due, at), as comparisons: once per flush
-                    at = e.t + (left if left > 0.0 else 0.0) / clock.eff
-                    if at < due:
-                        due = at
-                    break
-                heappop(heap)  # removed or re-tagged
-        if len(e.clocks) > 1:  # forget classes with no execution left (their heaps are empty by now)
-            for share in [s for s, c in e.clocks.items() if not c.live]:
-                del e.clocks[share]
-        if due == e.armed_at:
-            return
-        e.armed_at = due
-        if due < math.inf:
-            self.env.call_in(due - self.env.now, self._fire, e, due)
 
     def _fire(self, e: _Engine, due: float) -> None:
         if e.armed_at != due:

@@ -91,18 +91,9 @@ def run_simulation(preset: str | None = None, trace: str | Path | Trace = DEFAUL
     shape and schedule overrides: the recorded schedule, or another preset
     scaled to the same cluster.
     """
-    meta = read_trace_meta(trace) if not isinstance(trace, Trace) and str(trace) not in TRACE_PRESETS else None
-    if meta is not None:
-        shape, recorded = meta.shape, dict(meta.schedule) if preset in (None, meta.preset) else {}
-        preset = preset or meta.preset
-    else:
-        shape = WORKLOAD_SHAPES.get(str(trace), PAPER_SHAPE) if not isinstance(trace, Trace) else PAPER_SHAPE
-        recorded, preset = {}, preset or DEFAULT_PRESET
-    cfg = build_preset(preset, shape, **{**recorded, **(overrides or {})})
-    resolved, trace_name = resolve_trace(trace, seed, N=cfg.N)
+    preset, cfg, resolved, trace_name, costs, meta = _schedule(preset, trace, seed, overrides, costs)
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    costs = for_workload(costs or CostModel(), trace_name)
     t0 = time.perf_counter()
     with cyclic_gc_paused():  # building, running and summarizing a run frees nothing cyclic (driver.py)
         sim = Simulation(cfg, resolved, costs, steps, on_step=on_step)
@@ -127,6 +118,30 @@ def run_simulation(preset: str | None = None, trace: str | Path | Trace = DEFAUL
     # instead of a collector pass over them (a sweep worker collects after each run: ``sim.workers``).
     del sim.record, sim.loop.log
     return SimResult(cfg, summary, record)
+
+
+def _schedule(preset: str | None, trace: str | Path | Trace, seed: int, overrides: dict[str, Any] | None,
+              costs: CostModel | None) -> tuple[str, SchedulerConfig, Trace, str, CostModel, Any]:
+    """(preset, config, trace, trace name, costs, the trace's sidecar or None) of ``run_simulation``'s arguments."""
+    meta = read_trace_meta(trace) if not isinstance(trace, Trace) and str(trace) not in TRACE_PRESETS else None
+    if meta is not None:
+        shape, recorded = meta.shape, dict(meta.schedule) if preset in (None, meta.preset) else {}
+        preset = preset or meta.preset
+    else:
+        shape = WORKLOAD_SHAPES.get(str(trace), PAPER_SHAPE) if not isinstance(trace, Trace) else PAPER_SHAPE
+        recorded, preset = {}, preset or DEFAULT_PRESET
+    cfg = build_preset(preset, shape, **{**recorded, **(overrides or {})})
+    resolved, trace_name = resolve_trace(trace, seed, N=cfg.N)
+    return preset, cfg, resolved, trace_name, for_workload(costs or CostModel(), trace_name), meta
+
+
+def warm_caches(preset: str | None, trace: str | Path | Trace, *, steps: int, seed: int,
+                overrides: dict[str, Any] | None = None) -> None:
+    """Build what a run of this schedule caches (its generated trace, that trace shifted by the sandbox
+    start, the driver's lists and execution plan: pure functions of their inputs) without simulating.
+    A sweep's parent does so before its workers fork, so they inherit them instead of each building them."""
+    _, cfg, resolved, _, costs, _ = _schedule(preset, trace, seed, overrides, None)
+    Simulation(cfg, resolved, costs, steps)
 
 
 def training_costs(costs: Any, work_node_s: float, steps: int) -> dict[str, Any]:

@@ -83,8 +83,13 @@ def run_sweep(axes: dict[str, list[Any]], *, preset: str = "E0", trace: str = "n
         return mapper(_one, work)
     if jobs == 1:
         return [_one(job) for job in work]
-    import gyre.sim.runner  # noqa: F401  imported once here, before the workers fork, not once in each
+    from gyre.sim.runner import warm_caches  # imported once here, before the workers fork, not once in each
     from gyre.sim.workers import collecting, simulation_pool
+
+    try:  # the first schedule's trace and plan, built here once for both workers (they inherit them at fork)
+        warm_caches(preset, trace, steps=steps, seed=0, overrides=work[0][4])
+    except (ConfigError, ValueError):
+        pass  # a refused first point: each worker builds what it needs
 
     with simulation_pool(jobs) as pool:
         return list(pool.map(collecting(_one), work, chunksize=max(1, len(work) // (4 * jobs))))

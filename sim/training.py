@@ -31,6 +31,7 @@ from __future__ import annotations
 from bisect import insort
 from collections import deque
 from dataclasses import dataclass
+from heapq import heappush
 from typing import Callable
 
 from gyre import events as ev
@@ -41,7 +42,7 @@ from gyre.sim.costs import CostModel
 from gyre.sim.sizes import BoundCosts, flops_per_token
 
 
-@dataclass
+@dataclass(slots=True)
 class Member:
     nodes: int
     available_at: float
@@ -58,6 +59,7 @@ class SimTrainingPlane:
         base = self.costs.base  # train_node_s(base, tokens) = tokens * per_token / per_node_s, read once
         self._per_token, self._per_node_s = flops_per_token(base), base.node_peak_tflops * 1e12 * base.train_utilisation
         self._micro_step_tokens = self.costs.micro_step_tokens
+        self._streaming, self._batch_size = cfg.streaming, cfg.B  # read once per micro-step
         self.members: dict[int, Member] = {}
         self._claim_order: list[int] = []  # sorted(self.members), kept as members join and leave
         self.version: int | None = None
@@ -149,7 +151,8 @@ class SimTrainingPlane:
     def _claim_free_cells(self) -> None:
         if not self.queue:
             return
-        now, members, queue = self.env.now, self.members, self.queue
+        clock, members, queue = self.env, self.members, self.queue
+        now = clock.now
         for cell in self._claim_order:
             member = members[cell]
             if not queue:
@@ -163,10 +166,11 @@ class SimTrainingPlane:
             member.warmed = True
             self.micro_steps_by_cell[cell] = self.micro_steps_by_cell.get(cell, 0) + 1
             self.busy_node_s += seconds * member.nodes
-            self.env.call_in(seconds, self._micro_step_done, cell)
+            # Clock.call_in(seconds, ...), pushed here (seconds >= 0: costs and work are never negative)
+            heappush(clock.queue, (now + seconds, next(clock.sequence), self._micro_step_done, (cell,)))
 
     def _ask_for_groups(self) -> None:
-        if not self.cfg.streaming:
+        if not self._streaming:
             return
         # the rule the real backend follows too (gyre.driver_rules)
         if self.version is not None and asks_for_group(asked=self.wanted, fed=self.fed, batch_size=self.cfg.B,
@@ -177,12 +181,15 @@ class SimTrainingPlane:
 
     def _micro_step_done(self, cell: int) -> None:
         self.in_flight -= 1
-        if cell in self.members:
-            self.members[cell].busy = False
-        if self.fed == self.cfg.B and not self.queue and self.in_flight == 0:
+        member = self.members.get(cell)
+        if member is not None:
+            member.busy = False
+        if self.fed == self._batch_size and not self.queue and self.in_flight == 0:
             self._finish_batch()
-        else:
-            self._assign()
+        else:  # _assign, inlined: once per micro-step (a batch is open while one runs)
+            self._claim_free_cells()
+            if self._streaming and self.fed < self._batch_size:  # a batch fed whole asks for nothing (the rule's test)
+                self._ask_for_groups()
 
     def _finish_batch(self) -> None:
         version, self.version = self.version, None

@@ -12,7 +12,7 @@ annotated type. Adding a field to an event adds its column.
 
 Recording is cheap: ``EventLog`` keeps the (frozen) event and action
 objects and builds their dict rows only when ``rows`` / ``actions`` are read,
-extending the rows built so far, so a driver pays two list appends per event
+extending the rows built so far, so a driver pays one call and two list appends per event
 and a simulation read only for its summary never builds them at all.
 
 Invariants: ``load_events(write(log))`` returns the recorded events (times to
@@ -69,6 +69,12 @@ class EventLog:
     def __len__(self) -> int:
         """The number of recorded events."""
         return len(self._events)
+
+    def record(self, event: ev.Event, actions: list[act.Action]) -> None:
+        """An accepted event and the actions it returned: ``record_event`` then ``record_actions``, in one
+        call (a driver loop's, once per event). A subclass that extends either extends this too."""
+        self._events.append(event)
+        self._actions.extend(actions)
 
     def record_event(self, event: ev.Event) -> None:
         self._events.append(event)

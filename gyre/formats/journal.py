@@ -80,6 +80,10 @@ class JournalLog(EventLog):
         os.replace(staging, self.path)
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND)
 
+    def record(self, event: ev.Event, actions: list[act.Action]) -> None:
+        self.record_event(event)
+        self.record_actions(actions)
+
     def record_event(self, event: ev.Event) -> None:
         super().record_event(event)
         row = self.rows[-1]

@@ -78,3 +78,17 @@ def test_a_sweep_row_reports_what_the_full_run_reports():
     assert (row["total_hours"], row["staleness_mean"], row["events"]) == \
            (full["total_hours"], full["staleness_mean"], full["events"])
     assert "time_breakdown_hours" in full and "time_breakdown_hours" not in lean
+
+
+def test_warming_the_caches_leaves_a_run_of_that_schedule_nothing_to_build():
+    """What a sweep's parent builds before its workers fork: a run of the schedule then only reads caches."""
+    from gyre.sim.deadlines import execution_plan
+    from gyre.sim.driver import trace_lists
+    from gyre.sim.runner import _preset_trace, run_simulation, warm_caches
+
+    point = {"phi": 1.5, "K": 5}
+    warm_caches("E0", "deepswe", steps=2, seed=7, overrides=point)
+    caches = (_preset_trace, trace_lists, execution_plan)
+    misses = [cache.cache_info().misses for cache in caches]
+    run_simulation("E0", "deepswe", steps=2, seed=7, overrides=point, breakdown=False)
+    assert [cache.cache_info().misses for cache in caches] == misses

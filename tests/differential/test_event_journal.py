@@ -16,6 +16,8 @@ import pytest
 
 from gyre.formats.eventlog import replay
 from gyre.formats.journal import JournalLog, read_journal, replay_journal
+from gyre.loop import HANDLER_METHODS, ActionHandler, DriverLoop
+from gyre.scheduler import Scheduler
 from gyre.sim.runner import run_simulation
 
 
@@ -83,3 +85,16 @@ def test_a_resumed_journal_holds_exactly_its_prefix_then_goes_on(tmp_path, simul
         log.record_event(event)
     assert read_journal(tmp_path / "events.jsonl").events == events and len(log) == len(events)
     assert [p.name for p in tmp_path.iterdir()] == ["events.jsonl"]  # the staging file was renamed away
+
+
+def test_a_driver_loop_journals_each_event_it_feeds(tmp_path, simulated):
+    """The loop records through ``EventLog.record`` (one call per event): a journal must write there too."""
+    cfg, events, actions = simulated
+    ignoring = type("Ignoring", (ActionHandler,), {name: lambda self, a: None for name in HANDLER_METHODS.values()})
+    log = JournalLog(tmp_path / "events.jsonl")
+    loop = DriverLoop(Scheduler(cfg), ignoring(), log)
+    for event in events:
+        loop.feed(event)
+    log.close()
+    assert read_journal(tmp_path / "events.jsonl").events == events
+    assert log.actions == actions
