@@ -88,9 +88,15 @@ def flops_per_token(costs: CostModel) -> float:
     return FLOPS_PER_PARAM_TOKEN * costs.active_params_b * 1e9
 
 
+def train_rate(costs: CostModel) -> tuple[float, float]:
+    """(FLOPs per trained token, a node's training FLOP/s): ``train_node_s`` is ``tokens * [0] / [1]``."""
+    return flops_per_token(costs), costs.node_peak_tflops * 1e12 * costs.train_utilisation
+
+
 def train_node_s(costs: CostModel, tokens: float) -> float:
     """Node-seconds of forward-backward work for ``tokens`` trained tokens."""
-    return tokens * flops_per_token(costs) / (costs.node_peak_tflops * 1e12 * costs.train_utilisation)
+    per_token, per_node_s = train_rate(costs)
+    return tokens * per_token / per_node_s
 
 
 def publishing_nodes(cfg: SchedulerConfig) -> int:

@@ -39,7 +39,7 @@ from gyre.config import SchedulerConfig
 from gyre.driver_rules import asks_for_group, pack_micro_steps
 from gyre.sim.clock import Clock
 from gyre.sim.costs import CostModel
-from gyre.sim.sizes import BoundCosts, flops_per_token
+from gyre.sim.sizes import BoundCosts, train_rate
 
 
 @dataclass(slots=True)
@@ -56,8 +56,7 @@ class SimTrainingPlane:
                  send: Callable[[ev.Event], None]) -> None:
         self.env, self.cfg, self._send = env, cfg, send
         self.costs = costs if isinstance(costs, BoundCosts) else costs.bind(cfg)  # no trace: fallback tokens
-        base = self.costs.base  # train_node_s(base, tokens) = tokens * per_token / per_node_s, read once
-        self._per_token, self._per_node_s = flops_per_token(base), base.node_peak_tflops * 1e12 * base.train_utilisation
+        self._per_token, self._per_node_s = train_rate(self.costs.base)  # train_node_s's terms, read once
         self._micro_step_tokens = self.costs.micro_step_tokens
         self._streaming, self._batch_size = cfg.streaming, cfg.B  # read once per micro-step
         self.members: dict[int, Member] = {}
@@ -126,7 +125,7 @@ class SimTrainingPlane:
         self.pending.extend(tokens)
         emitted, kept = pack_micro_steps(self.pending, self._micro_step_tokens, flush=flush)
         pending, per_token, per_node_s, queue = self.pending, self._per_token, self._per_node_s, self.queue
-        for bin_ in emitted:  # train_node_s, inlined with the same arithmetic: once per micro-step
+        for bin_ in emitted:  # train_node_s (tokens * per_token / per_node_s), inlined: once per micro-step
             trained = pending[bin_[0]] if len(bin_) == 1 else sum([pending[i] for i in bin_])  # sum([t]) is 0 + t
             work = trained * per_token / per_node_s
             self.work_node_s += work
