@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 import sys
@@ -44,10 +45,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gyre.ids import execution_id
+from gyre.real.harness.sandbox import (
+    HOST_NAMESPACES,
+    HostBridge,
+    Namespaces,
+    choose_isolation,
+    hidden_paths,
+    require_executable,
+    sandbox_argv,
+)
 from gyre.real.runtime.lifetime import die_with_parent
-
-from gyre.real.harness.sandbox import (HOST_NAMESPACES, HostBridge, Namespaces, choose_isolation, hidden_paths,
-                                       require_executable, sandbox_argv)
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +109,13 @@ class ScriptedHarness:
     sleep_s: float = 0.0
     retries: int = 5  # per call, on 429/5xx/connection errors (backoff doubling to 1 s: ~1.5 s for 5)
     name: str = "scripted"
+
+    def __post_init__(self) -> None:
+        # refused here, at the job's load, not by every harness process it starts (each would fail its execution)
+        if not 0.0 <= self.sleep_s < math.inf:
+            raise ValueError(f"sleep_s must be a finite number of seconds >= 0, got {self.sleep_s!r}")
+        if self.retries < 0:
+            raise ValueError(f"retries must be >= 0, got {self.retries!r}")
 
     def command(self, task: Task, base_url: str, key: str, home: Path) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, "-m", "gyre.real.harness.scripted", "--base-url", base_url,
@@ -332,7 +346,7 @@ class HarnessRunner:
     async def _wait(self, execution: int, proc: asyncio.subprocess.Process) -> str:
         try:
             await asyncio.wait_for(proc.wait(), self.budgets.harness_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self._kill(proc)
             return "cancelled" if execution in self._cancelled else "harness_timeout"
         if execution in self._cancelled:
@@ -364,5 +378,5 @@ class HarnessRunner:
             try:
                 await asyncio.wait_for(proc.wait(), self.budgets.grace_s)
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue

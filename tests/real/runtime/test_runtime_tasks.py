@@ -192,6 +192,8 @@ def job_file(tmp_path: Path, body: str) -> Path:
     ("tasks = 'BAD'\nevaluator = 'gyre.real.toy.tasks:EmitTokenTask'\n", "line 2: duplicate task id 'a'"),
     ("tasks = 'NONE'\nevaluator = 'gyre.real.toy.tasks:EmitTokenTask'\n", "No such file"),
     ("[job.harness_options]\nturbo = true\n", "'scripted' rejects options"),
+    ("[job.harness_options]\nsleep_s = -1.0\n", "sleep_s must be a finite number of seconds >= 0, got -1.0"),
+    ("[job.harness_options]\nretries = -1\n", "retries must be >= 0, got -1"),
     ("device = 'tpu'\n", "device must be cpu or cuda"),
     ("layout = {gpus_per_node = 8}\n", "layout applies to device = \"cuda\" only"),
     ("device = 'cuda'\n", "needs a [model] checkpoint"),
