@@ -13,7 +13,10 @@
   still running; the ledger names each by its leader's pid);
 - ``kill_job``: SIGKILL of the job's process group (a real crash of ``gyre run``;
   the engines, like the harnesses and the proxy, run under the supervisor and
-  go on).
+  go on);
+- ``unsettled_engines``: engines whose record says a memory release or resume
+  is under way (a kill then leaves what the engine holds unknown: the resume
+  starts it again instead of adopting it).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 from gyre.formats.eventlog import run_config
 from gyre.formats.journal import read_journal
+from gyre.real.engines.record import SETTLED, read_record
 from gyre.real.store.tito_log import read_records
 from gyre.real.supervisor.ledger import read_ledger
 from gyre.real.supervisor.ledger import read_records as ledger_records
@@ -90,6 +94,14 @@ def wait_for(proc: subprocess.Popen, work: Path, ready, what: str, started=None,
             return found
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def unsettled_engines(work: Path) -> dict[str, str]:
+    """Engines whose record (engine-logs/ID.state.json) says a memory release or resume is under way: a kill then
+    leaves what the engine holds unknown, and the resume must start it again (engines.record.unadoptable)."""
+    records = {p.name.removesuffix(".state.json"): read_record(p.parent, p.name.removesuffix(".state.json"))
+               for p in (work / "engine-logs").glob("*.state.json")}
+    return {name: str(r.get("memory")) for name, r in records.items() if r.get("memory") not in SETTLED}
 
 
 def journal_identity(work: Path) -> int | None:

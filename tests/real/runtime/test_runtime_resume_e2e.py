@@ -40,7 +40,10 @@ exactly once (B per step); ``StepDone`` versions 0..5 once each in order,
 ``PublishDone`` 2, 4, 6; no harness was started twice except after a driver
 cut it or its supervisor was lost, and each re-run is named with its reason;
 each engine was started twice: at the start and after the supervisor's loss
-(adopted by every other resume);
+(adopted by every other resume; each kill waits for a moment when no engine's
+memory release or resume is under way, and should one begin between that check
+and the kill, the next attempt stops that engine, says why, and starts it
+again: one more start, checked);
 the clean end stopped the supervisor and left no process of the run;
 metrics.jsonl, the summary's step reports, TensorBoard's scalars and
 trace.csv cover every step and trained group once; the measured staleness
@@ -109,11 +112,13 @@ tau = 0.0
 
 
 def moment(kind: str, work: Path, resumed_at: int):
-    """A predicate on the rebuilt core: the run's ``Observed`` once it is a moment of ``kind``."""
+    """A predicate on the rebuilt core: the run's ``Observed`` once it is a moment of ``kind`` and no engine's
+    memory release or resume is under way (a kill inside one leaves what the engine holds unknown, and the
+    resume starts it again: CI once killed a mid-transition moment 0.04 s in, inside the engine's release)."""
     def ready(core):
         calls = rw.proxy_open_calls(work) if kind == "mid-model-call" else 0
         seen = kp.observe(core, rw.complete(work, core.version), calls)
-        return seen if kp.situation(kind, seen, resumed_at) else None
+        return seen if kp.situation(kind, seen, resumed_at) and not rw.unsettled_engines(work) else None
     return ready
 
 
@@ -129,6 +134,7 @@ class Killer:
         self.expected: list[int] = []             # per kill: the checkpoint its resume must take
         self.runs, self.resumed_at, self.cell_killed = 0, 0, False
         self.killed_journal: int | None = None    # the journal file of the attempt last killed
+        self.cut: dict[int, dict[str, str]] = {}  # run index -> engines whose memory change a kill of it cut
         self.readies = self.resumes = 0           # "ready after" / "resumed at version" lines the attempt shows
 
     def context(self) -> str:
@@ -188,6 +194,8 @@ class Killer:
         self.watch(point.kind, f"a {point.kind} moment")
         self.killed_journal = rw.journal_identity(self.work)
         self.snapshots.append(rw.kill_job(self.proc, self.work))
+        # a change that began between the check and the kill: the next attempt must start that engine again
+        self.cut[self.runs] = rw.unsettled_engines(self.work)
         found = rw.only_the_supervisor_remains(self.tmp, self.work)
         self.note("gyre run", point.kind, found)
         self.resumed_at = self.expected[-1]
@@ -249,9 +257,16 @@ def check_resumes(work: Path, k: Killer, lost: set[int], context: str) -> None:
             assert {"kind": "publish", "version": record["version"]} in record["outstanding"], context
     assert records[-1]["supervisor"] is None, context
     # the engines outlived every kill of the job and its cell (adopted, never started again); only the
-    # supervisor's loss took them, and they were started once more after it
+    # supervisor's loss took them, and they were started once more after it; an engine whose memory change a kill
+    # cut regardless (the race the kill moment avoids) was stopped by the next attempt, which says why, and
+    # started again
     engines = {k: e.starts for k, e in ledger.items() if k.startswith("engine-")}
-    assert engines and set(engines.values()) == {2}, (engines, context)
+    cut = Counter(name for names in k.cut.values() for name in names)
+    assert engines and engines == {e: 2 + cut[e.removeprefix("engine-")] for e in engines}, (engines, k.cut, context)
+    for run, names in k.cut.items():
+        err = (k.tmp / f"run{run}.stderr").read_text()
+        assert all(f"engine {name}: pid" in err and "its memory state is unknown" in err for name in names), \
+            (run, names, err[-3000:])
     rerun = {int(x): r for record in records for x, r in record["rerun_reasons"].items()}
     assert all("supervisor is gone" in r for r in rerun.values()), (rerun, context)
     s = json.loads((work / "summary.json").read_text())
