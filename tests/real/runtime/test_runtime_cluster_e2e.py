@@ -71,11 +71,20 @@ are continuous (per step 7.9%, total -0.6%, same cells 70% in the run above). Ch
   seat in the plane, in at least 3 of the 15 bursts (why it can join at all, and why not in
   every burst, is in configs/cpu_demo.toml's header; measured on one host: 7-8 of 10);
 - the simulator predicts the run (``gyre calibrate``, run by ``gyre run`` at its end): on the
-  run's own trace under the cost constants measured from it, the predicted total is within
-  10% of the measured one, the per-step wall times within 40% (mean absolute step error over
-  the mean step), and the same cells train in the same steps in most steps. Measured here
-  on two Ray nodes: per step 12.8%, total -0.7%, same cells 90%. What is left is decision
-  flips: at each burst's end the core stays in training only if a group is already ready
+  run's own trace (as the resumed lineage lived it: ``analysis.lineage_trace``) under the cost
+  constants measured from it, the predicted total is within 10% of the measured one, the
+  per-step wall times within 40% (mean absolute step error over the mean step), satellites
+  train in at least 3 simulated steps, and in at least 60% of the steps the training cells
+  are those of the simulated step or of a step next to it (``same_cells_near_share``; in
+  seven recorded runs, four of them of this test, 0.77-1.0; a simulation whose satellites
+  never joined would score the share of steps without one, 0.6-0.87, and fail the first). Measured here on two Ray
+  nodes: per step 12.8%, total -0.7%, same cells 90%.
+  The trace is replayed as the lineage lived it: a kill that left 14 harnesses running (CI)
+  had them finish 0.03 s after the resume dispatched them again, where their true
+  durations (~9.4 s, part of it while no driver ran) had the simulator wait 9 s in the step
+  after the resume: per step 44% (over the bound), 33% on the lineage's trace; total +6.5%,
+  -4.3%. What is left of the step error is
+  decision flips: at each burst's end the core stays in training only if a group is already ready
   (docs/scheduler.md#end-of-a-burst), which here turns on sub-second timing, and one flip moves two steps by up to a
   core round trip (~4.4 s), ~11 points of this measure; 40% leaves room for two or three on
   a slower machine. Three causes of larger errors were found and fixed: the backend's start
@@ -91,7 +100,9 @@ are continuous (per step 7.9%, total -0.6%, same cells 70% in the run above). Ch
   the step after a burst's first by a few tenths of a second (publication: 0.05-0.27 s,
   the simulator takes the mean). One flip of that race shifts the satellite's alternation
   between training and rollout by a step for the rest of the run, in phase or out of phase
-  with the simulator's, with little effect on the step times; the bound is 40%.
+  with the simulator's, with little effect on the step times: the test holds the cells within a
+  step, not in the same step (two runs found them the same in 20% and 47% of the steps,
+  and within a step in 93% and 100%).
 - measured staleness equals phi + (mu - 1)/2 within 0.25 (all steps, warm-up included);
 - the recorded event log replays through the simulator's driver to the identical action
   sequence (differential test); the run's trace describes itself (the simulator replays it
@@ -140,7 +151,6 @@ from gyre.formats.eventlog import replay_run
 from gyre.formats.journal import replay_journal
 from gyre.formats.trace import load_trace
 from gyre.real.engines.manager import sglang_python
-from gyre.real.engines.record import SETTLED, read_record
 from gyre.real.harness.sandbox import netns_problem
 from gyre.real.supervisor.ledger import read_ledger
 
@@ -273,9 +283,12 @@ def test_cpu_demo_placed_across_two_ray_nodes(tmp_path, two_node_cluster):
     pred = s["prediction"]
     assert "error" not in pred, pred
     print((work / "prediction.csv").read_text(),
-          {k: pred[k] for k in ("total_error", "step_error", "same_cells_share")})
+          {k: pred[k] for k in ("total_error", "step_error", "same_cells_share", "same_cells_near_share")})
     assert abs(pred["total_error"]) <= 0.10 and pred["step_error"] <= 0.40, pred
-    assert pred["same_cells_share"] >= 0.4, pred  # the module docstring says why not 0.5
+    # the simulated satellites join too, and each step's cells are those of the simulated step or one next to it
+    # (the module docstring says why not of the same step)
+    assert sum("+" in row["sim_cells"] for row in pred["steps"]) >= 3, pred["steps"]
+    assert pred["same_cells_near_share"] >= 0.6, pred
     assert (work / "costs.toml").exists() and (work / "sim_vs_real.png").stat().st_size
 
     # reward rises
@@ -304,14 +317,6 @@ class Kill:
     unsettled: dict[str, str] = field(default_factory=dict)  # engine -> its memory state, when a change was cut
 
 
-def unsettled_engines(work: Path) -> dict[str, str]:
-    """Engines whose record (engine-logs/ID.state.json) says a memory release or resume is under way: a kill then
-    leaves what the engine holds unknown, and the resume must start it again (engines.record.unadoptable)."""
-    records = {p.name.removesuffix(".state.json"): read_record(p.parent, p.name.removesuffix(".state.json"))
-               for p in (work / "engine-logs").glob("*.state.json")}
-    return {name: str(r.get("memory")) for name, r in records.items() if r.get("memory") not in SETTLED}
-
-
 def engine_entries(work: Path) -> dict[str, tuple[int, int]]:
     """Each engine key in the node supervisors' ledgers: (starts, pid) of its last process."""
     found = {}
@@ -330,14 +335,14 @@ def kill_and_resume(tmp: Path, work: Path, argv: list[str]) -> Kill:
     proc = rw.start(argv, tmp, "run0")
     try:
         rw.wait_for(proc, work, lambda core: core.published >= 2 and core.batch_open and rw.running_harnesses(work)
-                    and not unsettled_engines(work), "a publication, then a step open with harnesses running and "
+                    and not rw.unsettled_engines(work), "a publication, then a step open with harnesses running and "
                     "no engine's memory change under way", timeout=600)
         kill = Kill(rw.running_harnesses(work), {k: pid for k, (_, pid) in engine_entries(work).items()},
                     node_daemons(work), {}, rw.newest_checkpoint(work))
     finally:
         kill_snapshot = rw.kill_job(proc, work)
     kill.snapshot = kill_snapshot
-    kill.unsettled = unsettled_engines(work)  # a change that began between the check and the kill: seen here
+    kill.unsettled = rw.unsettled_engines(work)  # a change that began between the check and the kill: seen here
     found = only_the_supervisors_remain(tmp, work, kill)
     kill.row = {"kill": 1, "what": "gyre run --cluster", "moment": "mid-step", "processes": len(found)}
     resumed = rw.start(["--resume", str(work)], tmp, "run1")
