@@ -20,7 +20,8 @@ beside it. Every other row and column is copied unchanged. The run's own
 ``trace.csv`` is not touched: it still describes the harnesses' work, which is
 what a later simulation of the workload wants.
 
-Invariants: only executions a resume record names change; a changed row's
+Invariants: only executions a resume record names change (a damaged record
+raises ValueError naming its file); a changed row's
 duration is its final-log span; a run never resumed gives its own trace path back.
 """
 
@@ -42,12 +43,21 @@ TRACE = "trace.csv"
 
 
 def kept_across_resumes(run_dir: str | Path) -> set[int]:
-    """Executions whose harness some resume kept (re-attached, re-admitted, or its work kept)."""
+    """Executions whose harness some resume kept (re-attached, re-admitted, or its work kept); a record that
+    is not a JSON object of execution ids raises ValueError naming the file and the field."""
     kept: set[int] = set()
-    for path in Path(run_dir).glob("attempts/*/resume.json"):
-        record = json.loads(path.read_text())
+    for path in sorted(Path(run_dir).glob("attempts/*/resume.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: not a readable resume record ({exc})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}: a resume record is a JSON object, got {type(record).__name__}")
         for key in ("reattached", "readmitted", "work_kept_s"):
-            kept |= {int(x) for x in record.get(key) or ()}
+            try:
+                kept |= {int(x) for x in record.get(key) or ()}
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}: {key} must list execution ids, got {record.get(key)!r:.80}") from None
     return kept
 
 

@@ -88,3 +88,15 @@ def test_the_step_after_the_resume_is_predicted_from_the_lineage(tmp_path):
     before = {r.version: r for r in recorded.rows}[3]
     assert abs(after.sim_wall_s - after.real_wall_s) < 1.0 < 5.0 < before.sim_wall_s - before.real_wall_s
     assert lineage.step_error < recorded.step_error and abs(lineage.total_error) < abs(recorded.total_error)
+
+
+@pytest.mark.parametrize("content, named", [("{", "not a readable resume record"), ("[1, 2]", "a JSON object"),
+                                            ('{"reattached": ["x1"]}', "reattached must list execution ids"),
+                                            ('{"work_kept_s": 3}', "work_kept_s must list execution ids")])
+def test_a_damaged_resume_record_is_named(tmp_path, content, named):
+    run = tmp_path / "run"
+    shutil.copytree(RESUMED, run)
+    (run / "attempts" / "1" / "resume.json").write_text(content)
+    with pytest.raises(ValueError, match=named) as err:
+        lineage_trace(run, tmp_path)
+    assert str(run / "attempts" / "1" / "resume.json") in str(err.value)
