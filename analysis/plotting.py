@@ -12,10 +12,8 @@ role or a method are the same in every figure.
 
 from __future__ import annotations
 
-from typing import Callable
-
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -70,7 +68,7 @@ def save_figure(fig: Figure, out_dir: str | Path, stem: str) -> list[Path]:
     return paths
 
 
-def run_as_script(main: "Callable[..., list[Path]]") -> None:
+def run_as_script(main: Callable[..., list[Path]]) -> None:
     """The command line of every figure script: ``python FIG.py [OUT_DIR] [--quick]``."""
     import sys
 

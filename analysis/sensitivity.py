@@ -123,7 +123,7 @@ def draw(table: pd.DataFrame):
     varied = varied.reindex(varied.sub(base).abs().max(axis=1).sort_values().index)
     with house_style():
         fig, ax = new_figure(6.5, 0.35 * len(varied) + 1.2)
-        for i, (name, row) in enumerate(varied.iterrows()):
+        for i, (_, row) in enumerate(varied.iterrows()):
             for side, colour in (("low", "#4C8BD6"), ("high", "#D1495B")):
                 ax.barh(i, row[side] - base, left=base, color=colour, height=0.6,
                         label=f"{side} value" if i == 0 else None)

@@ -92,13 +92,12 @@ def draw(means: pd.DataFrame, axes: list[str], refused: int):
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from gyre.analysis.plan import evaluation_mapper
     from gyre.analysis.plotting import save_figure
     from gyre.config import ConfigError
     from gyre.formats.tables import write_csv
     from gyre.sim.report import format_table
     from gyre.sim.sweep import RESULT_KEYS, parse_sweep, run_sweep
-
-    from gyre.analysis.plan import evaluation_mapper
 
     try:
         axes = parse_sweep(args.sweep)

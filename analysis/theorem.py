@@ -42,13 +42,13 @@ import pandas as pd
 
 from gyre.analysis.dispatch import QueueModel, predicted_mean, simulate_queue
 from gyre.analysis.staleness import staleness_distribution, staleness_stats
-from gyre.staleness import steady_window
 from gyre.config import SchedulerConfig
+from gyre.formats.trace import Trace
 from gyre.presets import ClusterShape, build_preset
 from gyre.sim.costs import CostModel
 from gyre.sim.driver import Simulation
-from gyre.formats.trace import Trace
 from gyre.sim.traces.presets import generate_trace, get_preset
+from gyre.staleness import steady_window
 
 TRACE_QUERIES = 400
 #: Seconds of training per group in the queue model: an E0 step at paper scale
@@ -75,7 +75,7 @@ class TheoremGrid:
     preset: str = "E0"
     named: tuple[str, ...] = NAMED_PRESETS
 
-    def points(self) -> list["GridPoint"]:
+    def points(self) -> list[GridPoint]:
         out = []
         for trace in self.traces:
             for B, N in self.shapes:

@@ -28,7 +28,16 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from gyre.analysis.plotting import HOUR_S, ROLE_COLORS, ROLE_LABELS, house_style, new_figure, save_figure, style_axes, run_as_script
+from gyre.analysis.plotting import (
+    HOUR_S,
+    ROLE_COLORS,
+    ROLE_LABELS,
+    house_style,
+    new_figure,
+    run_as_script,
+    save_figure,
+    style_axes,
+)
 from gyre.analysis.runs import Run, run_from_result
 from gyre.analysis.timeline import burst_span, publications, running_executions, satellite_joins
 

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from gyre.analysis.plotting import HOUR_S, house_style, new_figure, save_figure, style_axes, run_as_script
+from gyre.analysis.plotting import HOUR_S, house_style, new_figure, run_as_script, save_figure, style_axes
 from gyre.sim.traces.presets import get_preset
 
 STEM = "fig2_durations"

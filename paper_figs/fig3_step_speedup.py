@@ -25,7 +25,15 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from gyre.analysis.plotting import HOUR_S, METHOD_COLORS, house_style, new_figure, save_figure, style_axes, run_as_script
+from gyre.analysis.plotting import (
+    HOUR_S,
+    METHOD_COLORS,
+    house_style,
+    new_figure,
+    run_as_script,
+    save_figure,
+    style_axes,
+)
 from gyre.analysis.runs import Run, run_from_result
 from gyre.analysis.timing import cumulative_speedup, step_durations
 

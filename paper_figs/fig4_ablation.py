@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from gyre.analysis.plotting import FAMILY_COLORS, house_style, new_figure, save_figure, style_axes, run_as_script
+from gyre.analysis.plotting import FAMILY_COLORS, house_style, new_figure, run_as_script, save_figure, style_axes
 from gyre.analysis.runs import run_from_result
 from gyre.analysis.timing import total_hours
 

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from gyre.analysis.plotting import METHOD_COLORS, house_style, new_figure, save_figure, style_axes, run_as_script
+from gyre.analysis.plotting import METHOD_COLORS, house_style, new_figure, run_as_script, save_figure, style_axes
 from gyre.analysis.runs import Run, consumed_groups, run_from_result
 from gyre.analysis.staleness import staleness_distribution, staleness_stats, token_distribution
 from gyre.staleness import predicted_staleness, steady_window

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from gyre.analysis.plotting import POLICY_COLORS, house_style, new_figure, save_figure, style_axes, run_as_script
+from gyre.analysis.plotting import POLICY_COLORS, house_style, new_figure, run_as_script, save_figure, style_axes
 from gyre.analysis.theorem import SMALL_GRID, TheoremGrid, TheoremReport, run_theorem
 
 STEM = "fig6_theorem"
