@@ -77,13 +77,13 @@ are continuous (per step 7.9%, total -0.6%, same cells 70% in the run above). Ch
   train in at least 3 simulated steps, and in at least 60% of the steps the training cells
   are those of the simulated step or of a step next to it (``same_cells_near_share``; in
   seven recorded runs, four of them of this test, 0.77-1.0; a simulation whose satellites
-  never joined would score the share of steps without one, 0.6-0.87, and fail the first). Measured here on two Ray
-  nodes: per step 12.8%, total -0.7%, same cells 90%.
-  The trace is replayed as the lineage lived it: a kill that left 14 harnesses running (CI)
-  had them finish 0.03 s after the resume dispatched them again, where their true
-  durations (~9.4 s, part of it while no driver ran) had the simulator wait 9 s in the step
-  after the resume: per step 44% (over the bound), 33% on the lineage's trace; total +6.5%,
-  -4.3%. What is left of the step error is
+  never joined would score the share of steps without one, 0.6-0.87, and fail the first).
+  Measured here on two Ray nodes: per step 12.8%, total -0.7%, same cells 90%. The trace is
+  replayed as the lineage lived it: a kill that left 14 harnesses running (CI) had them
+  finish 0.03 s after the resume dispatched them again, where their true durations (~9.4 s,
+  part of it while no driver ran) had the simulator wait 9 s in the step after the resume:
+  per step 44% (over the bound), 33% on the lineage's trace; total +6.5%, -4.3%. What is
+  left of the step error is
   decision flips: at each burst's end the core stays in training only if a group is already ready
   (docs/scheduler.md#end-of-a-burst), which here turns on sub-second timing, and one flip moves two steps by up to a
   core round trip (~4.4 s), ~11 points of this measure; 40% leaves room for two or three on
