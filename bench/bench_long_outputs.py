@@ -10,8 +10,9 @@ every output id and log-probability so far), one streamed Anthropic call per
 length in ``GYRE_BENCH_STREAM_TOKENS`` (default 1000,4000,16000 tokens), one
 token per chunk every millisecond (``--token-delay``: paced like a fast
 engine, so each token is a chunk the proxy handles on its own), and the
-proxy process's CPU time for it (``/proc/<pid>/stat``) divided by the tokens
-answered (``cpu_us_system_per_token_*``: the part spent in the kernel, where
+proxy process's CPU time for it (its threads' run time, ``/proc/<pid>/task/*/schedstat``;
+``cpu_us_ticks_per_token_*``: the same from ``/proc/<pid>/stat``, in 10 ms ticks)
+divided by the tokens answered (``cpu_us_system_per_token_*``: the part spent in the kernel, where
 receiving the engine's bytes and writing the client's are counted). Linear-time
 handling shows as a flat figure across lengths; a parse of every whole chunk
 grows with the length.
@@ -27,6 +28,18 @@ doing nothing but receive the same stream from the same engine with
 own share is the difference (``above_floor_us_per_token_*``), the figure
 linear-time handling is meant to keep flat (the floor does not include what
 3 GB passing through the proxy's caches costs the rest of its work).
+
+A cumulative engine also works harder as its answer grows (it builds each
+chunk of every id and log-probability so far: ~0.5 MB a token at 16k), on
+the machine's other core, and that slows the proxy's own work as well
+(caches, memory bandwidth, the core's sibling). A third run measures this
+apart: ``engine_work``, an engine that builds every cumulative chunk, drops
+it and sends the incremental one (``--cumulative-work`` of the scripted
+engine), so the proxy receives and parses exactly what it does in
+``incremental``. Its CPU per token less incremental's is
+``engine_work_us_per_token_*``; cumulative's figure less the floor and less
+that is ``own_us_per_token_*``, the part of cumulative mode's cost that the
+proxy's handling of the bytes decides.
 
 Bystander: during one more answer of the longest length in each mode (not
 counted in the CPU figures), another execution makes short calls (8 tokens)
@@ -52,7 +65,7 @@ import numpy as np
 
 from bench.bench_proxy import ROOT, _cpu_seconds, _spawn, _start_proxy, _stop
 
-MODES = ("incremental", "cumulative")
+MODES = {"incremental": ["--incremental"], "cumulative": [], "engine_work": ["--incremental", "--cumulative-work"]}
 
 
 def _lengths() -> list[int]:
@@ -80,6 +93,20 @@ async def _bystander(session, url: str, stop: asyncio.Event, calls: int | None =
     return times
 
 
+def _run_seconds(pid: int) -> float:
+    """CPU time of a process's threads so far, in nanoseconds' resolution (``/proc/<pid>/task/*/schedstat``,
+    the scheduler's run time): ``_cpu_seconds`` counts clock ticks (10 ms: 10 us a token at 1k tokens).
+    A thread that ended meanwhile is not counted (the proxy's threads are pools that live on)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as handle:
+                total += int(handle.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total / 1e9
+
+
 def _system_seconds(pid: int) -> float:
     """The system (kernel) part of ``_cpu_seconds``: field 15 of ``/proc/<pid>/stat``."""
     with open(f"/proc/{pid}/stat") as handle:
@@ -103,7 +130,7 @@ def _receive_floor_seconds(engine_url: str, tokens: int) -> float:
         return time.thread_time() - start
 
 
-async def _mode(url: str, pid: int, lengths: list[int]) -> dict:
+async def _mode(url: str, pid: int, lengths: list[int], bystander: bool) -> dict:
     import aiohttp
 
     figures: dict = {}
@@ -113,13 +140,15 @@ async def _mode(url: str, pid: int, lengths: list[int]) -> dict:
         figures["bystander_idle_p50_ms"] = float(np.percentile(idle, 50)) * 1e3
         figures["bystander_idle_max_ms"] = max(idle) * 1e3
         for tokens in lengths:
-            cpu, system = _cpu_seconds(pid), _system_seconds(pid)
+            run, ticks, system = _run_seconds(pid), _cpu_seconds(pid), _system_seconds(pid)
             wall, answered = await _call(session, url, "bench-key-0", tokens)
-            used = _cpu_seconds(pid) - cpu
-            figures[f"cpu_us_per_token_{tokens}"] = used * 1e6 / max(answered, 1)
+            figures[f"cpu_us_per_token_{tokens}"] = (_run_seconds(pid) - run) * 1e6 / max(answered, 1)
+            figures[f"cpu_us_ticks_per_token_{tokens}"] = (_cpu_seconds(pid) - ticks) * 1e6 / max(answered, 1)
             figures[f"cpu_us_system_per_token_{tokens}"] = (_system_seconds(pid) - system) * 1e6 / max(answered, 1)
             figures[f"wall_s_{tokens}"] = wall
             figures[f"answered_{tokens}"] = answered
+        if not bystander:
+            return figures
         stop = asyncio.Event()
         watcher = asyncio.ensure_future(_bystander(session, url, stop))
         await _call(session, url, "bench-key-0", max(lengths))
@@ -131,6 +160,17 @@ async def _mode(url: str, pid: int, lengths: list[int]) -> dict:
     return figures
 
 
+def _engine_work_terms(results: dict, lengths: list[int]) -> None:
+    """What the engine's cumulative work adds to the proxy's CPU, and cumulative's own share."""
+    for tokens in lengths:
+        term = results[f"engine_work_cpu_us_per_token_{tokens}"] - results[f"incremental_cpu_us_per_token_{tokens}"]
+        own = results[f"cumulative_above_floor_us_per_token_{tokens}"] - term
+        results[f"engine_work_us_per_token_{tokens}"] = term
+        results[f"cumulative_own_us_per_token_{tokens}"] = own
+        print(f"   {'derived':11s} {f'engine_work_us_per_token_{tokens}':28s} {term:10.2f}")
+        print(f"   {'derived':11s} {f'own_us_per_token_{tokens}':28s} {own:10.2f}", flush=True)
+
+
 def main() -> dict:
     sys.path.insert(0, str(ROOT / "tests" / "real"))
     from proxy_fixtures import build_tiny_tokenizer
@@ -139,8 +179,7 @@ def main() -> dict:
     results: dict = {"loadavg_before": open("/proc/loadavg").read().split()[0]}
     with tempfile.TemporaryDirectory() as scratch:
         model = build_tiny_tokenizer(Path(scratch) / "tiny")
-        for mode in MODES:
-            flags = ["--incremental"] if mode == "incremental" else []
+        for mode, flags in MODES.items():
             engine, engine_url = _spawn([str(ROOT / "tests" / "real" / "proxy_fixtures.py"), "--model", str(model),
                                          "--script", "long", "--options", '{"words": 40000}',
                                          "--token-delay", "0.001", *flags])
@@ -150,10 +189,10 @@ def main() -> dict:
             try:
                 proxy, proxy_url = _start_proxy(Path(scratch), config, f"records-{mode}")
                 try:
-                    figures = asyncio.run(_mode(proxy_url, proxy.pid, lengths))
+                    figures = asyncio.run(_mode(proxy_url, proxy.pid, lengths, mode != "engine_work"))
                 finally:
                     _stop(proxy)
-                for tokens in lengths:
+                for tokens in lengths if mode != "engine_work" else []:
                     floor = _receive_floor_seconds(engine_url, tokens) * 1e6 / tokens
                     figures[f"receive_floor_us_per_token_{tokens}"] = floor
                     figures[f"above_floor_us_per_token_{tokens}"] = figures[f"cpu_us_per_token_{tokens}"] - floor
@@ -162,6 +201,7 @@ def main() -> dict:
             for name, value in figures.items():
                 print(f"   {mode:11s} {name:28s} {value:10.2f}", flush=True)
                 results[f"{mode}_{name}"] = value
+    _engine_work_terms(results, lengths)
     results["loadavg_after"] = open("/proc/loadavg").read().split()[0]
     print(f"   load average (1 min) before {results['loadavg_before']}, after {results['loadavg_after']}")
     return results

@@ -102,6 +102,8 @@ class ScriptedEngine:
     already generated (a resubmission after a reroute or failure), and the engine
     continues after them. Lists are cumulative, like SGLang's default, or hold only
     the new tokens with ``incremental=True`` (``--incremental-streaming-output``);
+    ``cumulative_work=True`` with it builds each cumulative chunk and sends only the
+    new tokens (an engine's work of cumulative mode without its bytes on the wire);
     chunks are compact JSON in SGLang's key order (``text``, ``output_ids``,
     ``meta_info``), a cumulative chunk built in time linear in its size. Faults:
     ``fail_next`` (HTTP statuses for the next submissions), ``die_after`` (close
@@ -118,7 +120,7 @@ class ScriptedEngine:
 
     def __init__(self, model_dir: str | os.PathLike, script: Any, *, engine_id: str = "scripted",
                  token_delay: float = 0.0, chunk_tokens: int = 1, context_length: int = 1 << 20,
-                 incremental: bool = False) -> None:
+                 incremental: bool = False, cumulative_work: bool = False) -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -128,6 +130,7 @@ class ScriptedEngine:
         self.chunk_tokens = chunk_tokens
         self.context_length = context_length
         self.incremental = incremental
+        self.cumulative_work = cumulative_work
         self.im_start = self.tokenizer.convert_tokens_to_ids("<|im_start|>")
         self.eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.marker = self.tokenizer.encode("assistant\n", add_special_tokens=False)
@@ -263,12 +266,17 @@ class ScriptedEngine:
             sent += step
             self.tokens_sent += step
             done = finish if sent == len(out) else None
-            await response.write(writer.delta(new, sent, done) if self.incremental else writer.chunk(new, sent, done))
+            await response.write(self._event(writer, new, sent, done))
             if self.token_delay:
                 await asyncio.sleep(self.token_delay)
         if not out:
             await response.write(writer.chunk([], 0, finish))
         await response.write(b"data: [DONE]\n\n")
+
+    def _event(self, writer: ChunkWriter, new: list[int], sent: int, done: Any) -> bytes:
+        if not self.incremental:
+            return writer.chunk(new, sent, done)
+        return writer.delta_after_chunk(new, sent, done) if self.cumulative_work else writer.delta(new, sent, done)
 
 
 class ChunkWriter:
@@ -301,6 +309,14 @@ class ChunkWriter:
 
     def delta(self, new: list[int], total: int, finish: Any) -> bytes:
         return self._event(*self._texts(new), total, finish)
+
+    def delta_after_chunk(self, new: list[int], total: int, finish: Any) -> bytes:
+        """``delta``'s event, built after ``chunk``'s (which is dropped): the work of a cumulative
+        engine, the bytes of an incremental one."""
+        ids_at, logprobs_at = len(self.ids_text), len(self.logprobs_text)
+        self.chunk(new, total, finish)
+        ids, logprobs = self.ids_text[ids_at:], self.logprobs_text[logprobs_at:]
+        return self._event(bytes(ids.removeprefix(b",")), bytes(logprobs.removeprefix(b",")), total, finish)
 
     def _event(self, ids: bytes, logprobs: bytes, total: int, finish: Any) -> bytes:
         head = json.dumps({"id": self.rid, "finish_reason": finish, "prompt_tokens": self.n_prompt,
@@ -532,13 +548,14 @@ SCRIPTS = {"echo": lambda **kw: echo_script, "tool_loop": tool_loop_script,
 
 
 def serve_scripted_engine(model_dir: str, script: str, port: int = 0, token_delay: float = 0.0,
-                          options: dict | None = None, incremental: bool = False) -> None:
+                          options: dict | None = None, incremental: bool = False,
+                          cumulative_work: bool = False) -> None:
     """Run a ScriptedEngine in the foreground; prints ``{"url": ...}`` once listening."""
     from aiohttp import web
 
     async def serve() -> None:
         engine = ScriptedEngine(model_dir, SCRIPTS[script](**(options or {})), token_delay=token_delay,
-                                incremental=incremental)
+                                incremental=incremental, cumulative_work=cumulative_work)
         runner = web.AppRunner(engine.application(), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", port)
@@ -559,6 +576,8 @@ if __name__ == "__main__":
     parser.add_argument("--token-delay", type=float, default=0.0)
     parser.add_argument("--options", default="{}", help="JSON keyword arguments of the script factory")
     parser.add_argument("--incremental", action="store_true", help="stream only the new tokens per chunk")
+    parser.add_argument("--cumulative-work", action="store_true",
+                        help="with --incremental: build each cumulative chunk too, and drop it")
     options = parser.parse_args()
     serve_scripted_engine(options.model, options.script, options.port, options.token_delay,
-                          json.loads(options.options), options.incremental)
+                          json.loads(options.options), options.incremental, options.cumulative_work)

@@ -79,6 +79,23 @@ def test_chunk_decoder_handles_cumulative_and_incremental_streams(incremental):
     assert out[-1].finish == {"type": "stop"}
 
 
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(ids=st.lists(st.integers(0, 150_000), min_size=1, max_size=60), cuts=st.lists(st.integers(1, 60), max_size=8))
+def test_an_engine_doing_cumulative_work_sends_incremental_chunks(ids, cuts):
+    """The bench's control engine (``ChunkWriter.delta_after_chunk``) sends the bytes of an
+    incremental engine while it builds every cumulative chunk, as a cumulative engine does."""
+    from proxy_fixtures import ChunkWriter
+
+    plain, working, cumulative = (ChunkWriter("r", 0, 3) for _ in range(3))
+    sent, bounds = 0, sorted({c for c in cuts if c < len(ids)} | {len(ids)})
+    for bound in bounds:
+        new, finish = ids[sent:bound], {"type": "length"} if bound == len(ids) else None
+        assert working.delta_after_chunk(new, bound, finish) == plain.delta(new, bound, finish)
+        cumulative.chunk(new, bound, finish)
+        sent = bound
+    assert (working.ids_text, working.logprobs_text) == (cumulative.ids_text, cumulative.logprobs_text)
+
 def test_chunk_decoder_rejects_errors_and_inconsistent_chunks():
     with pytest.raises(EngineCallError):
         ChunkDecoder("e0").decode({"error": {"message": "boom"}})
