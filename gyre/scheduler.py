@@ -112,7 +112,7 @@ class Scheduler(CounterViews):
         self._core_unit = cfg.core_unit  # read once per event by _open_batch
         self._static = cfg.static
         self._group_size = cfg.group_size
-        self._batch_size = cfg.B  # read once per event by _settle
+        self._batch_size = cfg.B  # read once per event by handle
         self._continuous = cfg.dispatch == "continuous"
         # Derived from the roles and awaiting_publish alone, read after most events and changed by few:
         # kept until one of them changes (``_set_role``, ``_set_awaiting_publish``).
@@ -154,10 +154,31 @@ class Scheduler(CounterViews):
             raise PolicyError(f"{event.kind} at t={event.now} is earlier than t={self.now}")
         check, apply = handlers
         check(event)
-        self.now = event.now
+        self.now = now = event.now
         out: list[act.Action] = []
         apply(event, out)
-        self._settle(out)
+        # the follow-ups common to every event (written here, not in a method of their own: once per event);
+        # each guard below is the first test of the method it skips
+        if self.d > self.p:
+            self._start_queued(out)
+        batch_open = self.batch_open
+        if not batch_open and self._core_training is not False:  # known out of training: no batch opens
+            self._open_batch(out)
+            batch_open = self.batch_open
+        if batch_open and self._feed(out) and self._continuous:
+            self._start_queued(out)
+        # the supply timer runs while the supply suffices (_supply_ok, inlined)
+        B = self._batch_size
+        key = (len(self._ready), B - self.fed if batch_open else B)
+        if key != self._supply_key:
+            self._supply_key, self._supply_value = key, rules.supply_sufficient(self.cfg, rules.supply(*key))
+        if not self._supply_value:
+            self.supply_since = None
+        elif self.supply_since is None:
+            self.supply_since = now
+        since = self.supply_since
+        if since is not None and rules.timer_elapsed(self.cfg, since, now):  # cheap, and false after most events
+            self._maybe_transition(out)
         return out
 
     # ---- read-only views ----------------------------------------------------
@@ -400,31 +421,6 @@ class Scheduler(CounterViews):
         self.awaiting_publish = awaiting
         self._candidate = _UNKNOWN
 
-    # ---- follow-ups common to every event -----------------------------------
-    def _settle(self, out: list[act.Action]) -> None:
-        # each guard below is the first test of the method it skips (this runs once per event)
-        if self.d > self.p:
-            self._start_queued(out)
-        batch_open = self.batch_open
-        if not batch_open and self._core_training is not False:  # known out of training: no batch opens
-            self._open_batch(out)
-            batch_open = self.batch_open
-        if batch_open and self._feed(out) and self._continuous:
-            self._start_queued(out)
-        # the supply timer runs while the supply suffices (_supply_ok, inlined: once per event)
-        B = self._batch_size
-        key = (len(self._ready), B - self.fed if batch_open else B)
-        if key != self._supply_key:
-            self._supply_key, self._supply_value = key, rules.supply_sufficient(self.cfg, rules.supply(*key))
-        if not self._supply_value:
-            self.supply_since = None
-        elif self.supply_since is None:
-            self.supply_since = self.now
-        since, now = self.supply_since, self.now
-        assert now is not None  # set by handle() before any rule runs
-        if since is not None and rules.timer_elapsed(self.cfg, since, now):  # cheap, and false after most events
-            self._maybe_transition(out)
-
     def _dispatch(self, n_groups: int, out: list[act.Action]) -> None:
         first = len(self.groups)
         ids = tuple(range(first, first + n_groups))
@@ -534,7 +530,7 @@ class Scheduler(CounterViews):
         return rules.waterlevel_allows(self.cfg, self.d - self.f, self._ledger.capacity, unit_capacity)
 
     def _maybe_transition(self, out: list[act.Action]) -> None:
-        """The supply timer has elapsed (``_settle`` checks): switch the candidate unit if Eq. 2 holds."""
+        """The supply timer has elapsed (``handle`` checks): switch the candidate unit if Eq. 2 holds."""
         unit = self._candidate_unit() if self._candidate is _UNKNOWN else self._candidate
         if unit is not None and self._eq2_holds(unit):  # type: ignore[arg-type]  # a unit, once known
             self._begin_transition(unit, R.TRAINING, out)  # type: ignore[arg-type]

@@ -117,6 +117,7 @@ class Simulation(ActionHandler):
         self.env = Clock()
         self.core = Scheduler(cfg)
         self.record = SimRecord(cfg)
+        self._execution_rows = self.record.executions  # written per finish (_close)
         self.loop = DriverLoop(self.core, self, self.record.log)
         bound = costs.bind(cfg, trace)  # gyre.sim.sizes: training work, publication, sandbox start
         self.costs, self.trace = bound, bound.trace
@@ -299,7 +300,9 @@ class Simulation(ActionHandler):
 
     def _close(self, x: int, outcome: str) -> None:
         now = self.env.now
-        self.record.execution_finished(x, now, outcome)
+        row = self._execution_rows[x]  # SimRecord.execution_finished, inlined: once per execution
+        row["end_s"] = now
+        row["outcome"] = outcome
         self.send(ev.ExecutionFinished(now, x, outcome))
         g = x // self._group_size
         outcomes = self._outcomes.get(g)  # gone once the group is ready
