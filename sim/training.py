@@ -154,14 +154,14 @@ class SimTrainingPlane:
             return
         clock, members = self.env, self.members
         now = clock.now
-        claimed = []
-        for cell in idle:
-            if not queue:
-                break
+        position = 0  # in idle: the cells before it are held (not available yet)
+        while queue and position < len(idle):
+            cell = idle[position]
             member = members[cell]
             if member.available_at > now:
+                position += 1
                 continue
-            claimed.append(cell)
+            del idle[position]  # it claims: busy until its micro-step ends
             work = queue.popleft()
             self.in_flight += 1
             member.busy = True
@@ -171,8 +171,6 @@ class SimTrainingPlane:
             self.busy_node_s += seconds * member.nodes
             # Clock.call_in(seconds, ...), pushed here (seconds >= 0: costs and work are never negative)
             heappush(clock.queue, (now + seconds, next(clock.sequence), self._micro_step_done, (cell,)))
-        for cell in claimed:
-            idle.remove(cell)
 
     def _ask_for_groups(self) -> None:
         if not self._streaming:
