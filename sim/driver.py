@@ -56,7 +56,6 @@ from gyre.actions import SEPARATE
 from gyre.config import SchedulerConfig
 from gyre.driver_rules import is_satellite
 from gyre.formats.trace import HARNESS_COLUMN, Trace
-from gyre.ids import execution_id
 from gyre.loop import ActionHandler, DriverLoop
 from gyre.roles import ROLLOUT
 from gyre.scheduler import Scheduler
@@ -131,8 +130,8 @@ class Simulation(ActionHandler):
         self._deadlines: dict[int, float] = {}  # execution -> wall-clock time its harness must stop
         self._cut: set[int] = set()  # stopped at the ceiling before their work was done: harness timeouts
         self._evaluating: set[int] = set()  # harness stopped, evaluation tail still running
-        self._outcomes: dict[int, GroupOutcomes] = {}  # dispatched groups not ready yet
-        self._evaluated: dict[int, GroupOutcomes] = {}  # ready groups whose evaluation is under way
+        self._outcomes: dict[int, GroupOutcomes[int]] = {}  # dispatched groups not ready yet
+        self._evaluated: dict[int, GroupOutcomes[int]] = {}  # ready groups whose evaluation is under way
         self._dropped = frozenset(dropped_groups)
         self._tick_at: float | None = None
         self._publish_until = 0.0
@@ -311,7 +310,7 @@ class Simulation(ActionHandler):
         designated = self._designated.get(outcome)
         if designated is None:
             designated = self._designated[outcome] = designated_outcome(outcome)
-        if outcomes.resolve(execution_id(x), designated):
+        if outcomes.resolve(x, designated):  # keyed by the integer: counts only, no string id per execution
             self._evaluated[g] = self._outcomes.pop(g)
             self.env.call_in(self.costs.evaluation_s, self._group_ready, g)  # _after, without a closure
 
