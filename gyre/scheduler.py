@@ -118,7 +118,8 @@ class Scheduler(CounterViews):
         # kept until one of them changes (``_set_role``, ``_set_awaiting_publish``).
         self._candidate: tuple[int, ...] | None | object = _UNKNOWN
         self._core_training: bool | None = None
-        self._supply_key: tuple[int, int] | None = None  # (ready groups, batch need) -> _supply_value
+        # the supply rule's two inputs when it was last asked (ready groups, batch need): -1, never asked
+        self._supply_ready = self._supply_need = -1
         self._supply_value = False
         self._unit_of = {c: i for i, unit in enumerate(self._units) for c in unit}
         self._returning: set[int] = set()
@@ -169,9 +170,10 @@ class Scheduler(CounterViews):
             self._start_queued(out)
         # the supply timer runs while the supply suffices (_supply_ok, inlined)
         B = self._batch_size
-        key = (len(self._ready), B - self.fed if batch_open else B)
-        if key != self._supply_key:
-            self._supply_key, self._supply_value = key, rules.supply_sufficient(self.cfg, rules.supply(*key))
+        ready, need = len(self._ready), B - self.fed if batch_open else B
+        if ready != self._supply_ready or need != self._supply_need:  # a pure function of these two
+            self._supply_ready, self._supply_need = ready, need
+            self._supply_value = rules.supply_sufficient(self.cfg, rules.supply(ready, need))
         if not self._supply_value:
             self.supply_since = None
         elif self.supply_since is None:
@@ -500,9 +502,10 @@ class Scheduler(CounterViews):
 
     def _supply_ok(self) -> bool:
         need = self.cfg.B - self.fed if self.batch_open else self.cfg.B  # _batch_need, inlined: once per event
-        key = (len(self._ready), need)
-        if key != self._supply_key:  # the rule is a pure function of these two: asked when one changed
-            self._supply_key, self._supply_value = key, rules.supply_sufficient(self.cfg, rules.supply(*key))
+        ready = len(self._ready)
+        if ready != self._supply_ready or need != self._supply_need:  # a pure function of these two: asked
+            self._supply_ready, self._supply_need = ready, need  # when one changed
+            self._supply_value = rules.supply_sufficient(self.cfg, rules.supply(ready, need))
         return self._supply_value
 
     def _restart_timer(self) -> None:

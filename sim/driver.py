@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import math
 from heapq import heappop
 from typing import Callable, Iterator
 
@@ -133,7 +134,7 @@ class Simulation(ActionHandler):
         self._outcomes: dict[int, GroupOutcomes[int]] = {}  # dispatched groups not ready yet
         self._evaluated: dict[int, GroupOutcomes[int]] = {}  # ready groups whose evaluation is under way
         self._dropped = frozenset(dropped_groups)
-        self._tick_at: float | None = None
+        self._tick_at = -math.inf  # the supply deadline a Tick is armed for (-inf: none; a float, cheap to compare)
         self._publish_until = 0.0
         tokens = trace.column("output_tokens")  # each query's sum, once (int64 sums: exact, as np.sum per group)
         self._query_tokens = None if tokens is None else tokens.sum(axis=1).tolist()
@@ -203,7 +204,7 @@ class Simulation(ActionHandler):
 
     def _tick(self, deadline: float) -> None:
         if self._tick_at == deadline:
-            self._tick_at = None
+            self._tick_at = -math.inf
             self.send(ev.Tick(self.env.now))
 
     # ---- applying actions (one on_* method per action kind) ---------------------------
