@@ -317,7 +317,8 @@ class Simulation(ActionHandler):
 
     def _group_ready(self, g: int) -> None:
         outcomes = self._evaluated.pop(g)
-        self.record.group_ready(g, self.env.now, len(outcomes.participants), len(outcomes.excluded))
+        excluded = len(outcomes.excluded)  # participants + excluded == N once ready (GroupOutcomes' invariant)
+        self.record.group_ready(g, self.env.now, outcomes.N - excluded, excluded)
         self.send(ev.GroupReady(self.env.now, g))
 
     def _drop(self, g: int) -> None:
