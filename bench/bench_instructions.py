@@ -8,13 +8,15 @@ without its cache model): four schedules of ``bench_sweep``'s sweep (phi in
 by the collection a sweep worker makes after a job (``gyre.sim.workers.collecting``;
 a full one in trees without it), minus the same process running none of them
 (imports, the trace and one warm-up run), divided by the events the four simulated. Repeated runs agreed within ~0.3% at
-first, and later differed by up to 2.5% (the hash seed and address layout differ). Skipped where valgrind is not
-installed.
+first, and later differed by up to 2.5% with Python's random hash seed (string hashes lay out dicts and sets
+differently); both processes now run with ``PYTHONHASHSEED=0``, so a tree's count depends on its code alone (address
+layout aside). Skipped where valgrind is not installed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -61,7 +63,7 @@ def _instructions(schedules: list[dict]) -> tuple[int, int]:
     """(instructions, events) of PROGRAM simulating ``schedules`` after its warm-up."""
     out = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
                           sys.executable, "-c", PROGRAM, json.dumps(schedules)],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "0"})
     refs = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
     if refs is None:
         raise RuntimeError(f"valgrind gave no instruction count: {out.stderr[-500:]}")

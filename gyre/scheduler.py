@@ -112,13 +112,14 @@ class Scheduler(CounterViews):
         self._core_unit = cfg.core_unit  # read once per event by _open_batch
         self._static = cfg.static
         self._group_size = cfg.group_size
-        self._batch_size = cfg.B  # read once per event by _settle
+        self._batch_size = cfg.B  # read once per event by handle
         self._continuous = cfg.dispatch == "continuous"
         # Derived from the roles and awaiting_publish alone, read after most events and changed by few:
         # kept until one of them changes (``_set_role``, ``_set_awaiting_publish``).
         self._candidate: tuple[int, ...] | None | object = _UNKNOWN
         self._core_training: bool | None = None
-        self._supply_key: tuple[int, int] | None = None  # (ready groups, batch need) -> _supply_value
+        # the supply rule's two inputs when it was last asked (ready groups, batch need): -1, never asked
+        self._supply_ready = self._supply_need = -1
         self._supply_value = False
         self._unit_of = {c: i for i, unit in enumerate(self._units) for c in unit}
         self._returning: set[int] = set()
@@ -154,10 +155,32 @@ class Scheduler(CounterViews):
             raise PolicyError(f"{event.kind} at t={event.now} is earlier than t={self.now}")
         check, apply = handlers
         check(event)
-        self.now = event.now
+        self.now = now = event.now
         out: list[act.Action] = []
         apply(event, out)
-        self._settle(out)
+        # the follow-ups common to every event (written here, not in a method of their own: once per event);
+        # each guard below is the first test of the method it skips
+        if self.d > self.p:
+            self._start_queued(out)
+        batch_open = self.batch_open
+        if not batch_open and self._core_training is not False:  # known out of training: no batch opens
+            self._open_batch(out)
+            batch_open = self.batch_open
+        if batch_open and self._feed(out) and self._continuous:
+            self._start_queued(out)
+        # the supply timer runs while the supply suffices (_supply_ok, inlined)
+        B = self._batch_size
+        ready, need = len(self._ready), B - self.fed if batch_open else B
+        if ready != self._supply_ready or need != self._supply_need:  # a pure function of these two
+            self._supply_ready, self._supply_need = ready, need
+            self._supply_value = rules.supply_sufficient(self.cfg, rules.supply(ready, need))
+        if not self._supply_value:
+            self.supply_since = None
+        elif self.supply_since is None:
+            self.supply_since = now
+        since = self.supply_since
+        if since is not None and rules.timer_elapsed(self.cfg, since, now):  # cheap, and false after most events
+            self._maybe_transition(out)
         return out
 
     # ---- read-only views ----------------------------------------------------
@@ -400,31 +423,6 @@ class Scheduler(CounterViews):
         self.awaiting_publish = awaiting
         self._candidate = _UNKNOWN
 
-    # ---- follow-ups common to every event -----------------------------------
-    def _settle(self, out: list[act.Action]) -> None:
-        # each guard below is the first test of the method it skips (this runs once per event)
-        if self.d > self.p:
-            self._start_queued(out)
-        batch_open = self.batch_open
-        if not batch_open and self._core_training is not False:  # known out of training: no batch opens
-            self._open_batch(out)
-            batch_open = self.batch_open
-        if batch_open and self._feed(out) and self._continuous:
-            self._start_queued(out)
-        # the supply timer runs while the supply suffices (_supply_ok, inlined: once per event)
-        B = self._batch_size
-        key = (len(self._ready), B - self.fed if batch_open else B)
-        if key != self._supply_key:
-            self._supply_key, self._supply_value = key, rules.supply_sufficient(self.cfg, rules.supply(*key))
-        if not self._supply_value:
-            self.supply_since = None
-        elif self.supply_since is None:
-            self.supply_since = self.now
-        since, now = self.supply_since, self.now
-        assert now is not None  # set by handle() before any rule runs
-        if since is not None and rules.timer_elapsed(self.cfg, since, now):  # cheap, and false after most events
-            self._maybe_transition(out)
-
     def _dispatch(self, n_groups: int, out: list[act.Action]) -> None:
         first = len(self.groups)
         ids = tuple(range(first, first + n_groups))
@@ -504,9 +502,10 @@ class Scheduler(CounterViews):
 
     def _supply_ok(self) -> bool:
         need = self.cfg.B - self.fed if self.batch_open else self.cfg.B  # _batch_need, inlined: once per event
-        key = (len(self._ready), need)
-        if key != self._supply_key:  # the rule is a pure function of these two: asked when one changed
-            self._supply_key, self._supply_value = key, rules.supply_sufficient(self.cfg, rules.supply(*key))
+        ready = len(self._ready)
+        if ready != self._supply_ready or need != self._supply_need:  # a pure function of these two: asked
+            self._supply_ready, self._supply_need = ready, need  # when one changed
+            self._supply_value = rules.supply_sufficient(self.cfg, rules.supply(ready, need))
         return self._supply_value
 
     def _restart_timer(self) -> None:
@@ -534,7 +533,7 @@ class Scheduler(CounterViews):
         return rules.waterlevel_allows(self.cfg, self.d - self.f, self._ledger.capacity, unit_capacity)
 
     def _maybe_transition(self, out: list[act.Action]) -> None:
-        """The supply timer has elapsed (``_settle`` checks): switch the candidate unit if Eq. 2 holds."""
+        """The supply timer has elapsed (``handle`` checks): switch the candidate unit if Eq. 2 holds."""
         unit = self._candidate_unit() if self._candidate is _UNKNOWN else self._candidate
         if unit is not None and self._eq2_holds(unit):  # type: ignore[arg-type]  # a unit, once known
             self._begin_transition(unit, R.TRAINING, out)  # type: ignore[arg-type]

@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import math
 from heapq import heappop
 from typing import Callable, Iterator
 
@@ -56,7 +57,6 @@ from gyre.actions import SEPARATE
 from gyre.config import SchedulerConfig
 from gyre.driver_rules import is_satellite
 from gyre.formats.trace import HARNESS_COLUMN, Trace
-from gyre.ids import execution_id
 from gyre.loop import ActionHandler, DriverLoop
 from gyre.roles import ROLLOUT
 from gyre.scheduler import Scheduler
@@ -117,6 +117,7 @@ class Simulation(ActionHandler):
         self.env = Clock()
         self.core = Scheduler(cfg)
         self.record = SimRecord(cfg)
+        self._execution_rows = self.record.executions  # written per finish (_close)
         self.loop = DriverLoop(self.core, self, self.record.log)
         bound = costs.bind(cfg, trace)  # gyre.sim.sizes: training work, publication, sandbox start
         self.costs, self.trace = bound, bound.trace
@@ -130,10 +131,10 @@ class Simulation(ActionHandler):
         self._deadlines: dict[int, float] = {}  # execution -> wall-clock time its harness must stop
         self._cut: set[int] = set()  # stopped at the ceiling before their work was done: harness timeouts
         self._evaluating: set[int] = set()  # harness stopped, evaluation tail still running
-        self._outcomes: dict[int, GroupOutcomes] = {}  # dispatched groups not ready yet
-        self._evaluated: dict[int, GroupOutcomes] = {}  # ready groups whose evaluation is under way
+        self._outcomes: dict[int, GroupOutcomes[int]] = {}  # dispatched groups not ready yet
+        self._evaluated: dict[int, GroupOutcomes[int]] = {}  # ready groups whose evaluation is under way
         self._dropped = frozenset(dropped_groups)
-        self._tick_at: float | None = None
+        self._tick_at = -math.inf  # the supply deadline a Tick is armed for (-inf: none; a float, cheap to compare)
         self._publish_until = 0.0
         tokens = trace.column("output_tokens")  # each query's sum, once (int64 sums: exact, as np.sum per group)
         self._query_tokens = None if tokens is None else tokens.sum(axis=1).tolist()
@@ -203,7 +204,7 @@ class Simulation(ActionHandler):
 
     def _tick(self, deadline: float) -> None:
         if self._tick_at == deadline:
-            self._tick_at = None
+            self._tick_at = -math.inf
             self.send(ev.Tick(self.env.now))
 
     # ---- applying actions (one on_* method per action kind) ---------------------------
@@ -299,7 +300,9 @@ class Simulation(ActionHandler):
 
     def _close(self, x: int, outcome: str) -> None:
         now = self.env.now
-        self.record.execution_finished(x, now, outcome)
+        row = self._execution_rows[x]  # SimRecord.execution_finished, inlined: once per execution
+        row["end_s"] = now
+        row["outcome"] = outcome
         self.send(ev.ExecutionFinished(now, x, outcome))
         g = x // self._group_size
         outcomes = self._outcomes.get(g)  # gone once the group is ready
@@ -308,13 +311,14 @@ class Simulation(ActionHandler):
         designated = self._designated.get(outcome)
         if designated is None:
             designated = self._designated[outcome] = designated_outcome(outcome)
-        if outcomes.resolve(execution_id(x), designated):
+        if outcomes.resolve(x, designated):  # keyed by the integer: counts only, no string id per execution
             self._evaluated[g] = self._outcomes.pop(g)
             self.env.call_in(self.costs.evaluation_s, self._group_ready, g)  # _after, without a closure
 
     def _group_ready(self, g: int) -> None:
         outcomes = self._evaluated.pop(g)
-        self.record.group_ready(g, self.env.now, len(outcomes.participants), len(outcomes.excluded))
+        excluded = len(outcomes.excluded)  # participants + excluded == N once ready (GroupOutcomes' invariant)
+        self.record.group_ready(g, self.env.now, outcomes.N - excluded, excluded)
         self.send(ev.GroupReady(self.env.now, g))
 
     def _drop(self, g: int) -> None:

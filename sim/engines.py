@@ -154,6 +154,7 @@ class EngineBank:
         self._where: dict[int, int] = {}
         self._dirty: list[_Engine] = []
         self._speeds: dict[int, dict[int, float]] = {}  # capacity -> load -> curve.speed: a pure function, hot
+        self._fire_call = self._fire  # the timer's function, bound once (flush pushes it once per event)
 
     # ---- queries -------------------------------------------------------------------
     def load(self, engine: int) -> int:
@@ -242,7 +243,7 @@ class EngineBank:
             if due != e.armed_at:
                 e.armed_at = due
                 if due < math.inf:  # Clock.call_in(due - now, ...), pushed here (due >= now: e.t is now)
-                    heapq.heappush(clock_.queue, (now + (due - now), next(clock_.sequence), self._fire, (e, due)))
+                    heapq.heappush(clock_.queue, (now + (due - now), next(clock_.sequence), self._fire_call, (e, due)))
 
     # ---- internals -------------------------------------------------------------------
     def _touch(self, engine: int) -> _Engine:

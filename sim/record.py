@@ -56,16 +56,21 @@ class SimRecord:
                           "dropped_at_s": None}
 
     def group_ready(self, g: int, now: float, participants: int, excluded: int) -> None:
-        self.groups[g].update(ready_at_s=now, participants=participants, excluded=excluded)
+        row = self.groups[g]  # once per group: plain stores, not update(**kw)
+        row["ready_at_s"] = now
+        row["participants"] = participants
+        row["excluded"] = excluded
 
     def group_dropped(self, g: int, now: float) -> None:
         self.groups[g]["dropped_at_s"] = now
 
     def groups_fed(self, groups: tuple[int, ...], version: int, now: float) -> None:
-        for g in groups:
+        for g in groups:  # plain stores into keys the row has since its dispatch (their order unchanged)
             row = self.groups[g]
-            row.update(v_t=version, staleness=group_staleness(row["v_d"], version), consumed_at_s=now,
-                       consumed_step=version)
+            row["v_t"] = version
+            row["staleness"] = group_staleness(row["v_d"], version)
+            row["consumed_at_s"] = now
+            row["consumed_step"] = version
 
     def execution_started(self, x: int, g: int, engine: int, now: float) -> None:
         self.executions[x] = {"execution": x, "group_id": g, "engine": engine, "start_s": float(now),

@@ -60,7 +60,7 @@ class SimTrainingPlane:
         self._micro_step_tokens = self.costs.micro_step_tokens
         self._streaming, self._batch_size = cfg.streaming, cfg.B  # read once per micro-step
         self.members: dict[int, Member] = {}
-        self._claim_order: list[int] = []  # sorted(self.members), kept as members join and leave
+        self._idle: list[int] = []  # sorted cells of the members not running a micro-step: the claim order
         self.version: int | None = None
         self.fed = self.wanted = self.in_flight = 0
         self.queue: deque[float] = deque()  # node-seconds of each waiting micro-step
@@ -75,16 +75,16 @@ class SimTrainingPlane:
 
         One more member makes the queue shorter relative to the cells, so the packing
         buffer may ask for a group at once (the real backend asks at the same moment)."""
-        if cell not in self.members:
-            insort(self._claim_order, cell)
+        if cell not in self._idle:  # a new member, or one re-joining while its last micro-step still runs
+            insort(self._idle, cell)
         self.members[cell] = Member(self.cfg.nodes_per_cell, self.env.now + delay)
         self._assign()
         self._wake_at(self.env.now + delay)
 
     def leave(self, cell: int) -> None:
         member = self.members.pop(cell, None)
-        if member is not None:
-            self._claim_order.remove(cell)
+        if member is not None and not member.busy:
+            self._idle.remove(cell)
         if member is not None and member.busy:
             raise RuntimeError(f"cell {cell} left training while running a micro-step")
 
@@ -148,16 +148,20 @@ class SimTrainingPlane:
         self._ask_for_groups()
 
     def _claim_free_cells(self) -> None:
-        if not self.queue:
+        """Idle members claim queued micro-steps in the order of their cells (busy ones are not in ``_idle``)."""
+        queue, idle = self.queue, self._idle
+        if not queue or not idle:
             return
-        clock, members, queue = self.env, self.members, self.queue
+        clock, members = self.env, self.members
         now = clock.now
-        for cell in self._claim_order:
+        position = 0  # in idle: the cells before it are held (not available yet)
+        while queue and position < len(idle):
+            cell = idle[position]
             member = members[cell]
-            if not queue:
-                return
-            if member.busy or member.available_at > now:
+            if member.available_at > now:
+                position += 1
                 continue
+            del idle[position]  # it claims: busy until its micro-step ends
             work = queue.popleft()
             self.in_flight += 1
             member.busy = True
@@ -181,13 +185,15 @@ class SimTrainingPlane:
     def _micro_step_done(self, cell: int) -> None:
         self.in_flight -= 1
         member = self.members.get(cell)
-        if member is not None:
+        if member is not None and member.busy:  # (not busy: it re-joined meanwhile, and is idle already)
             member.busy = False
+            insort(self._idle, cell)
         if self.fed == self._batch_size and not self.queue and self.in_flight == 0:
             self._finish_batch()
         else:  # _assign, inlined: once per micro-step (a batch is open while one runs)
             self._claim_free_cells()
-            if self._streaming and self.fed < self._batch_size:  # a batch fed whole asks for nothing (the rule's test)
+            # the rule's first tests: a batch fed whole, or with an ask outstanding, asks for nothing
+            if self._streaming and self.fed < self._batch_size and not self.wanted:
                 self._ask_for_groups()
 
     def _finish_batch(self) -> None:

@@ -85,7 +85,7 @@ class _Group:
     group_id: str
     policy_version: int
     execution_ids: tuple[str, ...]
-    outcomes: GroupOutcomes
+    outcomes: GroupOutcomes[str]
     ready_seq: int | None = None
 
 

@@ -34,6 +34,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Generic, Hashable, TypeVar
+
+#: how a driver names its executions: the real buffer's string ids, the simulator's integers
+ExecutionKey = TypeVar("ExecutionKey", bound=Hashable)
 
 
 class Designated(Enum):
@@ -63,14 +67,15 @@ class OutcomeError(ValueError):
 
 
 @dataclass
-class GroupOutcomes:
-    """Designated outcomes of one group of ``N`` (see the module docstring)."""
+class GroupOutcomes(Generic[ExecutionKey]):
+    """Designated outcomes of one group of ``N`` (see the module docstring), its executions named by any
+    hashable key (the simulator resolves its integers, without building a string id per execution)."""
 
     N: int
-    resolved: list[tuple[str, Designated]] = field(default_factory=list)
-    _seen: set[str] = field(default_factory=set, repr=False)
+    resolved: list[tuple[ExecutionKey, Designated]] = field(default_factory=list)
+    _seen: set[ExecutionKey] = field(default_factory=set, repr=False)
 
-    def resolve(self, execution_id: str, outcome: Designated) -> bool:
+    def resolve(self, execution_id: ExecutionKey, outcome: Designated) -> bool:
         """Record an execution's outcome; True when this made the group ready."""
         if execution_id in self._seen:
             raise OutcomeError(f"execution {execution_id!r} already has a designated outcome")
@@ -78,7 +83,7 @@ class GroupOutcomes:
         self.resolved.append((execution_id, outcome))
         return len(self.resolved) == self.N
 
-    def has(self, execution_id: str) -> bool:
+    def has(self, execution_id: ExecutionKey) -> bool:
         return execution_id in self._seen
 
     @property
@@ -86,17 +91,17 @@ class GroupOutcomes:
         return len(self.resolved) >= self.N
 
     @property
-    def designated(self) -> list[tuple[str, Designated]]:
+    def designated(self) -> list[tuple[ExecutionKey, Designated]]:
         """The first N resolved executions and their outcomes."""
         return self.resolved[: self.N]
 
     @property
-    def participants(self) -> list[str]:
+    def participants(self) -> list[ExecutionKey]:
         """Designated executions whose rewards enter the advantages (valid and placeholder)."""
         return [e for e, o in self.designated if o is not Designated.EXCLUDED]
 
     @property
-    def excluded(self) -> list[str]:
+    def excluded(self) -> list[ExecutionKey]:
         return [e for e, o in self.designated if o is Designated.EXCLUDED]
 
     @property

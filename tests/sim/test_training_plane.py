@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from gyre import events as ev
 from gyre.config import SchedulerConfig
@@ -123,3 +125,48 @@ def test_groups_pack_into_micro_steps_by_the_real_packers_rule():
     plane.feed(1, (2, 2))  # nothing trains: the batch ends with no micro-step
     env.run()
     assert sent[-1] == ev.StepDone(4000.0, 1) and plane.micro_steps_by_cell == {0: 1, 1: 1}
+
+
+OPERATIONS = st.lists(st.one_of(
+    st.tuples(st.just("join"), st.integers(0, 3), st.sampled_from([0.0, 4.0, 12.0])),
+    st.tuples(st.just("leave"), st.integers(0, 3), st.just(0.0)),
+    st.tuples(st.just("hold"), st.integers(0, 3), st.sampled_from([0.0, 7.0])),
+    st.tuples(st.just("step"), st.integers(1, 4), st.just(0.0)),
+    st.tuples(st.just("feed"), st.just(0), st.just(0.0)),
+), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(OPERATIONS)
+@example([("join", 0, 0.0), ("feed", 0, 0.0), ("join", 1, 0.0), ("join", 0, 0.0), ("step", 4, 0.0)])
+def test_free_members_claim_in_cell_order_and_run_one_micro_step_each(operations):
+    """The plane keeps its idle members (those not running a micro-step) in cell order, whatever joins,
+    leaves (of idle cells), feeds, holds and micro-step ends come (a cell re-joining while busy included);
+    after each change no free member leaves a queued micro-step unclaimed, and every busy member has its
+    micro-step's end on the clock."""
+    env = Clock()
+    cfg = SchedulerConfig(K=4, C_e=2, C_s=2, N=2, B=50, phi=0.0, mu=1, nodes_per_cell=1)
+    plane = SimTrainingPlane(env, cfg, COSTS, lambda event: None)
+    plane.start_batch(0)
+    fed = 0
+    for kind, cell, seconds in operations:
+        if kind == "join":
+            plane.join(cell, seconds)
+        elif kind == "leave" and cell in plane.members and not plane.members[cell].busy:
+            plane.leave(cell)
+        elif kind == "hold":
+            plane.hold((cell,), seconds)
+        elif kind == "step":
+            for _ in range(cell):
+                if env.queue:
+                    env.step()
+        elif kind == "feed" and fed < cfg.B:
+            fed += 1
+            plane.feed(0, (fed,))
+        members = plane.members
+        assert plane._idle == sorted(c for c, m in members.items() if not m.busy)
+        free = [c for c in plane._idle if members[c].available_at <= env.now]
+        assert not (plane.queue and free)
+        running = [args[0] for _, _, fn, args in env.queue if getattr(fn, "__name__", "") == "_micro_step_done"]
+        busy = [c for c, m in members.items() if m.busy]
+        assert set(busy) <= set(running) and len(running) == plane.in_flight

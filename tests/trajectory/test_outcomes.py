@@ -11,15 +11,17 @@ from gyre.trajectory.outcomes import Designated, GroupOutcomes, OutcomeError, de
 OUTCOMES = st.sampled_from(list(Designated))
 
 
-@given(N=st.integers(1, 6), surplus=st.integers(0, 3), data=st.data())
-def test_ready_exactly_when_n_resolved_and_designation_is_stable(N, surplus, data):
+@given(N=st.integers(1, 6), surplus=st.integers(0, 3), as_integers=st.booleans(), data=st.data())
+def test_ready_exactly_when_n_resolved_and_designation_is_stable(N, surplus, as_integers, data):
+    """The same for the real buffer's string ids and the simulator's integer executions."""
     outcomes = [data.draw(OUTCOMES) for _ in range(N + surplus)]
+    key = (lambda i: 1000 + i) if as_integers else (lambda i: f"x{i}")
     group, became_ready = GroupOutcomes(N), []
     for i, outcome in enumerate(outcomes):
-        became_ready.append(group.resolve(f"x{i}", outcome))
+        became_ready.append(group.resolve(key(i), outcome))
         assert group.ready == (i + 1 >= N)
         if group.ready:
-            assert group.designated == [(f"x{j}", o) for j, o in enumerate(outcomes[:N])]
+            assert group.designated == [(key(j), o) for j, o in enumerate(outcomes[:N])]
     assert became_ready.count(True) == 1 and became_ready[N - 1]
     assert len(group.participants) + len(group.excluded) == N == group.denominator
     assert all(o is not Designated.EXCLUDED for e, o in group.designated if e in group.participants)
