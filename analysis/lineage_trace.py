@@ -34,10 +34,10 @@ from pathlib import Path
 
 from gyre import actions as act
 from gyre import events as ev
+from gyre.analysis.role_timeline import timeline
 from gyre.formats.eventlog import load_events, run_config
 from gyre.formats.trace import HARNESS_COLUMN
 from gyre.formats.trace_meta import meta_path
-from gyre.scheduler import Scheduler
 
 TRACE = "trace.csv"
 
@@ -61,29 +61,41 @@ def kept_across_resumes(run_dir: str | Path) -> set[int]:
     return kept
 
 
-def lineage_spans(run_dir: str | Path) -> dict[int, float]:
-    """Each finished execution's span in the final event log: its last start to its ExecutionFinished."""
-    log = Path(run_dir) / "log"
-    core = Scheduler(run_config(log))
-    started: dict[int, float] = {}
-    spans: dict[int, float] = {}
-    for event in load_events(log / "events.csv"):
-        for action in core.handle(event):
+class LineageSpans:
+    """An observer for ``role_timeline.timeline`` (so a caller replaying the log already needs no second
+    replay): ``spans`` holds each finished execution's span, from the event after which the core last started
+    it to its ExecutionFinished."""
+
+    def __init__(self) -> None:
+        self._started: dict[int, float] = {}
+        self.spans: dict[int, float] = {}
+
+    def __call__(self, event: ev.Event, actions: list[act.Action], core: object) -> None:
+        for action in actions:
             if isinstance(action, act.StartExecutions):
-                started.update((x, event.now) for x, _ in action.placements)
-        if isinstance(event, ev.ExecutionFinished) and event.execution in started:
-            spans[event.execution] = event.now - started[event.execution]
-    return spans
+                self._started.update((x, event.now) for x, _ in action.placements)
+        if isinstance(event, ev.ExecutionFinished) and event.execution in self._started:
+            self.spans[event.execution] = event.now - self._started[event.execution]
 
 
-def lineage_trace(run_dir: str | Path, out_dir: str | Path) -> Path:
-    """The run's trace with kept executions' durations as the lineage saw them (module docstring)."""
+def lineage_spans(run_dir: str | Path) -> dict[int, float]:
+    """Each finished execution's span in the final event log (``LineageSpans``), from one replay of it."""
+    log = Path(run_dir) / "log"
+    observer = LineageSpans()
+    timeline(run_config(log), load_events(log / "events.csv"), observe=observer)
+    return observer.spans
+
+
+def lineage_trace(run_dir: str | Path, out_dir: str | Path, spans: dict[int, float] | None = None) -> Path:
+    """The run's trace with kept executions' durations as the lineage saw them (module docstring); ``spans``:
+    the final log's execution spans when the caller replayed it already (``LineageSpans``)."""
     run_dir = Path(run_dir)
     source = run_dir / TRACE
     kept = kept_across_resumes(run_dir)
     if not kept:
         return source
-    spans = lineage_spans(run_dir)
+    if spans is None:
+        spans = lineage_spans(run_dir)
     n = run_config(run_dir / "log").group_size
     with open(source, newline="") as fh:
         reader = csv.DictReader(fh)

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gyre.analysis.lineage_trace import lineage_trace
+from gyre.analysis.lineage_trace import LineageSpans, lineage_trace
 from gyre.analysis.role_timeline import Timeline, timeline
 from gyre.formats.eventlog import load_events, run_config
 
@@ -123,13 +123,14 @@ def compare_run(run_dir: str | Path, costs: dict[str, Any] | None = None) -> Com
 
     run_dir = Path(run_dir)
     cfg = run_config(run_dir / "log")
-    real = timeline(cfg, load_events(run_dir / "log" / "events.csv"))
+    spans = LineageSpans()  # read off the same replay: a resumed run's trace as its lineage lived it
+    real = timeline(cfg, load_events(run_dir / "log" / "events.csv"), observe=spans)
     steps = len(real.steps)
     if steps == 0:
         raise ValueError(f"{run_dir}: the run completed no step")
     costs = dict(costs) if costs is not None else calibrate(run_dir)
     with tempfile.TemporaryDirectory(prefix="gyre-lineage-") as scratch:  # a resumed run: as its lineage lived it
-        trace = lineage_trace(run_dir, scratch)
+        trace = lineage_trace(run_dir, scratch, spans.spans)
         result = run_simulation(None, trace, steps=steps, costs=CostModel(**costs))
     if result.cfg != cfg:
         raise ValueError(f"{run_dir}: the trace sidecar's schedule {result.cfg} is not the run's {cfg}")
