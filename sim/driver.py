@@ -300,7 +300,7 @@ class Simulation(ActionHandler):
 
     def _close(self, x: int, outcome: str) -> None:
         now = self.env.now
-        row = self._execution_rows[x]  # SimRecord.execution_finished, inlined: once per execution
+        row = self._execution_rows[x]  # the row SimRecord.execution_started made: its end and outcome
         row["end_s"] = now
         row["outcome"] = outcome
         self.send(ev.ExecutionFinished(now, x, outcome))

@@ -73,6 +73,7 @@ class SimRecord:
             row["consumed_step"] = version
 
     def execution_started(self, x: int, g: int, engine: int, now: float) -> None:
+        # its end_s and outcome are stored by the driver at its finish (Simulation._close: once per execution)
         self.executions[x] = {"execution": x, "group_id": g, "engine": engine, "start_s": float(now),
                               "end_s": None, "outcome": None, "reroutes": 0}
 
@@ -84,11 +85,6 @@ class SimRecord:
         """(start, end) of the rollout slot ``x`` held: until its harness stopped, else until it ended."""
         row = self.executions[x]
         return row["start_s"], row.get("harness_end_s", row["end_s"])
-
-    def execution_finished(self, x: int, now: float, outcome: str) -> None:
-        row = self.executions[x]  # once per execution: plain stores, not update(**kw)
-        row["end_s"] = now
-        row["outcome"] = outcome
 
     def reroute(self, x: int, source: int, dest: int, now: float) -> None:
         row = self.executions[x]

@@ -83,10 +83,11 @@ class SimTrainingPlane:
 
     def leave(self, cell: int) -> None:
         member = self.members.pop(cell, None)
-        if member is not None and not member.busy:
-            self._idle.remove(cell)
-        if member is not None and member.busy:
+        if member is None:
+            return
+        if member.busy:
             raise RuntimeError(f"cell {cell} left training while running a micro-step")
+        self._idle.remove(cell)
 
     def hold(self, cells: tuple[int, ...], seconds: float) -> None:
         """Cells are busy receiving parameters (broadcast) for ``seconds``."""
