@@ -38,6 +38,8 @@ Invariants:
 - ``read_timeout_s`` bounds each wait for bytes (aiohttp's ``sock_read``), not
   the whole response: a long generation that keeps streaming never times out,
   nor does a long chunk that keeps arriving;
+- a chunk's data reaches ``iter_in_place``'s reader in one step once the chunk is whole, however
+  many reads brought it (in pieces only past ``PAUSE_BYTES``, or when the connection ends first);
 - the body read in place is ``buffer[body_start:body_end]`` until ``consume``d;
   decoded body bytes are never lost or reordered, however the wire is cut into
   reads and the body into chunks, and the bytes after a response's end stay
@@ -324,17 +326,21 @@ class Response:
     async def iter_in_place(self) -> AsyncIterator[int]:
         """The body as it arrives, left where the event loop read it: after each step,
         ``buffer[body_start:body_end]`` holds the body received and not yet consumed (``consume``);
-        yields the number of bytes added, never 0."""
-        conn = self._conn
+        yields the number of bytes added, never 0. A chunk's data is yielded once the chunk is
+        whole, not piece by piece as reads bring it (unless ``PAUSE_BYTES`` of it wait, or the
+        connection ended): a chunk that arrives in several reads costs the reader one step."""
+        conn, chunk, added = self._conn, self._chunks, 0
         while not self._complete:
             if self._released:
                 raise HttpError("response closed")
             before = conn.body_end - conn.start
             self._take(conn)
             conn.consumed()
-            added = conn.body_end - conn.start - before
-            if added:
+            added += conn.body_end - conn.start - before
+            inside = chunk is not None and chunk.state == "data"  # the chunk's data is not all here
+            if added and not (inside and added < PAUSE_BYTES and not conn.ended):
                 yield added
+                added = 0
                 continue
             if self._complete:
                 break
@@ -343,8 +349,7 @@ class Response:
                     self._complete = True  # the body runs to the connection's end
                     break
                 raise HttpError(f"response body cut short: {conn.reason}")
-            chunk = self._chunks
-            await conn.more(self.read_timeout_s, chunk.remaining if chunk is not None and chunk.state == "data" else 1)
+            await conn.more(self.read_timeout_s, chunk.remaining if inside else 1)  # type: ignore[union-attr]
         self._release()
 
     async def iter_any(self) -> AsyncIterator[bytes]:
