@@ -416,9 +416,12 @@ def test_a_chunk_cut_into_two_reads_at_any_byte_is_handed_over_in_one_step() -> 
         async def handler(reader, writer, n):
             for cut in range(1, len(wire)):
                 await server.read_request(reader)
-                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + wire[:cut])
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
                 await writer.drain()
-                await asyncio.sleep(0.02)  # the client reads the first part on its own
+                await asyncio.sleep(0.01)  # the client reads the head, then waits for the chunk
+                writer.write(wire[:cut])
+                await writer.drain()
+                await asyncio.sleep(0.01)  # the client reads the first part on its own
                 writer.write(wire[cut:])
                 await writer.drain()
 
@@ -427,10 +430,27 @@ def test_a_chunk_cut_into_two_reads_at_any_byte_is_handed_over_in_one_step() -> 
             client = HttpClient(1.0, 5.0)
             for cut in range(1, len(wire)):
                 async with await client.request("POST", url, b"") as resp:
+                    waits = _count_waits(resp)
                     assert await _steps(resp) == [data], cut
+                    # the size line, once here, says how much to wait for: one wake-up for the chunk
+                    # (a cut after its data: the rest is a second wait, for the last chunk)
+                    assert len(waits) == (1 if cut < len(wire) - len(b"\r\n0\r\n\r\n") else 2), (cut, waits)
             await client.close()
 
     run(main())
+
+
+def _count_waits(resp) -> list[int]:
+    """Each time the reader of ``resp`` waits for bytes, appended to the returned list."""
+    conn, waits = resp._conn, []
+    more = conn.more
+
+    async def counting_more(*args, **kwargs):
+        waits.append(conn.end)
+        await more(*args, **kwargs)
+
+    conn.more = counting_more
+    return waits
 
 
 def test_a_chunk_over_pause_bytes_is_handed_over_in_pieces_and_exact() -> None:
