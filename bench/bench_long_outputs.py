@@ -15,7 +15,9 @@ proxy process's CPU time for it (its threads' run time, ``/proc/<pid>/task/*/sch
 divided by the tokens answered (``cpu_us_system_per_token_*``: the part spent in the kernel, where
 receiving the engine's bytes and writing the client's are counted). Linear-time
 handling shows as a flat figure across lengths; a parse of every whole chunk
-grows with the length.
+grows with the length. ``reads_per_token_*`` and ``bytes_per_read_*`` count the
+proxy's ``read`` system calls (``/proc/<pid>/io``): a receive path whose reads
+per token grew with the chunk (a buffer smaller than the chunk) would show there.
 
 In cumulative mode the engine sends a number of bytes quadratic in the
 length (the 16k-token answer's last chunk alone is ~0.5 MB, the answer ~3 GB):
@@ -113,6 +115,15 @@ def _system_seconds(pid: int) -> float:
         return int(handle.read().rsplit(")", 1)[1].split()[12]) / os.sysconf("SC_CLK_TCK")
 
 
+def _reads(pid: int) -> tuple[int, int]:
+    """The proxy's ``read`` system calls and the bytes they returned so far (``/proc/<pid>/io``:
+    ``syscr``, ``rchar``): its event loop reads sockets with ``read``, so these count the reads of
+    the engine's stream (and of the few request bytes) whatever the loop's callbacks do."""
+    with open(f"/proc/{pid}/io") as handle:
+        fields = dict(line.split(": ") for line in handle.read().splitlines())
+    return int(fields["syscr"]), int(fields["rchar"])
+
+
 def _receive_floor_seconds(engine_url: str, tokens: int) -> float:
     """CPU time of this thread receiving one ``/generate`` stream of ``tokens`` tokens and doing
     nothing else (read into one preallocated buffer until the engine closes the connection)."""
@@ -140,8 +151,11 @@ async def _mode(url: str, pid: int, lengths: list[int], bystander: bool) -> dict
         figures["bystander_idle_p50_ms"] = float(np.percentile(idle, 50)) * 1e3
         figures["bystander_idle_max_ms"] = max(idle) * 1e3
         for tokens in lengths:
-            run, ticks, system = _run_seconds(pid), _cpu_seconds(pid), _system_seconds(pid)
+            run, ticks, system, reads = _run_seconds(pid), _cpu_seconds(pid), _system_seconds(pid), _reads(pid)
             wall, answered = await _call(session, url, "bench-key-0", tokens)
+            calls, received = (after - before for after, before in zip(_reads(pid), reads))
+            figures[f"reads_per_token_{tokens}"] = calls / max(answered, 1)
+            figures[f"bytes_per_read_{tokens}"] = received / max(calls, 1)
             figures[f"cpu_us_per_token_{tokens}"] = (_run_seconds(pid) - run) * 1e6 / max(answered, 1)
             figures[f"cpu_us_ticks_per_token_{tokens}"] = (_cpu_seconds(pid) - ticks) * 1e6 / max(answered, 1)
             figures[f"cpu_us_system_per_token_{tokens}"] = (_system_seconds(pid) - system) * 1e6 / max(answered, 1)

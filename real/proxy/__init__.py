@@ -31,7 +31,11 @@ medians of 3 runs, the load average beside each):
   decodes events where they lie (``Response.iter_in_place``), so no received byte is copied by the
   proxy (aiohttp's client hands out a ``bytes`` per read and copies again to assemble events).
   A cumulative 16k-token stream cost 240-241 us of proxy CPU per token against 270 with the
-  three copies it made before (``bench long_outputs``, runs interleaved, load 0.6-1.3). It stays.
+  three copies it made before (``bench long_outputs``, runs interleaved, load 0.6-1.3); on
+  2026-12-05 it costs 182-198 (five runs, load 0.4-1.7, incremental 108-113 beside it) and
+  208-213 in three evening runs (load 0.4-2.8, incremental 147-168 beside it), one read and
+  one reader step per chunk, its growth from 1k tokens the kernel's copy and one memchr
+  (``docs/cpu-stack.md``). It stays.
 - ``gyre.real.store.commit_journal`` (one ``fdatasync`` per batch, whatever the number of logs
   it touched) instead of syncing each touched log, what it replaced: 0.034 ms of CPU per
   record against 0.093 ms, and 2.8 ms against 5.5 ms of wall per burst of 64 records

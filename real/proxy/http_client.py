@@ -38,6 +38,10 @@ Invariants:
 - ``read_timeout_s`` bounds each wait for bytes (aiohttp's ``sock_read``), not
   the whole response: a long generation that keeps streaming never times out,
   nor does a long chunk that keeps arriving;
+- a chunk's data reaches ``iter_in_place``'s reader in one step once the chunk is whole, however
+  many reads brought it (in pieces only past ``PAUSE_BYTES``, or when the connection ends first),
+  and a reader waiting for a chunk is woken once for it: the read callback reads the size line
+  and waits for the data too (a malformed or last chunk wakes the reader, which decodes it);
 - the body read in place is ``buffer[body_start:body_end]`` until ``consume``d;
   decoded body bytes are never lost or reordered, however the wire is cut into
   reads and the body into chunks, and the bytes after a response's end stay
@@ -85,6 +89,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.reason = "connection closed by the engine"
         self.idle_since = 0.0
         self.need = 1  # bytes to receive before the waiting reader is woken (the rest of a chunk)
+        self.sized = False  # the reader waits for a chunk that begins at ``raw``: its size line sets ``need``
         self.last_read = 0.0  # when bytes last arrived without waking the reader
         self._waiter: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -105,6 +110,8 @@ class _Connection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self.end += nbytes
         self.need -= nbytes
+        if self.sized and self.need <= 0:
+            self._need_chunk()
         if self.end - self.raw > PAUSE_BYTES and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
@@ -113,6 +120,19 @@ class _Connection(asyncio.BufferedProtocol):
             self._wake()
         else:
             self.last_read = self.loop.time()
+
+    def _need_chunk(self) -> None:
+        """The reader waits for the chunk whose size line begins at ``raw``: once that line is here,
+        wait for the chunk's data too (one wake-up for a chunk that comes in several reads). A line
+        not yet whole waits for more; a malformed or last chunk wakes the reader, which decodes it."""
+        line_end = self.buf.find(b"\r\n", self.raw, self.end)
+        if line_end < 0:
+            self.need = 1 if self.end - self.raw <= 4096 else 0
+            return
+        self.sized = False
+        size = _chunk_size(self.buf[self.raw:line_end])
+        if size:
+            self.need = line_end + 2 + size - self.end
 
     def _make_room(self) -> None:
         """At least ``MIN_READ`` bytes free after ``end``: the kept bytes move to the front when
@@ -171,12 +191,13 @@ class _Connection(asyncio.BufferedProtocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def more(self, timeout: float, need: int = 1) -> None:
+    async def more(self, timeout: float, need: int = 1, sized: bool = False) -> None:
         """Wait until ``need`` more bytes arrive (fewer when reading pauses) or the connection ends;
-        ``HttpError`` once no byte arrived for ``timeout`` s."""
+        ``sized``: a chunk begins at ``raw``, wait for its data too; ``HttpError`` once no byte
+        arrived for ``timeout`` s."""
         if self.ended:
             raise HttpError(self.reason)
-        self.need, self.last_read = need, self.loop.time()
+        self.need, self.sized, self.last_read = need, sized, self.loop.time()
         waiter = self._waiter = self.loop.create_future()
         self._timer = self.loop.call_later(timeout, self._expire, waiter, timeout)
         try:
@@ -184,7 +205,7 @@ class _Connection(asyncio.BufferedProtocol):
         finally:
             self._timer.cancel()
             self._waiter = self._timer = None
-            self.need = 1
+            self.need, self.sized = 1, False
 
     def _expire(self, waiter: asyncio.Future, timeout: float) -> None:
         if waiter.done():
@@ -241,15 +262,21 @@ class _Dechunker:
                     raise HttpError("malformed chunked body: chunk data longer than its size")
                 self.state = "size"
             elif self.state == "size":
-                digits = line.split(b";", 1)[0].strip()
-                if not _CHUNK_SIZE.fullmatch(digits):
+                size = _chunk_size(line)
+                if size is None:
                     raise HttpError(f"malformed chunked body: chunk size {line[:40]!r}")
-                self.remaining = int(digits, 16)
+                self.remaining = size
                 self.state = "data" if self.remaining else "trailer"
                 if self.remaining:
                     _close_gap(conn, self.remaining)
             elif not line:  # "trailer": header lines until an empty one
                 self.state = "done"
+
+
+def _chunk_size(line: bytes | bytearray) -> int | None:
+    """The size a chunk's size line gives (extensions after ``;`` ignored), None when malformed."""
+    digits = line.split(b";", 1)[0].strip()
+    return int(digits, 16) if _CHUNK_SIZE.fullmatch(digits) else None
 
 
 def _close_gap(conn: _Connection, size: int) -> None:
@@ -324,17 +351,21 @@ class Response:
     async def iter_in_place(self) -> AsyncIterator[int]:
         """The body as it arrives, left where the event loop read it: after each step,
         ``buffer[body_start:body_end]`` holds the body received and not yet consumed (``consume``);
-        yields the number of bytes added, never 0."""
-        conn = self._conn
+        yields the number of bytes added, never 0. A chunk's data is yielded once the chunk is
+        whole, not piece by piece as reads bring it (unless ``PAUSE_BYTES`` of it wait, or the
+        connection ended): a chunk that arrives in several reads costs the reader one step."""
+        conn, chunk, added = self._conn, self._chunks, 0
         while not self._complete:
             if self._released:
                 raise HttpError("response closed")
             before = conn.body_end - conn.start
             self._take(conn)
             conn.consumed()
-            added = conn.body_end - conn.start - before
-            if added:
+            added += conn.body_end - conn.start - before
+            inside = chunk is not None and chunk.state == "data"  # the chunk's data is not all here
+            if added and not (inside and added < PAUSE_BYTES and not conn.ended):
                 yield added
+                added = 0
                 continue
             if self._complete:
                 break
@@ -343,8 +374,8 @@ class Response:
                     self._complete = True  # the body runs to the connection's end
                     break
                 raise HttpError(f"response body cut short: {conn.reason}")
-            chunk = self._chunks
-            await conn.more(self.read_timeout_s, chunk.remaining if chunk is not None and chunk.state == "data" else 1)
+            await conn.more(self.read_timeout_s, chunk.remaining if inside else 1,  # type: ignore[union-attr]
+                            chunk is not None and chunk.state == "size")
         self._release()
 
     async def iter_any(self) -> AsyncIterator[bytes]:

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre.real.proxy.http_client import INITIAL_BUFFER, HttpClient, HttpError, _Connection, _Dechunker
+from gyre.real.proxy.http_client import INITIAL_BUFFER, PAUSE_BYTES, HttpClient, HttpError, _Connection, _Dechunker
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -392,6 +392,116 @@ def test_an_idle_connection_is_not_reused_after_idle_s() -> None:
                 async with await client.request("GET", url) as resp:
                     assert await resp.read() == b"ok"
             assert server.connections == 2  # the third request found its connection idle too long
+            await client.close()
+
+    run(main())
+
+
+async def _steps(resp) -> list[bytes]:
+    """The body as ``iter_in_place`` hands it over: one entry per step, each consumed at once."""
+    steps = []
+    async for _ in resp.iter_in_place():
+        steps.append(bytes(resp.buffer[resp.body_start:resp.body_end]))
+        resp.consume(resp.body_end - resp.body_start)
+    return steps
+
+
+def test_a_chunk_cut_into_two_reads_at_any_byte_is_handed_over_in_one_step() -> None:
+    """A long chunk of a cumulative engine often comes in more than one read; the reader is woken
+    once, with the whole chunk, wherever the wire is cut (in the size line, the data, the CR LF)."""
+    data = bytes(range(48, 78))
+    wire = b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)
+
+    async def main() -> None:
+        async def handler(reader, writer, n):
+            for cut in range(1, len(wire)):
+                await server.read_request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.01)  # the client reads the head, then waits for the chunk
+                writer.write(wire[:cut])
+                await writer.drain()
+                await asyncio.sleep(0.01)  # the client reads the first part on its own
+                writer.write(wire[cut:])
+                await writer.drain()
+
+        server = Server(handler)
+        async with server as url:
+            client = HttpClient(1.0, 5.0)
+            for cut in range(1, len(wire)):
+                async with await client.request("POST", url, b"") as resp:
+                    waits = _count_waits(resp)
+                    assert await _steps(resp) == [data], cut
+                    # the size line, once here, says how much to wait for: one wake-up for the chunk
+                    # (a cut after its data: the rest is a second wait, for the last chunk)
+                    assert len(waits) == (1 if cut < len(wire) - len(b"\r\n0\r\n\r\n") else 2), (cut, waits)
+            await client.close()
+
+    run(main())
+
+
+def _count_waits(resp) -> list[int]:
+    """Each time the reader of ``resp`` waits for bytes, appended to the returned list."""
+    conn, waits = resp._conn, []
+    more = conn.more
+
+    async def counting_more(*args, **kwargs):
+        waits.append(conn.end)
+        await more(*args, **kwargs)
+
+    conn.more = counting_more
+    return waits
+
+
+def test_a_chunk_over_pause_bytes_is_handed_over_in_pieces_and_exact() -> None:
+    """Holding a chunk until it is whole stops at ``PAUSE_BYTES``: a huge chunk reaches the reader
+    in pieces (memory stays bounded when the reader consumes them), and the bytes are exact."""
+    data = bytes(range(256)) * (PAUSE_BYTES // 256 * 3 // 2 + 1000)
+
+    async def main() -> None:
+        async def handler(reader, writer, n):
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n" % len(data))
+            for at in range(0, len(data), 1 << 18):
+                writer.write(data[at:at + (1 << 18)])
+                await writer.drain()
+                await asyncio.sleep(0.01)
+            writer.write(b"\r\n0\r\n\r\n")
+            await writer.drain()
+
+        server = Server(handler)
+        async with server as url:
+            client = HttpClient(1.0, 5.0)
+            async with await client.request("POST", url, b"") as resp:
+                steps = await _steps(resp)
+            assert len(steps) > 1 and max(map(len, steps)) < len(data) and b"".join(steps) == data
+            await client.close()
+
+    run(main())
+
+
+def test_the_part_of_a_chunk_received_before_the_connection_ends_is_handed_over_then_an_error() -> None:
+    """A chunk is held until whole only while more can come: cut short, what arrived is handed over
+    (the events it completes still count), then the cut is an ``HttpError``."""
+    async def main() -> None:
+        async def handler(reader, writer, n):
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nab")
+            await writer.drain()
+            await asyncio.sleep(0.02)
+            writer.write(b"cd")
+            await writer.drain()
+
+        server = Server(handler)
+        async with server as url:
+            client = HttpClient(1.0, 5.0)
+            steps: list[bytes] = []
+            async with await client.request("POST", url, b"") as resp:
+                with pytest.raises(HttpError, match="cut short"):
+                    async for _ in resp.iter_in_place():
+                        steps.append(bytes(resp.buffer[resp.body_start:resp.body_end]))
+                        resp.consume(resp.body_end - resp.body_start)
+            assert b"".join(steps) == b"abcd"
             await client.close()
 
     run(main())
