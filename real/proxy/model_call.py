@@ -290,17 +290,20 @@ class ChatService:
             reason = "tool_calls"
         else:
             reason = "stop_sequence" if isinstance(matched, str) else "stop"
-        text_parts = trim_stop(self.chat.decode(generation.output_ids, skip_special=True), matched)
-        parsed = parse_output(text_parts, in_thinking=prepared.in_thinking)
+        output_ids = list(generation.output_ids)
+
+        def parts() -> tuple[str, str]:  # the whole output decoded and parsed: only when an answer needs it
+            parsed = parse_output(trim_stop(self.chat.decode(output_ids, skip_special=True), matched),
+                                  in_thinking=prepared.in_thinking)
+            return parsed.text, parsed.thinking
+
         tokens = []
         if prepared.request.logprobs:
-            ids = generation.output_ids
-            ids = ids[:-1] if ids and ids[-1] in self.chat.stop_token_ids else ids
+            ids = output_ids[:-1] if output_ids and output_ids[-1] in self.chat.stop_token_ids else output_ids
             tokens = [self.chat.decode([i], skip_special=True) for i in ids]
-        return Finished(output_ids=list(generation.output_ids), logprobs=list(generation.logprobs), text=parsed.text,
-                        thinking=parsed.thinking, tool_calls=calls, stop_reason=reason, stop_sequence=matched,
-                        input_tokens=len(prepared.input_ids), output_tokens=len(generation.output_ids),
-                        tokens=tokens)
+        return Finished.deferred(parts, output_ids=output_ids, logprobs=list(generation.logprobs), tool_calls=calls,
+                                 stop_reason=reason, stop_sequence=matched, input_tokens=len(prepared.input_ids),
+                                 output_tokens=len(output_ids), tokens=tokens)
 
     def _request_hints(self, hints: dict[str, str], prepared: Prepared, sampling: dict[str, Any]) -> None:
         """Fill the empty ``hints`` with what the request decides: its roles, the sampling parameters asked
