@@ -25,10 +25,12 @@ re-serialization before this point.
 Invariants:
 - ``prepare`` (a coroutine) raises ``ApiError`` (status 400) before anything is sent to an
   engine or recorded: a rejected call leaves no trace;
-- ``Finished`` is yielded only after the record is durable;
+- ``Finished`` is yielded only after the record is durable; its ``text`` and ``thinking`` are
+  decoded and parsed only when read (``Finished.deferred``: not by an Anthropic or Chat stream);
 - request ids are 24 hex digits, unique per service (a random 64-bit prefix, then a counter);
 - a record is handed to the writer (``Recorder.begin``) when the engine's last chunk arrives,
   before that chunk's events are yielded, and those events come with ``prepared.finishing`` set;
+  a lone call's ``begin`` (``in_flight`` 1) returns once the record is written, its sync left;
   it is waited for ``alone`` (on the event loop's thread, ``Recorder.wait``) only when no
   other call of this service is between its first engine request and its commit (``in_flight``);
 - the text returned to the harness never contains the stop string the engine
@@ -270,7 +272,8 @@ class ChatService:
 
     async def _begin_commit(self, prepared: Prepared, generation: Generation, calls: list[dict[str, Any]],
                             hints: dict[str, str]) -> PendingCommit:
-        pending = await self.recorder.begin(self._record(prepared, generation, calls, hints), prepared.prompt_text)
+        pending = await self.recorder.begin(self._record(prepared, generation, calls, hints), prepared.prompt_text,
+                                            alone=self.in_flight == 1)
         prepared.finishing = True
         return pending
 
