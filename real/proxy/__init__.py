@@ -52,11 +52,15 @@ medians of 3 runs, the load average beside each):
   call than a ``threading.Event`` plus a future settled through ``call_soon_threadsafe``;
   two proxies called in turn, eight runs, load 0.9-3.1: ``docs/cpu-stack.md#the-proxy-on-two-cores``).
   Committing a lone record on the loop's own thread (``GroupCommit.commit_here``) would spare
-  the hand-off, but a stalled disk would then stall every call; letting the writer reach its
-  sync before the loop formats the answer, so the two overlap, cost 0.10 ms more (the
-  writer's wake-up, otherwise hidden behind that formatting, is then waited for): neither is
-  used. Nor is telling a batch's callers as the writer's last act before it sleeps (paired
-  +0.11 and -0.015 ms in ``bench in_turn``, load 3.7-4.2: no gain that shows).
+  the hand-off, but a stalled disk would then stall every call: not used. The GIL keeps the
+  writer from starting its commit until the loop blocks, so a lone call's loop waits (on a plain
+  lock, at most ``ALONE_WAIT_S``) right after handing the record over, until the writer has
+  written it and only the journal's ``fdatasync`` is left; the loop's last work (the last
+  events, the engine stream's end, the summary) then runs during the sync instead of before the
+  whole commit: paired -0.025 to -0.046 ms (median -0.034), proxy CPU +0.02 to +0.03 ms per
+  call, five in-turn runs, load 2.1-3.2, 2026-12-05 (an earlier form of this overlap measured
+  +0.10 ms). Not used: telling a batch's callers as the writer's last act before it sleeps
+  (paired +0.11 and -0.015 ms in ``bench in_turn``, load 3.7-4.2: no gain that shows).
 
 The lone call as a whole, against the morning's main (``python -m bench in_turn``: two
 proxies on one engine called in turn, five runs of 1,500 rounds, load 0.8-1.1): added p50
@@ -65,7 +69,12 @@ proxies on one engine called in turn, five runs of 1,500 rounds, load 0.8-1.1): 
 the Anthropic events' encoding were cut and the record's request-only hints moved to while
 the engine generates; with the prefix cache's lookup cut too, in a slower phase (load
 2.4-2.7), paired -0.033 to -0.054 ms, CPU -0.033 to -0.053 ms per call, added p50 1.16-1.24
-ms against 1.21-1.27 (``docs/cpu-stack.md#the-proxy-on-two-cores``).
+ms against 1.21-1.27. With the lone record's sync overlapped and the call's whole output
+decoded and parsed only for an answer that carries the text (``request.Finished.deferred``),
+five more runs against main before them (6627093; load 0.7-0.8): paired -0.044 to -0.066 ms
+(median -0.064), proxy CPU -0.013 to +0.013 ms per call, added p50 1.11-1.28 ms against
+1.16-1.34, a slow phase of the machine in which the goal (< 1 ms) is met by neither
+(``docs/cpu-stack.md#the-proxy-on-two-cores``).
 
 May import: ``gyre`` (trajectory records, trees, tool-call cache) and
 ``gyre.real.store``. Never the runtime, the training cells or the engines'

@@ -25,10 +25,12 @@ re-serialization before this point.
 Invariants:
 - ``prepare`` (a coroutine) raises ``ApiError`` (status 400) before anything is sent to an
   engine or recorded: a rejected call leaves no trace;
-- ``Finished`` is yielded only after the record is durable;
+- ``Finished`` is yielded only after the record is durable; its ``text`` and ``thinking`` are
+  decoded and parsed only when read (``Finished.deferred``: not by an Anthropic or Chat stream);
 - request ids are 24 hex digits, unique per service (a random 64-bit prefix, then a counter);
 - a record is handed to the writer (``Recorder.begin``) when the engine's last chunk arrives,
   before that chunk's events are yielded, and those events come with ``prepared.finishing`` set;
+  a lone call's ``begin`` (``in_flight`` 1) returns once the record is written, its sync left;
   it is waited for ``alone`` (on the event loop's thread, ``Recorder.wait``) only when no
   other call of this service is between its first engine request and its commit (``in_flight``);
 - the text returned to the harness never contains the stop string the engine
@@ -270,7 +272,8 @@ class ChatService:
 
     async def _begin_commit(self, prepared: Prepared, generation: Generation, calls: list[dict[str, Any]],
                             hints: dict[str, str]) -> PendingCommit:
-        pending = await self.recorder.begin(self._record(prepared, generation, calls, hints), prepared.prompt_text)
+        pending = await self.recorder.begin(self._record(prepared, generation, calls, hints), prepared.prompt_text,
+                                            alone=self.in_flight == 1)
         prepared.finishing = True
         return pending
 
@@ -290,17 +293,20 @@ class ChatService:
             reason = "tool_calls"
         else:
             reason = "stop_sequence" if isinstance(matched, str) else "stop"
-        text_parts = trim_stop(self.chat.decode(generation.output_ids, skip_special=True), matched)
-        parsed = parse_output(text_parts, in_thinking=prepared.in_thinking)
+        output_ids = list(generation.output_ids)
+
+        def parts() -> tuple[str, str]:  # the whole output decoded and parsed: only when an answer needs it
+            parsed = parse_output(trim_stop(self.chat.decode(output_ids, skip_special=True), matched),
+                                  in_thinking=prepared.in_thinking)
+            return parsed.text, parsed.thinking
+
         tokens = []
         if prepared.request.logprobs:
-            ids = generation.output_ids
-            ids = ids[:-1] if ids and ids[-1] in self.chat.stop_token_ids else ids
+            ids = output_ids[:-1] if output_ids and output_ids[-1] in self.chat.stop_token_ids else output_ids
             tokens = [self.chat.decode([i], skip_special=True) for i in ids]
-        return Finished(output_ids=list(generation.output_ids), logprobs=list(generation.logprobs), text=parsed.text,
-                        thinking=parsed.thinking, tool_calls=calls, stop_reason=reason, stop_sequence=matched,
-                        input_tokens=len(prepared.input_ids), output_tokens=len(generation.output_ids),
-                        tokens=tokens)
+        return Finished.deferred(parts, output_ids=output_ids, logprobs=list(generation.logprobs), tool_calls=calls,
+                                 stop_reason=reason, stop_sequence=matched, input_tokens=len(prepared.input_ids),
+                                 output_tokens=len(output_ids), tokens=tokens)
 
     def _request_hints(self, hints: dict[str, str], prepared: Prepared, sampling: dict[str, Any]) -> None:
         """Fill the empty ``hints`` with what the request decides: its roles, the sampling parameters asked

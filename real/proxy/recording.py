@@ -32,7 +32,13 @@ Invariants:
   nor settles a future (a future, and a wake-up through
   ``call_soon_threadsafe``, are made only for a commit awaited through the
   loop). Past ``ALONE_WAIT_S`` it waits through the loop as every other
-  commit does. The sync itself never runs on the loop's thread, lone or not
+  commit does. A lone commit's ``begin`` first waits, also on the loop's thread and
+  for at most ``ALONE_WAIT_S``, until the writer has written the record and only
+  the journal's ``fdatasync`` is left (``GroupCommit.submit``'s ``written``): the
+  GIL keeps the writer from running while the loop works, so without this the
+  writer would start only once the loop blocks in ``wait``, and the loop would idle
+  through the whole commit; so the caller's last work runs during the sync.
+  The sync itself never runs on the loop's thread, lone or not
   (``GroupCommit.commit_here`` would spare the hand-offs, but a stalled disk
   would then stall every call: see the next point);
 - no disk I/O of a commit runs on the event loop's thread (without ``fsync`` too: records are
@@ -177,11 +183,15 @@ class _Landing:
     that awaits the record through the loop instead of waiting on its thread) change under
     ``Recorder._landings``."""
 
-    __slots__ = ("synced", "landed", "error", "future")
+    __slots__ = ("synced", "written", "landed", "error", "future")
 
-    def __init__(self) -> None:
+    def __init__(self, lone: bool = False) -> None:
         self.synced = _thread.allocate_lock()  # a plain lock: the cheapest wait with a timeout
         self.synced.acquire()
+        # a lone commit's: released once the record is written and only the journal's sync is left
+        self.written = _thread.allocate_lock() if lone else None
+        if self.written is not None:
+            self.written.acquire()
         self.landed = False
         self.error: BaseException | None = None
         self.future: asyncio.Future | None = None
@@ -280,18 +290,22 @@ class Recorder:
         model call is in flight, so a wait on this thread holds up no one (see the module invariants)."""
         await self.wait(await self.begin(call, prompt_text), alone=alone)
 
-    async def begin(self, call: ModelCall, prompt_text: str) -> PendingCommit:
+    async def begin(self, call: ModelCall, prompt_text: str, *, alone: bool = False) -> PendingCommit:
         """Take the execution's commit turn and hand ``call`` to the writer: its sync starts now, so the
-        caller's own work overlaps it. ``wait`` (or, for a caller that goes away, ``abandon``) ends it."""
+        caller's own work overlaps it. ``wait`` (or, for a caller that goes away, ``abandon``) ends it.
+        ``alone``: first wait (at most ``ALONE_WAIT_S``, on this thread) until the writer has written
+        the record and only its sync is left, so that the caller's work runs during the sync."""
         state = self.state(call.execution_id)
         await state.lock.acquire()
         try:
             if self.group is None:  # one writer thread: records land in the order they were begun
                 appended = asyncio.get_running_loop().run_in_executor(self._appender, self.store.append, call)
                 return PendingCommit(state, call, prompt_text, None, appended)
-            landing = _Landing()
+            landing = _Landing(lone=alone)
             pending = PendingCommit(state, call, prompt_text, landing, None)
             self._submit(call, landing)
+            if landing.written is not None:
+                landing.written.acquire(True, ALONE_WAIT_S)
         except BaseException:
             state.lock.release()
             raise
@@ -361,7 +375,12 @@ class Recorder:
         loop's thread, or one the record reached first, needs no wake-up."""
         loop = asyncio.get_running_loop()
 
+        def written() -> None:  # on the writer thread, before ``landed``
+            if landing.written is not None and landing.written.locked():
+                landing.written.release()
+
         def landed(error: BaseException | None) -> None:  # on the writer thread
+            written()  # a record whose write failed is never written: its caller stops waiting
             landing.error = error
             with self._landings:
                 landing.landed = True
@@ -370,7 +389,7 @@ class Recorder:
             if future is not None and not loop.is_closed():
                 loop.call_soon_threadsafe(_settle, future, error)
 
-        self.group.submit(call, landed)
+        self.group.submit(call, landed, written if landing.written is not None else None)
 
     def _future(self, landing: _Landing) -> asyncio.Future:
         """A future of this loop resolved once ``landing``'s batch is durable (or failed)."""

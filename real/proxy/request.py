@@ -23,13 +23,16 @@ Invariants:
 - a ``ChatRequest`` is fully validated: every field has its declared type and
   range, every tool result answers a tool call earlier in the same history;
 - ``ApiError.status`` is a 4xx for anything the client sent, 5xx only for the
-  proxy's own state (overload, internal).
+  proxy's own state (overload, internal);
+- a ``Finished`` made by ``Finished.deferred`` computes its ``text`` and ``thinking`` on their
+  first read, once, and then reads as one made with them: a stream whose end needs neither
+  (Anthropic, Chat Completions) never decodes and parses the whole output for it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 
 class ApiError(Exception):
@@ -107,6 +110,22 @@ class Finished:
     input_tokens: int
     output_tokens: int
     tokens: list[str] = field(default_factory=list)  # text of each output token (Chat logprobs)
+
+    @classmethod
+    def deferred(cls, parts: Callable[[], tuple[str, str]], **values: Any) -> Finished:
+        """A ``Finished`` of ``values`` (every field but ``text`` and ``thinking``) whose ``text`` and
+        ``thinking`` are ``parts()``, called on the first read of either (module invariants)."""
+        finished = cls.__new__(cls)
+        finished.__dict__.update(values, _parts=parts)
+        return finished
+
+    def __getattr__(self, name: str) -> Any:  # only reached for an attribute not set: a deferred one
+        parts = self.__dict__.get("_parts")
+        if parts is None or name not in ("text", "thinking"):
+            raise AttributeError(name)
+        self.text, self.thinking = parts()
+        del self.__dict__["_parts"]
+        return self.__dict__[name]
 
 
 class LastChunk(bytes):

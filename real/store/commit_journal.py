@@ -117,13 +117,16 @@ class Journal:
         anything: one batch may exceed the capacity)."""
         return self._end == _HEAD.size or self._end + sum(map(_entry_size, entries)) <= self.capacity
 
-    def append(self, entries: list[tuple[str, int, bytes]]) -> None:
-        """Write ``(execution_id, log offset, frame)`` entries in one write and sync them."""
+    def append(self, entries: list[tuple[str, int, bytes]], told: Callable[[], None] | None = None) -> None:
+        """Write ``(execution_id, log offset, frame)`` entries in one write and sync them; ``told``
+        is called between the two (the entries are written, not yet durable)."""
         blob = b"".join(_entry(self.epoch, *entry) for entry in entries)
         self._reserve(self._end + len(blob))
         written = self.disk.pwrite(self._fd, blob, self._end)
         if written != len(blob):  # pragma: no cover - regular files write fully
             raise OSError(f"short write to {self.path}: {written} of {len(blob)} bytes")
+        if told is not None:
+            told()
         self.disk.fdatasync(self._fd)
         self._end += written
 

@@ -17,7 +17,11 @@ Invariants:
 - records of one log are written, and acknowledged, in the order they were
   queued (or committed on their caller's thread);
 - ``done`` runs once per record, on the writer thread (``submit``); a
-  ``commit_here`` caller is answered by its return value instead.
+  ``commit_here`` caller is answered by its return value instead;
+- ``submit``'s ``written`` hook runs at most once, on the writer thread, after the
+  record's frame and its journal entry are written and before the journal's sync:
+  so before ``done``, and never for a record whose write, or whose batch's journal
+  write, failed.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ from gyre.real.store.commit_journal import CAPACITY, Journal
 from gyre.real.store.durable import fsync_path
 from gyre.real.store.tito_log import ExecutionStore, RecordLog
 from gyre.trajectory.records import ModelCall, RecordError
+
+
+# a queued record: the record, its ``done`` and its ``written`` hook (``GroupCommit.submit``)
+_Queued = tuple[ModelCall, Callable[[BaseException | None], None], Callable[[], None] | None]
 
 
 class GroupCommit:
@@ -66,7 +74,7 @@ class GroupCommit:
         self.records = 0
         self.here = 0  # records committed on their caller's thread (``commit_here``)
         self.checkpoints = 0
-        self._pending: list[tuple[ModelCall, Callable[[BaseException | None], None]]] = []
+        self._pending: list[_Queued] = []
         self._cond = threading.Condition()
         self._closed = False
         self._busy = False  # a batch is being committed (by the writer or by ``commit_here``)
@@ -80,11 +88,15 @@ class GroupCommit:
         self._thread = threading.Thread(target=self._run, name="gyre-group-commit", daemon=True)
         self._thread.start()
 
-    def submit(self, call: ModelCall, done: Callable[[BaseException | None], None]) -> None:
+    def submit(self, call: ModelCall, done: Callable[[BaseException | None], None],
+               written: Callable[[], None] | None = None) -> None:
+        """Queue ``call``. ``written`` (optional) runs on the writer thread once the record's batch is in the
+        journal's file, just before the journal's sync (not durable yet), so always before ``done``; not at
+        all when the record's write or the journal's fails."""
         with self._cond:
             if self._closed:
                 raise RecordError("the group commit is closed")
-            self._pending.append((call, done))
+            self._pending.append((call, done, written))
             self._cond.notify()
 
     def commit_here(self, call: ModelCall) -> tuple[bool, BaseException | None]:
@@ -98,7 +110,7 @@ class GroupCommit:
             self._busy = True
         outcome: list[BaseException | None] = []
         try:
-            self._commit([(call, outcome.append)])
+            self._commit([(call, outcome.append, None)])
             self.here += 1
         finally:
             with self._cond:
@@ -124,12 +136,13 @@ class GroupCommit:
                 with self._cond:
                     self._busy = False
 
-    def _commit(self, batch: list[tuple[ModelCall, Callable[[BaseException | None], None]]]) -> None:
+    def _commit(self, batch: list[_Queued]) -> None:
         errors: dict[int, BaseException] = {}
         entries: list[tuple[str, int, bytes]] = []
         journaled: list[int] = []
         touched: dict[str, RecordLog] = {}
-        for index, (call, _) in enumerate(batch):
+        told: list[Callable[[], None]] = []
+        for index, (call, _, written) in enumerate(batch):
             try:
                 log = self.store.log_for(call.execution_id)
                 offset, frame = log.write(call)
@@ -140,12 +153,14 @@ class GroupCommit:
                 continue
             entries.append((call.execution_id, offset, frame))
             journaled.append(index)
+            if written is not None:
+                told.append(written)
             touched[call.execution_id] = log
         if entries:
             try:
                 if not self.journal.fits(entries):
                     self._checkpoint()
-                self.journal.append(entries)
+                self.journal.append(entries, told=(lambda: [tell() for tell in told]) if told else None)
             except Exception as exc:  # noqa: BLE001 - the batch is not durable: every record of it is told
                 errors.update((i, exc) for i in journaled)
                 self._roll_back(entries)
@@ -153,7 +168,7 @@ class GroupCommit:
                 self._dirty.update(touched)
         self.batches += 1
         self.records += len(batch)
-        for index, (_, done) in enumerate(batch):
+        for index, (_, done, _) in enumerate(batch):
             done(errors.get(index))
 
     def _roll_back(self, entries: list[tuple[str, int, bytes]]) -> None:

@@ -5,6 +5,7 @@ whichever comes first, and always in commit order."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import numpy as np
@@ -12,9 +13,15 @@ import pytest
 
 from gyre.real.proxy.recording import ALONE_WAIT_S, Recorder
 from gyre.real.proxy.tokenize import ChatTokenizer
+from gyre.real.store.commit_journal import JOURNAL_NAME
 from gyre.real.store.durable import Disk
 from gyre.real.store.tito_log import ExecutionStore
 from gyre.trajectory.records import ModelCall
+
+try:
+    from held_calls import held
+except ImportError:
+    from ..held_calls import held
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -130,3 +137,41 @@ def test_a_lone_commit_is_answered_without_waking_the_loop_and_a_late_one_throug
 
     assert asyncio.run(main()) == 8
     assert [c.request_id for c in ExecutionStore(tmp_path / "records").read("ex")] == [f"r{i}" for i in range(8)]
+
+
+class NotedDisk(Disk):
+    """The system disk, counting the commit journal's writes."""
+
+    def __init__(self) -> None:
+        self.journal_writes = 0
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        self.journal_writes += os.readlink(f"/proc/self/fd/{fd}").endswith(JOURNAL_NAME)
+        return super().pwrite(fd, data, offset)
+
+
+def test_a_lone_begin_returns_once_its_record_is_written_and_a_stalled_write_does_not_hold_it(tmp_path, model):
+    """``Recorder.begin(alone=True)`` lets the writer write the record before the caller goes on (its
+    sync then overlaps the caller's work); a write that does not return holds it ``ALONE_WAIT_S`` at most."""
+    chat = ChatTokenizer(str(model))
+    disk = NotedDisk()
+
+    async def main() -> None:
+        recorder = Recorder(tmp_path / "records", chat, fsync=True, disk=disk)
+        try:
+            written = disk.journal_writes
+            pending = await recorder.begin(call(chat, "ex", 0, "hi 0"), "hi 0", alone=True)
+            assert disk.journal_writes == written + 1  # written before begin returned
+            await recorder.wait(pending, alone=True)
+            assert recorder.group is not None
+            written = disk.journal_writes
+            with held(recorder.group.journal, "append", wait_s=5) as (reached, release):
+                pending = await recorder.begin(call(chat, "ex", 1, "hi 1"), "hi 1", alone=True)
+                assert reached.is_set() and disk.journal_writes == written  # back while the write still hangs
+                release.set()
+                await recorder.wait(pending, alone=True)
+            assert recorder.state("ex").requests == 2
+        finally:
+            recorder.close()
+
+    asyncio.run(main())

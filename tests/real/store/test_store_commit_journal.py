@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -129,3 +130,45 @@ def test_a_second_group_commit_on_a_folder_in_use_is_refused_naming_it(tmp_path)
     assert second.commit_here(record(1, "e1", 20)) == (True, None)
     second.close()
     assert [r.request_id for r in read_records(tmp_path / "e1.tito")] == ["r0", "r1"]
+
+
+class OrderDisk(Disk):
+    """The system disk, each write and sync noted in ``events`` (and a journal write failing on demand)."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events, self.fail_journal = events, False
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        journal = _path(fd).name == JOURNAL_NAME
+        if journal and self.fail_journal:
+            raise OSError(28, "no space left on device")
+        self.events.append("journal write" if journal else "log write")
+        return super().pwrite(fd, data, offset)
+
+    def fdatasync(self, fd: int) -> None:
+        self.events.append("sync")
+        super().fdatasync(fd)
+
+
+def test_a_records_written_hook_runs_once_it_is_in_the_journal_before_the_sync_and_never_for_a_failed_write(tmp_path):
+    events: list[str] = []
+    disk = OrderDisk(events)
+    group = GroupCommit(ExecutionStore(tmp_path, fsync=True, preallocate=False, disk=disk))
+    try:
+        for round_, fail in enumerate((False, True)):
+            disk.fail_journal = fail
+            events.clear()
+            done = threading.Event()
+            errors: list[BaseException | None] = []
+            group.submit(record(round_), lambda error: (errors.append(error), events.append("done"), done.set()),
+                         written=lambda: events.append("written"))
+            assert done.wait(10)
+            if fail:
+                assert isinstance(errors[0], OSError) and "written" not in events and "done" in events
+            else:
+                assert errors == [None]
+                assert events == ["log write", "journal write", "written", "sync", "done"]
+    finally:
+        disk.fail_journal = False
+        group.close()
+        group.store.close()
