@@ -176,11 +176,14 @@ class EngineBank:
 
     # ---- changes (each marks its engine; ``flush`` re-arms the timers) ---------------
     def start(self, x: int, engine: int, work: float, share: float = 1.0) -> None:
-        """Put ``x`` on ``engine`` with ``work`` harness-seconds, ``share`` of them model calls."""
+        """Put ``x`` on ``engine`` with ``work`` harness-seconds, ``share`` of them model calls.
+
+        Infinite work never runs out: such an execution leaves only by ``remove`` (a stuck trace row, ended
+        by its deadline), and while it is its engine's earliest, the engine arms no timer."""
         if x in self._where:
             raise ValueError(f"execution {x} is already running on engine {self._where[x]}")
-        if not 0.0 <= work < math.inf:  # finite and >= 0 (NaN fails both comparisons)
-            raise ValueError(f"execution {x}: work must be a finite number >= 0, got {work!r}")
+        if not 0.0 <= work <= math.inf:  # >= 0, infinity allowed (NaN fails both comparisons)
+            raise ValueError(f"execution {x}: work must be a number >= 0, got {work!r}")
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"execution {x}: model-call share must lie in [0, 1], got {share!r}")
         e = self._engines.get(engine)
