@@ -85,6 +85,7 @@ def test_a_stuck_execution_never_runs_out_so_its_engine_arms_no_finish_timer_for
     bare.start([(0, 0)])
     engines, fire = bare.sim.engines, bare.sim.engines._fire_call
     assert engines.remaining(0) == float("inf")
+    assert not [c.heap for c in engines._engines[0].clocks.values() if c.heap]  # nor a place in its finish order
     assert not [call for call in bare.sim.env.queue if call[2] == fire]
     bare.start([(N, 0)])  # a completing execution beside it: the engine's timer is for that one
     timers = [call[0] for call in bare.sim.env.queue if call[2] == fire]
