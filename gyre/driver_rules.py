@@ -48,9 +48,11 @@ def is_satellite(cfg: SchedulerConfig, cell: int) -> bool:
     return not cfg.static and cell not in cfg.core_unit
 
 
-def asks_for_group(*, asked: int, fed: int, batch_size: int, queued: int, training_cells: int) -> bool:
+def asks_for_group(asked: int, fed: int, batch_size: int, queued: int, training_cells: int) -> bool:
     """One group at a time (``asked`` outstanding asks), while the batch needs groups and its queue
-    holds fewer micro-steps than cells train (at least one, so a batch with no member still asks)."""
+    holds fewer micro-steps than cells train (at least one, so a batch with no member still asks).
+
+    Its arguments may be given by position (the simulator's plane asks once per micro-step's end)."""
     return asked == 0 and fed < batch_size and queued < max(1, training_cells)
 
 

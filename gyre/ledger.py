@@ -18,6 +18,8 @@ Invariants:
 
 from __future__ import annotations
 
+from typing import Callable
+
 from gyre.actions import SEPARATE
 from gyre.config import SchedulerConfig
 
@@ -35,6 +37,9 @@ class RolloutLedger:
         self._accepting_capacity = sum(self._capacity[e] for e in self._accepting)  # kept by open/close
         self._members: dict[int, set[int]] = {e: set() for e in self._preference}
         self._where: dict[int, int] = {}
+        # holds(x): the dict's own membership test, bound once (the core asks it once per finish); _where is
+        # never rebound
+        self.holds: Callable[[int], bool] = self._where.__contains__
         self._open_order: list[tuple[int, set[int], int]] = []  # (engine, members, capacity): accepting, in order
         self._position: dict[int, int] = {}  # accepting engine -> its position in _open_order
         self._full_below = 0  # every engine before this position of _open_order is full: place starts here
@@ -49,9 +54,6 @@ class RolloutLedger:
     @property
     def running(self) -> int:
         return len(self._where)
-
-    def holds(self, execution: int) -> bool:
-        return execution in self._where
 
     def engine_of(self, execution: int) -> int:
         return self._where[execution]

@@ -114,6 +114,7 @@ class Scheduler(CounterViews):
         self._group_size = cfg.group_size
         self._batch_size = cfg.B  # read once per event by handle
         self._continuous = cfg.dispatch == "continuous"
+        self._streaming = cfg.streaming  # read once per event of an open batch by handle
         # Derived from the roles and awaiting_publish alone, read after most events and changed by few:
         # kept until one of them changes (``_set_role``, ``_set_awaiting_publish``).
         self._candidate: tuple[int, ...] | None | object = _UNKNOWN
@@ -166,7 +167,8 @@ class Scheduler(CounterViews):
         if not batch_open and self._core_training is not False:  # known out of training: no batch opens
             self._open_batch(out)
             batch_open = self.batch_open
-        if batch_open and self._feed(out) and self._continuous:
+        # _feed's first tests: streaming feeds nothing without a group both wanted and ready (most events)
+        if batch_open and (self.wants and self._ready or not self._streaming) and self._feed(out) and self._continuous:
             self._start_queued(out)
         # the supply timer runs while the supply suffices (_supply_ok, inlined)
         B = self._batch_size

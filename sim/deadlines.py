@@ -7,9 +7,9 @@ clock. So:
 
 - a trace row that timed out (``harness_timeout`` or ``overall_timeout``) is
   *stuck*: its harness stops at exactly ``start + harness_s`` (the ceiling),
-  never earlier. Its engine work is set so high it cannot run out first
-  (``harness_s`` times the fastest effective speed, twice over, plus 1 s);
-  an overall timeout then spends ``duration_s - harness_s`` in evaluation
+  never earlier. Its engine work is infinite (it never runs out: only its
+  deadline ends it, and its engine arms no finish timer for it that would
+  wait unfired in the clock's heap until then); an overall timeout then spends ``duration_s - harness_s`` in evaluation
   retries, ending at ``start + duration_s``, inside its total budget;
 - any other row brings its ``harness_s`` as work; where a slow engine could
   stretch it to the trace's ceiling (the longest ``harness_s`` of a timed-out
@@ -59,8 +59,8 @@ def execution_plan(trace: Trace, curve: EngineCurve,
     stuck = np.isin(trace.outcomes, list(TIMED_OUT))
     ceiling = trace_ceiling_s(trace)
     ranges = [curve.speed_range(c) for c in capacities if c > 0] or [(1.0, 1.0)]
-    slowest, fastest = min(r[0] for r in ranges), max(r[1] for r in ranges)
-    work = np.where(stuck, harness * 2.0 * max(1.0, fastest) + 1.0, harness)
+    slowest = min(r[0] for r in ranges)
+    work = np.where(stuck, np.inf, harness)  # a stuck row runs until its deadline
     limits = np.full(harness.shape, np.nan)
     limits[stuck] = harness[stuck]
     if ceiling is not None:

@@ -60,7 +60,7 @@ from gyre.formats.trace import HARNESS_COLUMN, Trace
 from gyre.loop import ActionHandler, DriverLoop
 from gyre.roles import ROLLOUT
 from gyre.scheduler import Scheduler
-from gyre.sim.clock import Clock
+from gyre.sim.clock import Chain, Clock
 from gyre.sim.costs import CostModel
 from gyre.sim.deadlines import TIMED_OUT, Grid, execution_plan
 from gyre.sim.engines import EngineBank
@@ -129,6 +129,7 @@ class Simulation(ActionHandler):
         plan = execution_plan(self.trace, self.engines.curve, (cfg.C_e, cfg.C_s))
         self._work, self._shares, self._limits, self.ceiling_s = plan
         self._deadlines: dict[int, float] = {}  # execution -> wall-clock time its harness must stop
+        self._deadline_calls = Chain(self.env)  # start + limit: in order of start, mostly (the limit is the ceiling)
         self._cut: set[int] = set()  # stopped at the ceiling before their work was done: harness timeouts
         self._evaluating: set[int] = set()  # harness stopped, evaluation tail still running
         self._outcomes: dict[int, GroupOutcomes[int]] = {}  # dispatched groups not ready yet
@@ -231,7 +232,7 @@ class Simulation(ActionHandler):
 
     def _arm_deadline(self, x: int, at: float) -> None:
         self._deadlines[x] = at
-        self.env.call_in(at - self.env.now, self._deadline_due, x, at)
+        self._deadline_calls.call_in(at - self.env.now, self._deadline_due, x, at)
 
     def _deadline_due(self, x: int, at: float) -> None:
         """``x``'s harness ceiling (its start plus the limit, however loaded or rerouted) has come."""

@@ -28,7 +28,9 @@ Scheme: each engine keeps one virtual clock V per model-call share among its
 executions (harness-seconds received by each of them since the engine was
 created), advanced lazily to the current time whenever its load changes; an
 execution finishes when its clock reaches its finish tag ``F = V(start) +
-work`` (reroutes re-tag it on the destination with its remaining work). Each
+work`` (reroutes re-tag it on the destination with its remaining work); one
+with infinite work (a stuck trace row, ended by its deadline) never finishes
+and stays out of its clock's finish heap. Each
 engine has at most one live SimPy timeout, re-armed once per change of that
 engine (``flush``), never one per execution.
 
@@ -118,7 +120,7 @@ class _Clock:
         self.share = share
         self.v = 0.0          # harness-seconds received by each execution of this class so far
         self.eff = 1.0        # harness-seconds per second at the engine's current speed
-        self.heap: list[tuple[float, int]] = []  # (tag, execution), stale entries skipped lazily
+        self.heap: list[tuple[float, int]] = []  # (finite tag, execution), stale entries skipped lazily
         self.live = 0         # executions of this class on the engine now
 
 
@@ -176,11 +178,14 @@ class EngineBank:
 
     # ---- changes (each marks its engine; ``flush`` re-arms the timers) ---------------
     def start(self, x: int, engine: int, work: float, share: float = 1.0) -> None:
-        """Put ``x`` on ``engine`` with ``work`` harness-seconds, ``share`` of them model calls."""
+        """Put ``x`` on ``engine`` with ``work`` harness-seconds, ``share`` of them model calls.
+
+        Infinite work never runs out: such an execution leaves only by ``remove`` (a stuck trace row, ended
+        by its deadline), and while it is its engine's earliest, the engine arms no timer."""
         if x in self._where:
             raise ValueError(f"execution {x} is already running on engine {self._where[x]}")
-        if not 0.0 <= work < math.inf:  # finite and >= 0 (NaN fails both comparisons)
-            raise ValueError(f"execution {x}: work must be a finite number >= 0, got {work!r}")
+        if not 0.0 <= work <= math.inf:  # >= 0, infinity allowed (NaN fails both comparisons)
+            raise ValueError(f"execution {x}: work must be a number >= 0, got {work!r}")
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"execution {x}: model-call share must lie in [0, 1], got {share!r}")
         e = self._engines.get(engine)
@@ -193,7 +198,8 @@ class EngineBank:
         tag = clock.v + work
         e.tags[x] = (clock, tag)
         clock.live += 1
-        heapq.heappush(clock.heap, (tag, x))
+        if tag < math.inf:  # an infinite tag is never due: it would only deepen the heap
+            heapq.heappush(clock.heap, (tag, x))
         self._where[x] = engine
 
     def remove(self, x: int) -> float:

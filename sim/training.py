@@ -176,12 +176,15 @@ class SimTrainingPlane:
     def _ask_for_groups(self) -> None:
         if not self._streaming:
             return
-        # the rule the real backend follows too (gyre.driver_rules)
-        if self.version is not None and asks_for_group(asked=self.wanted, fed=self.fed, batch_size=self.cfg.B,
-                                                       queued=len(self.queue), training_cells=len(self.members)):
-            self.wanted = 1
-            # asynchronously, as any real plane must ask: cells free now claim before the core answers
-            self.env.call_in(0, self._send, ev.GroupWanted(self.env.now))
+        # the rule the real backend follows too (gyre.driver_rules), its arguments by position
+        if self.version is not None and asks_for_group(self.wanted, self.fed, self._batch_size, len(self.queue),
+                                                       len(self.members)):
+            self._ask()
+
+    def _ask(self) -> None:
+        self.wanted = 1
+        # asynchronously, as any real plane must ask: cells free now claim before the core answers
+        self.env.call_in(0, self._send, ev.GroupWanted(self.env.now))
 
     def _micro_step_done(self, cell: int) -> None:
         self.in_flight -= 1
@@ -192,10 +195,14 @@ class SimTrainingPlane:
         if self.fed == self._batch_size and not self.queue and self.in_flight == 0:
             self._finish_batch()
         else:  # _assign, inlined: once per micro-step (a batch is open while one runs)
-            self._claim_free_cells()
-            # the rule's first tests: a batch fed whole, or with an ask outstanding, asks for nothing
-            if self._streaming and self.fed < self._batch_size and not self.wanted:
-                self._ask_for_groups()
+            queue = self.queue
+            if queue:  # _claim_free_cells's first test (the cell just freed is idle)
+                self._claim_free_cells()
+            # _ask_for_groups, inlined; the rule's first tests: a batch fed whole, or with an ask outstanding,
+            # asks for nothing
+            if (self._streaming and self.fed < self._batch_size and not self.wanted
+                    and asks_for_group(0, self.fed, self._batch_size, len(queue), len(self.members))):
+                self._ask()
 
     def _finish_batch(self) -> None:
         version, self.version = self.version, None

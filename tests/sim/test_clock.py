@@ -14,7 +14,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre.sim.clock import Clock, EmptyClock
+from gyre.sim.clock import Chain, Clock, EmptyClock
 
 # a program: each call, when it runs, schedules the children listed for it (delay, child id)
 DELAYS = st.sampled_from([0, 0.0, 0.5, 1.0, 1.5, 3.0, 0.1 + 0.2, 0.3])
@@ -47,6 +47,42 @@ def test_calls_run_in_simpy_order_at_simpy_times(program, use_call_in):
     expected = _trace(simpy.Environment(), program, use_call_in=False)
     got = _trace(Clock(), program, use_call_in=use_call_in)
     assert [(type(t), t, n) for t, n in got] == [(type(t), t, n) for t, n in expected]
+
+
+@settings(max_examples=100, deadline=None)
+@given(PROGRAMS, st.lists(st.booleans(), min_size=31, max_size=31))
+def test_calls_made_through_a_chain_run_as_clock_call_in_runs_them(program, chained):
+    # the same programs, each child scheduled through a Chain when its id says so: same calls, times and order
+    expected = _trace(Clock(), program, use_call_in=True)
+    clock = Clock()
+    chain = Chain(clock)
+    ran: list[tuple[float, int]] = []
+    budget = [200]
+
+    def run(node: int) -> None:
+        ran.append((clock.now, node))
+        for delay, child in program[node % len(program)]:
+            if budget[0] <= 0:
+                return
+            budget[0] -= 1
+            (chain.call_in if chained[child] else clock.call_in)(delay, run, child)
+
+    clock.call_in(0, run, 0)
+    clock.run()
+    assert [(type(t), t, n) for t, n in ran] == [(type(t), t, n) for t, n in expected]
+
+
+def test_a_chain_keeps_only_its_earliest_call_in_the_heap_and_refuses_a_negative_delay():
+    clock, ran = Clock(), []
+    chain = Chain(clock)
+    for delay in (1.0, 2.0, 2.0, 3.0):
+        chain.call_in(delay, ran.append, delay)
+    chain.call_in(0.5, ran.append, 0.5)  # earlier than the chain's last: into the heap at once
+    assert len(clock.queue) == 2
+    with pytest.raises(ValueError, match="negative delay"):
+        chain.call_in(-1.0, print)
+    clock.run()
+    assert ran == [0.5, 1.0, 2.0, 2.0, 3.0] and clock.now == 3.0
 
 
 def test_run_until_stops_before_calls_due_then_and_stands_there():

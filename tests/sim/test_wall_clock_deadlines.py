@@ -79,6 +79,20 @@ def test_a_stuck_execution_lasts_its_ceiling_alone_and_on_a_full_engine(alpha, r
     assert full.run()[0] == pytest.approx(CEILING, abs=1e-6)
 
 
+def test_a_stuck_execution_never_runs_out_so_its_engine_arms_no_finish_timer_for_it():
+    # its work is infinite: only its deadline ends it, and no engine timer waits unfired in the heap until then
+    bare = Bare(_trace([_stuck_query()] + [_completed_query(1.0)] * 9), CostModel())
+    bare.start([(0, 0)])
+    engines, fire = bare.sim.engines, bare.sim.engines._fire_call
+    assert engines.remaining(0) == float("inf")
+    assert not [c.heap for c in engines._engines[0].clocks.values() if c.heap]  # nor a place in its finish order
+    assert not [call for call in bare.sim.env.queue if call[2] == fire]
+    bare.start([(N, 0)])  # a completing execution beside it: the engine's timer is for that one
+    timers = [call[0] for call in bare.sim.env.queue if call[2] == fire]
+    ends = bare.run()
+    assert timers == [ends[N]] and ends[N] < 3600.0 and ends[0] == pytest.approx(CEILING, abs=1e-6)
+
+
 def test_a_reroute_neither_resets_nor_stretches_the_clock():
     costs = CostModel(engine_load_alpha=8.0, engine_reference_load=0.3, reroute_recompute_s=3600.0)
     bare = Bare(_trace([_stuck_query()] + [_completed_query(1.0)] * 9), costs)
