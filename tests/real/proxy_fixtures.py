@@ -14,7 +14,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -393,6 +393,25 @@ def start_proxy(config: Any, chat: Any = None) -> tuple[ServerThread, Any]:
 
     thread = ServerThread(make_app, runner_args=RUNNER_ARGS, on_setup=keep_half_open).start()
     return thread, holder["server"]
+
+
+@contextlib.contextmanager
+def scripted_proxy_stack(model_dir: Any, script: Any, records_dir: Any, engine_options: dict | None = None,
+                         **overrides: Any) -> Iterator[dict[str, Any]]:
+    """One ``ScriptedEngine`` answering ``script`` (``engine_options``: its keyword arguments) and a proxy in
+    front of it (``start_proxy``; ``overrides``: ``proxy_config``'s), both in threads of this process;
+    yields ``{"url", "port", "server", "engine", "model", "records"}``, then stops the proxy and the engine."""
+    engine = ScriptedEngine(model_dir, script, **(engine_options or {}))
+    engine_thread = ServerThread(engine.application).start()
+    try:
+        proxy_thread, server = start_proxy(proxy_config(model_dir, records_dir, {"e0": engine_thread.url}, **overrides))
+        try:
+            yield {"url": proxy_thread.url, "port": proxy_thread.port, "server": server, "engine": engine,
+                   "model": model_dir, "records": records_dir}
+        finally:
+            proxy_thread.stop()
+    finally:
+        engine_thread.stop()
 
 
 # -- test-side checks --------------------------------------------------------------

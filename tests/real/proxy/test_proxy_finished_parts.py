@@ -17,11 +17,9 @@ import pytest
 from gyre.real.proxy import model_call
 
 try:
-    from proxy_fixtures import ScriptedEngine, ServerThread, build_tiny_tokenizer, parse_sse, proxy_config
-    from proxy_fixtures import shared_tiny_dir, start_proxy
+    from proxy_fixtures import build_tiny_tokenizer, parse_sse, scripted_proxy_stack, shared_tiny_dir
 except ImportError:
-    from .proxy_fixtures import (ScriptedEngine, ServerThread, build_tiny_tokenizer, parse_sse,  # noqa: F401
-                                 proxy_config, shared_tiny_dir, start_proxy)
+    from .proxy_fixtures import build_tiny_tokenizer, parse_sse, scripted_proxy_stack, shared_tiny_dir
 
 pytestmark = pytest.mark.timeout(60)
 ANSWER = "<think>plan it</think>the answer"
@@ -38,12 +36,8 @@ def stack(tmp_path_factory, monkeypatch):
 
     monkeypatch.setattr(model_call, "parse_output", counted)  # ``ChatService._finished``'s parse only
     model = build_tiny_tokenizer(shared_tiny_dir(tmp_path_factory))
-    engine_thread = ServerThread(ScriptedEngine(model, lambda prompt: ANSWER).application).start()
-    config = proxy_config(model, tmp_path_factory.mktemp("records"), {"e0": engine_thread.url}, fsync=True)
-    proxy_thread, _ = start_proxy(config)
-    yield proxy_thread.url, parsed
-    proxy_thread.stop()
-    engine_thread.stop()
+    with scripted_proxy_stack(model, lambda prompt: ANSWER, tmp_path_factory.mktemp("records"), fsync=True) as stack:
+        yield stack["url"], parsed
 
 
 def _post(url: str, path: str, body: dict) -> bytes:

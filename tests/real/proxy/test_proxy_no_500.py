@@ -20,12 +20,10 @@ from hypothesis import strategies as st
 from gyre.real.store.durable import Disk
 
 try:
-    from proxy_fixtures import ScriptedEngine, ServerThread, build_tiny_tokenizer, shared_tiny_dir, start_proxy
-    from proxy_fixtures import proxy_config
+    from proxy_fixtures import build_tiny_tokenizer, scripted_proxy_stack, shared_tiny_dir
     from hypothesis_budget import examples
 except ImportError:
-    from .proxy_fixtures import (ScriptedEngine, ServerThread, build_tiny_tokenizer, proxy_config,  # noqa: F401
-                                 shared_tiny_dir, start_proxy)
+    from .proxy_fixtures import build_tiny_tokenizer, scripted_proxy_stack, shared_tiny_dir
 
     def examples(full: int) -> int:
         return full
@@ -37,13 +35,8 @@ TOKEN = "admin-secret-token"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     model = build_tiny_tokenizer(shared_tiny_dir(tmp_path_factory))
-    records = tmp_path_factory.mktemp("records")
-    engine = ScriptedEngine(model, lambda prompt: "Hello.")
-    engine_thread = ServerThread(engine.application).start()
-    proxy_thread, server = start_proxy(proxy_config(model, records, {"e0": engine_thread.url}))
-    yield {"port": proxy_thread.port, "server": server, "records": records}
-    proxy_thread.stop()
-    engine_thread.stop()
+    with scripted_proxy_stack(model, lambda prompt: "Hello.", tmp_path_factory.mktemp("records")) as stack:
+        yield stack
 
 
 def send(stack: dict, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, bytes, str]:

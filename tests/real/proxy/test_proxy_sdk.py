@@ -17,11 +17,11 @@ anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
 
 try:
-    from proxy_fixtures import (shared_tiny_dir, ScriptedEngine, ServerThread, build_tiny_tokenizer, check_records, new_key,
-                                proxy_config, start_proxy, tool_loop_script)
+    from proxy_fixtures import (build_tiny_tokenizer, check_records, new_key, scripted_proxy_stack, shared_tiny_dir,
+                                tool_loop_script)
 except ImportError:  # tests/real imported as a package
-    from .proxy_fixtures import (shared_tiny_dir, ScriptedEngine, ServerThread, build_tiny_tokenizer, check_records, new_key,
-                                 proxy_config, start_proxy, tool_loop_script)
+    from .proxy_fixtures import (build_tiny_tokenizer, check_records, new_key, scripted_proxy_stack, shared_tiny_dir,
+                                 tool_loop_script)
 
 pytestmark = pytest.mark.timeout(60)
 BASH = {"name": "Bash", "description": "Run a shell command",
@@ -31,13 +31,8 @@ BASH = {"name": "Bash", "description": "Run a shell command",
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     model = build_tiny_tokenizer(shared_tiny_dir(tmp_path_factory))
-    records = tmp_path_factory.mktemp("records")
-    engine = ScriptedEngine(model, tool_loop_script(command="ls -la"))
-    engine_thread = ServerThread(engine.application).start()
-    proxy_thread, server = start_proxy(proxy_config(model, records, {"e0": engine_thread.url}))
-    yield {"url": proxy_thread.url, "server": server, "model": model, "records": records, "engine": engine}
-    proxy_thread.stop()
-    engine_thread.stop()
+    with scripted_proxy_stack(model, tool_loop_script(command="ls -la"), tmp_path_factory.mktemp("records")) as stack:
+        yield stack
 
 
 def assert_anthropic_event_order(events: list[str]) -> None:

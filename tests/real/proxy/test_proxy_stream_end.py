@@ -18,12 +18,10 @@ from gyre.real.store.durable import Disk
 
 try:
     from held_calls import held
-    from proxy_fixtures import ScriptedEngine, ServerThread, build_tiny_tokenizer, parse_sse, proxy_config
-    from proxy_fixtures import shared_tiny_dir, start_proxy
+    from proxy_fixtures import build_tiny_tokenizer, parse_sse, scripted_proxy_stack, shared_tiny_dir
 except ImportError:
     from ..held_calls import held
-    from .proxy_fixtures import (ScriptedEngine, ServerThread, build_tiny_tokenizer, parse_sse,  # noqa: F401
-                                 proxy_config, shared_tiny_dir, start_proxy)
+    from .proxy_fixtures import build_tiny_tokenizer, parse_sse, scripted_proxy_stack, shared_tiny_dir
 
 pytestmark = pytest.mark.timeout(60)
 ANSWER = "all of it in one chunk"
@@ -32,13 +30,9 @@ ANSWER = "all of it in one chunk"
 @pytest.fixture()
 def stack(tmp_path_factory):
     model = build_tiny_tokenizer(shared_tiny_dir(tmp_path_factory))
-    engine = ScriptedEngine(model, lambda prompt: ANSWER, chunk_tokens=1000)
-    engine_thread = ServerThread(engine.application).start()
-    config = proxy_config(model, tmp_path_factory.mktemp("records"), {"e0": engine_thread.url}, fsync=True)
-    proxy_thread, server = start_proxy(config)
-    yield {"url": proxy_thread.url, "server": server}
-    proxy_thread.stop()
-    engine_thread.stop()
+    with scripted_proxy_stack(model, lambda prompt: ANSWER, tmp_path_factory.mktemp("records"),
+                              {"chunk_tokens": 1000}, fsync=True) as stack:
+        yield stack
 
 
 def _send_stream_request(url: str) -> socket.socket:

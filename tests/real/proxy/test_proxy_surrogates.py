@@ -14,11 +14,9 @@ import pytest
 anthropic = pytest.importorskip("anthropic")
 
 try:
-    from proxy_fixtures import ScriptedEngine, ServerThread, build_tiny_tokenizer, proxy_config, shared_tiny_dir
-    from proxy_fixtures import start_proxy
+    from proxy_fixtures import build_tiny_tokenizer, scripted_proxy_stack, shared_tiny_dir
 except ImportError:
-    from .proxy_fixtures import (ScriptedEngine, ServerThread, build_tiny_tokenizer, proxy_config,  # noqa: F401
-                                 shared_tiny_dir, start_proxy)
+    from .proxy_fixtures import build_tiny_tokenizer, scripted_proxy_stack, shared_tiny_dir
 
 pytestmark = pytest.mark.timeout(120)
 CALL = '<tool_call>\n{"name": "Bash", "arguments": {"command": "\\ud800 x", "\\udfff": ["\\ud83d\\ude00"]}}\n</tool_call>'
@@ -33,12 +31,8 @@ def script(prompt: str) -> str:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     model = build_tiny_tokenizer(shared_tiny_dir(tmp_path_factory))
-    engine_thread = ServerThread(ScriptedEngine(model, script).application).start()
-    proxy_thread, server = start_proxy(proxy_config(model, tmp_path_factory.mktemp("records"),
-                                                    {"e0": engine_thread.url}))
-    yield {"url": proxy_thread.url, "server": server}
-    proxy_thread.stop()
-    engine_thread.stop()
+    with scripted_proxy_stack(model, script, tmp_path_factory.mktemp("records")) as stack:
+        yield stack
 
 
 @pytest.mark.parametrize("stream", [False, True])
