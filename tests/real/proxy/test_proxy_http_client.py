@@ -397,9 +397,10 @@ def test_an_idle_connection_is_not_reused_after_idle_s() -> None:
     run(main())
 
 
-async def _steps(resp) -> list[bytes]:
-    """The body as ``iter_in_place`` hands it over: one entry per step, each consumed at once."""
-    steps = []
+async def _steps(resp, steps: list[bytes] | None = None) -> list[bytes]:
+    """The body as ``iter_in_place`` hands it over: one entry per step, each consumed at once, appended to
+    ``steps`` (a new list by default: a caller's own keeps what came before an error)."""
+    steps = [] if steps is None else steps
     async for _ in resp.iter_in_place():
         steps.append(bytes(resp.buffer[resp.body_start:resp.body_end]))
         resp.consume(resp.body_end - resp.body_start)
@@ -498,9 +499,7 @@ def test_the_part_of_a_chunk_received_before_the_connection_ends_is_handed_over_
             steps: list[bytes] = []
             async with await client.request("POST", url, b"") as resp:
                 with pytest.raises(HttpError, match="cut short"):
-                    async for _ in resp.iter_in_place():
-                        steps.append(bytes(resp.buffer[resp.body_start:resp.body_end]))
-                        resp.consume(resp.body_end - resp.body_start)
+                    await _steps(resp, steps)
             assert b"".join(steps) == b"abcd"
             await client.close()
 
