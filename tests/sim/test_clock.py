@@ -21,7 +21,9 @@ DELAYS = st.sampled_from([0, 0.0, 0.5, 1.0, 1.5, 3.0, 0.1 + 0.2, 0.3])
 PROGRAMS = st.lists(st.lists(st.tuples(DELAYS, st.integers(0, 30)), max_size=3), min_size=1, max_size=30)
 
 
-def _trace(env, program: list[list[tuple[float, int]]], use_call_in: bool) -> list[tuple[float, int]]:
+def _trace(env, program: list[list[tuple[float, int]]], schedule) -> list[tuple[float, int]]:
+    """The (time, node) of each call ``program`` makes on ``env``, each child scheduled by
+    ``schedule(delay, run, child)``."""
     ran: list[tuple[float, int]] = []
     budget = [200]  # programs may loop; stop scheduling after 200 calls
 
@@ -31,21 +33,24 @@ def _trace(env, program: list[list[tuple[float, int]]], use_call_in: bool) -> li
             if budget[0] <= 0:
                 return
             budget[0] -= 1
-            if use_call_in:
-                env.call_in(delay, run, child)
-            else:
-                env.timeout(delay).callbacks.append(lambda _e, c=child: run(c))
+            schedule(delay, run, child)
 
     env.timeout(0).callbacks.append(lambda _e: run(0))
     env.run()
     return ran
 
 
+def _by_timeout(env):
+    """SimPy's way to schedule a call: a timeout event and its callback."""
+    return lambda delay, fn, child: env.timeout(delay).callbacks.append(lambda _e: fn(child))
+
+
 @settings(max_examples=60, deadline=None)
 @given(PROGRAMS, st.booleans())
 def test_calls_run_in_simpy_order_at_simpy_times(program, use_call_in):
-    expected = _trace(simpy.Environment(), program, use_call_in=False)
-    got = _trace(Clock(), program, use_call_in=use_call_in)
+    expected_env, env = simpy.Environment(), Clock()
+    expected = _trace(expected_env, program, _by_timeout(expected_env))
+    got = _trace(env, program, env.call_in if use_call_in else _by_timeout(env))
     assert [(type(t), t, n) for t, n in got] == [(type(t), t, n) for t, n in expected]
 
 
@@ -53,22 +58,11 @@ def test_calls_run_in_simpy_order_at_simpy_times(program, use_call_in):
 @given(PROGRAMS, st.lists(st.booleans(), min_size=31, max_size=31))
 def test_calls_made_through_a_chain_run_as_clock_call_in_runs_them(program, chained):
     # the same programs, each child scheduled through a Chain when its id says so: same calls, times and order
-    expected = _trace(Clock(), program, use_call_in=True)
-    clock = Clock()
+    expected_clock, clock = Clock(), Clock()
+    expected = _trace(expected_clock, program, expected_clock.call_in)
     chain = Chain(clock)
-    ran: list[tuple[float, int]] = []
-    budget = [200]
-
-    def run(node: int) -> None:
-        ran.append((clock.now, node))
-        for delay, child in program[node % len(program)]:
-            if budget[0] <= 0:
-                return
-            budget[0] -= 1
-            (chain.call_in if chained[child] else clock.call_in)(delay, run, child)
-
-    clock.call_in(0, run, 0)
-    clock.run()
+    ran = _trace(clock, program, lambda delay, fn, child: (chain.call_in if chained[child] else clock.call_in)(
+        delay, fn, child))
     assert [(type(t), t, n) for t, n in ran] == [(type(t), t, n) for t, n in expected]
 
 
