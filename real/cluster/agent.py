@@ -17,6 +17,11 @@ Each process gets the node's environment without the ``OMP_NUM_THREADS=1`` Ray
 puts in actors (a process started by ``gyre run`` on one machine does not get
 it either), plus ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` when the cluster
 names an interface (so torch.distributed binds that interface, never a guess).
+It also runs at the node's normal priority: Ray starts every worker process at
+nice 15, which children inherit, so agents (and node supervisors) are created
+with ``NORMAL_PRIORITY`` and a rank or an engine under Ray is not put behind
+every other process of its node (CI once saw a nice-15 agent starved on a
+loaded node: the rank it was asked to start came up after the driver's 120 s wait).
 An agent of a CUDA job's cell holds the cell's GPUs (``gpus``; Ray gives it their
 ids, logical GPUs included: ``ray start --num-gpus=N``) and shows its processes
 exactly those: ``CUDA_VISIBLE_DEVICES`` = the ids in Ray's order for every rank
@@ -37,7 +42,8 @@ SIGKILL from Ray itself, which kills an exiting worker's direct children: the
 ranks and the engines' holders; an engine's reaper, behind its holder, still
 gets its SIGTERM and ends the engine's whole group (``cluster.holder``); ``shutdown`` kills whatever still runs
 and is idempotent; addresses are the node's address on the configured
-interface (``config.interface_address``) or the one Ray advertises, never 0.0.0.0.
+interface (``config.interface_address``) or the one Ray advertises, never 0.0.0.0;
+every process it starts has the niceness of the node's Ray processes (0), not Ray's 15.
 """
 
 from __future__ import annotations
@@ -56,6 +62,9 @@ from gyre.real.runtime.engine_watch import RestartThread
 from gyre.real.runtime.lifetime import die_with_parent
 
 RAY_SET = ("OMP_NUM_THREADS",)  # Ray sets these in every actor; processes started here should not inherit them
+# the runtime environment of an actor that starts the job's processes: Ray's own switch for a worker's niceness
+# (15 by default; Ray's job supervisor asks for 0 the same way)
+NORMAL_PRIORITY = {"env_vars": {"RAY_worker_niceness": "0"}}
 
 
 class NodeAgent:

@@ -23,7 +23,8 @@ driver's calls to it; it is a transport, never a second supervisor.
   parent-death signal). Their ledger entries stay ``running``; the driver reads
   them as ``lost`` (``NodeSupervisors.view``), the re-run path of a lost supervisor.
 - **Environment.** A spawn without ``env`` gets the node's own environment
-  (read by the actor, without what Ray sets in actors: ``agent.RAY_SET``).
+  (read by the actor, without what Ray sets in actors: ``agent.RAY_SET``), and
+  the node's normal priority (``agent.NORMAL_PRIORITY``, not Ray's nice 15).
 
 Invariants: at most one actor per (run folder, node) (``get_if_exists``); a
 call to a node whose actor is gone raises ``SupervisorGone`` naming the node; an
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gyre.real.cluster.agent import RAY_SET
+from gyre.real.cluster.agent import NORMAL_PRIORITY, RAY_SET
 from gyre.real.runtime.engine_watch import RestartThread
 from gyre.real.supervisor.client import SUPERVISOR_DIR, LeaseRenewer, SupervisorGone, start_or_reuse
 from gyre.real.supervisor.daemon import LEASE_S, LEDGER_NAME
@@ -182,7 +183,7 @@ def _host(run_dir: str | os.PathLike, node: str, grace_s: float, lease_s: float)
     folder = node_folder(run_dir, node)
     return RemoteSupervisor(node, folder, ray.remote(NodeSupervisorHost).options(
         name=actor_name(run_dir, node), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-        num_cpus=0, max_concurrency=32, max_restarts=0,
+        num_cpus=0, max_concurrency=32, max_restarts=0, runtime_env=NORMAL_PRIORITY,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(str(folder), grace_s, lease_s))
 
 

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Hashable
 
-from gyre.real.cluster.agent import NodeAgent
+from gyre.real.cluster.agent import NORMAL_PRIORITY, NodeAgent
 from gyre.real.cluster.config import ClusterConfig, check_interface
 
 HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives its head node only
@@ -216,6 +216,7 @@ class Placement:
                                  f"the cluster has {ray.available_resources()} available")
         actor = ray.remote(NodeAgent)
         agents = {name: actor.options(num_cpus=0, num_gpus=gpus.get(name, 0), max_concurrency=64,
+                                      runtime_env=NORMAL_PRIORITY,
                                       scheduling_strategy=PlacementGroupSchedulingStrategy(
                                           placement_group=pg, placement_group_bundle_index=0))
                   .remote(self.config.interface, os.getcwd(), gpus=gpus.get(name, 0)) for name, pg in pgs.items()}

@@ -102,6 +102,9 @@ def test_node_supervisors_outlive_a_killed_driver_reattach_expire_and_fall_back(
         assert set(found.live()) == {head, other}, "a new driver finds both supervisors by name"
         assert wait_until(lambda: job_ended(started["job"]), 30), "Ray did not end the killed driver's job"
         assert all(alive(pid) for pid in [*pids.values(), *daemons.values()])
+        # the daemons, and what they run, at this node's normal priority, not the nice 15 of Ray's workers
+        assert {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in [*pids.values(), *daemons.values()]} == \
+            {pid: os.getpriority(os.PRIO_PROCESS, 0) for pid in [*pids.values(), *daemons.values()]}
         view = found.view()
         assert {node: (view[node]["x0"].state, view[node]["x0"].pid) for node in view} == \
             {node: (RUNNING, pid) for node, pid in pids.items()}, "re-attached: same pids, still running"
