@@ -332,30 +332,32 @@ def node_daemons(work: Path) -> list[int]:
 def kill_and_resume(tmp: Path, work: Path, argv: list[str]) -> Kill:
     """Start ``gyre run --cluster``; once a publication is done and a step is open with harnesses running,
     SIGKILL its process group; list what is left; ``gyre run --resume`` to the end (exit 0)."""
-    proc = rw.start(argv, tmp, "run0")
-    try:
-        rw.wait_for(proc, work, lambda core: core.published >= 2 and core.batch_open and rw.running_harnesses(work)
-                    and not rw.unsettled_engines(work), "a publication, then a step open with harnesses running and "
-                    "no engine's memory change under way", timeout=600)
-        kill = Kill(rw.running_harnesses(work), {k: pid for k, (_, pid) in engine_entries(work).items()},
-                    node_daemons(work), {}, rw.newest_checkpoint(work))
-    finally:
-        kill_snapshot = rw.kill_job(proc, work)
-    kill.snapshot = kill_snapshot
-    kill.unsettled = rw.unsettled_engines(work)  # a change that began between the check and the kill: seen here
-    found = only_the_supervisors_remain(tmp, work, kill)
-    kill.row = {"kill": 1, "what": "gyre run --cluster", "moment": "mid-step", "processes": len(found)}
-    resumed = rw.start(["--resume", str(work)], tmp, "run1")
-    try:
-        code = resumed.wait(timeout=700)
-    finally:
-        if resumed.poll() is None:
-            os.killpg(resumed.pid, signal.SIGKILL)
-    assert code == 0, (tmp / "run1.stderr").read_text()[-4000:]
-    kill.resume = rw.resume_record(work, 1)
-    kill.row.update(kp.resume_columns(kill.resume, kill.running))
-    print(kp.kill_table([kill.row]))
-    return kill
+    with rw.stopped_if_failed(work):
+        proc = rw.start(argv, tmp, "run0")
+        try:
+            rw.wait_for(proc, work, lambda core: core.published >= 2 and core.batch_open
+                        and rw.running_harnesses(work) and not rw.unsettled_engines(work),
+                        "a publication, then a step open with harnesses running and no engine's memory change "
+                        "under way", timeout=600)
+            kill = Kill(rw.running_harnesses(work), {k: pid for k, (_, pid) in engine_entries(work).items()},
+                        node_daemons(work), {}, rw.newest_checkpoint(work))
+        finally:
+            kill_snapshot = rw.kill_job(proc, work)
+        kill.snapshot = kill_snapshot
+        kill.unsettled = rw.unsettled_engines(work)  # a change begun between the check and the kill: seen here
+        found = only_the_supervisors_remain(tmp, work, kill)
+        kill.row = {"kill": 1, "what": "gyre run --cluster", "moment": "mid-step", "processes": len(found)}
+        resumed = rw.start(["--resume", str(work)], tmp, "run1")
+        try:
+            code = resumed.wait(timeout=700)
+        finally:
+            if resumed.poll() is None:
+                os.killpg(resumed.pid, signal.SIGKILL)
+        assert code == 0, (tmp / "run1.stderr").read_text()[-4000:]
+        kill.resume = rw.resume_record(work, 1)
+        kill.row.update(kp.resume_columns(kill.resume, kill.running))
+        print(kp.kill_table([kill.row]))
+        return kill
 
 
 def only_the_supervisors_remain(tmp: Path, work: Path, kill: Kill, within: float = 60.0) -> dict[int, str]:
@@ -449,6 +451,9 @@ def test_a_killed_driver_leaves_no_process_on_any_node(tmp_path, two_node_cluste
         wait_until(lambda: min(len(group_members(pid)) for pid in engines) >= 4, 30, poll_s=0.2)
         members = [member for pid in engines for member in group_members(pid)]
         assert len(members) == 12 and all(alive(pid) for pid in pids), (pids, members)
+        # ranks and engines at the test's own priority: the agents are not left at the nice 15 of Ray's workers
+        assert {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in members + pids[:3]} == \
+            {pid: os.getpriority(os.PRIO_PROCESS, 0) for pid in members + pids[:3]}
     finally:
         driver.kill()  # SIGKILL: no finally, no close() in the driver
         driver.wait(10)
