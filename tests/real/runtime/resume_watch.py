@@ -16,11 +16,15 @@
   go on);
 - ``unsettled_engines``: engines whose record says a memory release or resume
   is under way (a kill then leaves what the engine holds unknown: the resume
-  starts it again instead of adopting it).
+  starts it again instead of adopting it);
+- ``stopped_if_failed``: should the test fail, ``gyre stop RUN_DIR`` ends what
+  the run left (its supervisors keep harnesses, proxy and engines for their
+  lease, 300 s: CI once saw that load make the next tests fail too).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +32,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from gyre.formats.eventlog import run_config
@@ -39,6 +44,19 @@ from gyre.real.supervisor.ledger import read_records as ledger_records
 from gyre.scheduler import Scheduler
 
 ADMIN_TOKEN = "gyre-job-admin"  # runtime.job_parts.ADMIN_TOKEN (not imported: that module pulls in the backend)
+
+
+@contextlib.contextmanager
+def stopped_if_failed(work: Path) -> Iterator[None]:
+    """Run the body; should it raise, stop the run at ``work`` (``gyre stop``) before the error goes on."""
+    try:
+        yield
+    except BaseException:
+        if (work / "supervisor").is_dir():
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run([sys.executable, "-m", "gyre.cli", "stop", str(work)], capture_output=True,
+                               timeout=180)
+        raise
 
 
 def start(argv: list[str], tmp: Path, name: str, pause: str = "") -> subprocess.Popen:

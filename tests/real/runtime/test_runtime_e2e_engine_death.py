@@ -39,6 +39,11 @@ import pytest
 
 from gyre.real.engines.manager import sglang_python
 
+try:
+    import resume_watch as rw
+except ImportError:
+    from . import resume_watch as rw
+
 ROOT = Path(__file__).resolve().parents[3]
 NO_VENV = f"SGLang CPU venv not found at {sglang_python()} (run tools/setup_sglang_cpu.sh)"
 # The run must outlast the restart, which it need not wait for: the core, which knows nothing of the death,
@@ -46,8 +51,10 @@ NO_VENV = f"SGLang CPU venv not found at {sglang_python()} (run tools/setup_sgla
 # steps took 45 s and the restart was not done; restarts took 63-80 s then). A 4 s "tool work" pause after
 # each call lightens the engines' load (the restart went faster: 53-54 s at load 1.5-7.6) and stretches each
 # burst: the run went on 186-216 s after the kill here. Also: the warm-up burst's fresher groups weigh less in
-# the staleness mean (8 steps: 1.25 of 1.5).
-STEPS = 14
+# the staleness mean (8 steps: 1.25 of 1.5). 18 steps, not 14: CI once had the restart take 89 s while the other
+# cells went on without the killed one (no step waited for it), and the run ended 3 steps after the engine came
+# back, in the training role: its cell reached the rollout role only in the last step, with nothing left to serve.
+STEPS = 18
 TOOL_WORK_S = 4.0
 # While the killed engine was the only one in the rollout role its calls have nowhere to go: the proxy holds
 # them until the engine is back; should a hold run out, the scripted harness retries the overload error (as
@@ -99,7 +106,7 @@ def test_gyre_run_restarts_an_engine_killed_mid_run(tmp_path):
             "--set", f"steps={STEPS}", "--set", "timeout_s=600.0",
             "--set", f"harness_options={{retries={RETRIES}, sleep_s={TOOL_WORK_S}}}"]
     t0 = time.monotonic()
-    with open(tmp_path / "stderr.txt", "w") as stderr:
+    with open(tmp_path / "stderr.txt", "w") as stderr, rw.stopped_if_failed(work):
         proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True)
         try:
             victim = _busy_rollout_engine(work, proc, tmp_path / "stderr.txt")

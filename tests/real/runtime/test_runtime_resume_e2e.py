@@ -221,11 +221,12 @@ def test_a_run_killed_at_seeded_moments_resumes_and_finishes(tmp_path):
     t0 = time.monotonic()
     k = Killer(tmp_path)
     print(k.context())
-    k.launch(["--config", str(tmp_path / "job.toml")], kp.pause_for(k.schedule[0].kind, 0))
-    for n, point in enumerate(k.schedule):
-        k.kill_job_at(point, k.schedule[n + 1] if n + 1 < len(k.schedule) else None)
-    lost = k.kill_supervisor()
-    assert k.proc.wait(timeout=500) == 0, k.stderr().read_text()[-3000:] + k.context()
+    with rw.stopped_if_failed(work):
+        k.launch(["--config", str(tmp_path / "job.toml")], kp.pause_for(k.schedule[0].kind, 0))
+        for n, point in enumerate(k.schedule):
+            k.kill_job_at(point, k.schedule[n + 1] if n + 1 < len(k.schedule) else None)
+        lost = k.kill_supervisor()
+        assert k.proc.wait(timeout=500) == 0, k.stderr().read_text()[-3000:] + k.context()
     err = k.stderr().read_text()
     assert "supervisor" in err and "died" in err, err[-3000:]
     k.fill_rows()
