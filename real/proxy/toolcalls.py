@@ -225,7 +225,12 @@ def _merged(events: list[OutputEvent]) -> list[OutputEvent]:
 
 
 def parse_output(text: str, *, in_thinking: bool = False) -> ParsedOutput:
-    """Split a finished output into thinking, visible text and tool calls."""
+    """Split a finished output into thinking, visible text and tool calls.
+
+    An output with no ``<`` outside thinking holds no tag: it is its visible text, stripped (what
+    ``OutputSplitter`` makes of it, without its steps: the recorder parses every answer's output)."""
+    if not in_thinking and "<" not in text:
+        return ParsedOutput("", text.strip(), ())
     splitter = OutputSplitter(in_thinking=in_thinking)
     events = splitter.feed(text) + splitter.finish()
     thinking = "".join(e.text for e in events if e.kind == "thinking")

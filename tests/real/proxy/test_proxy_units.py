@@ -57,6 +57,26 @@ def test_parse_output_thinking_text_and_calls():
     assert parse_output("plan</think>answer", in_thinking=True).thinking == "plan"
 
 
+
+def _split_whole(text: str, in_thinking: bool) -> tuple[str, str, tuple]:
+    """What ``parse_output`` returns, taken from the splitter's events (no shortcut)."""
+    splitter = OutputSplitter(in_thinking=in_thinking)
+    events = splitter.feed(text) + splitter.finish()
+    return ("".join(e.text for e in events if e.kind == "thinking").strip(),
+            "".join(e.text for e in events if e.kind == "text"), tuple(e.call for e in events if e.call))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(st.text(alphabet=" \n\tab.,<", max_size=16), st.text(max_size=16),
+                      st.builds(lambda a, b: a + "<think>" + b, st.text(" \na", max_size=4), st.text(" a", max_size=4))),
+       in_thinking=st.booleans())
+def test_parse_output_equals_the_splitter_with_or_without_a_tag(text, in_thinking):
+    # ``parse_output`` answers a text with no ``<`` without the splitter (the recorder parses every
+    # answer); whatever the text, it must say what the splitter's events say
+    parsed = parse_output(text, in_thinking=in_thinking)
+    assert (parsed.thinking, parsed.text, parsed.tool_calls) == _split_whole(text, in_thinking)
+
+
 # -- SGLang stream chunks -----------------------------------------------------------------
 
 def _sglang_chunks(ids, *, incremental):
