@@ -41,6 +41,9 @@ TOKEN_ID_LIMIT = 2**31
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]+$")
 _HEADER = struct.Struct("<I")
 _HEADER_JSON = json.JSONEncoder(separators=(",", ":"))  # = json.dumps(..., separators=...), built once
+# arrays up to this size are checked in Python (a list's min or all(): well under a numpy reduction's
+# ~2 us fixed cost, and a proxy call's output is mostly that short); longer ones by numpy reductions
+SMALL_ARRAY = 64
 
 
 class Provenance(IntEnum):
@@ -71,7 +74,12 @@ def _token_array(name: str, values: Any, *, allow_empty: bool) -> np.ndarray:
     if array.dtype.kind not in "iu":  # = np.issubdtype(dtype, np.integer), a tenth of its cost
         raise RecordError(f"{name} must hold integer token ids, got dtype {array.dtype}")
     # an int32 array (what the proxy builds) cannot exceed the limit: one reduction instead of two
-    if array.min() < 0 or (array.dtype != np.int32 and array.max() >= TOKEN_ID_LIMIT):
+    if array.size <= SMALL_ARRAY:
+        values = array.tolist()
+        low, high = min(values), max(values)
+    else:
+        low, high = array.min(), (array.max() if array.dtype != np.int32 else 0)
+    if low < 0 or high >= TOKEN_ID_LIMIT:
         raise RecordError(f"{name} holds a token id outside [0, 2**31)")
     return _frozen(array.astype(np.int32, copy=False))
 
@@ -134,8 +142,13 @@ class ModelCall:
             got = logprobs.shape[0] if logprobs.ndim == 1 else logprobs.shape
             raise RecordError(f"output_logprobs must have one value per output token: "
                               f"{got} logprobs for {len(self.output_ids)} tokens")
-        # min and max propagate NaN, which fails both comparisons: finite and <= 0 in two reductions
-        if logprobs.size and not (logprobs.min() > -np.inf and logprobs.max() <= 0):
+        # min and max propagate NaN, which fails both comparisons: finite and <= 0 in two reductions;
+        # a short array value by value (NaN fails the chained comparison as well)
+        if logprobs.size <= SMALL_ARRAY:
+            bad = not all(-math.inf < value <= 0 for value in logprobs.tolist())
+        else:
+            bad = not (logprobs.min() > -np.inf and logprobs.max() <= 0)
+        if bad:
             raise RecordError("output_logprobs must be finite and <= 0")
         return _frozen(logprobs)
 
@@ -151,8 +164,10 @@ class ModelCall:
         if self.finished_at < self.started_at:
             raise RecordError("finished_at must not precede started_at")
         hints = self.role_hints
-        if not isinstance(hints, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
-                                                     for k, v in hints.items()):
+        # a dict whose keys and values are all exactly str (what the proxy builds) needs no walk
+        if not (type(hints) is dict and {*map(type, hints), *map(type, hints.values())} <= {str}) and (
+                not isinstance(hints, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                          for k, v in hints.items())):
             raise RecordError("role_hints must map str to str")
         if not isinstance(self.tool_calls, (tuple, list)):
             raise RecordError("tool_calls must be a tuple of payload dicts")

@@ -49,6 +49,49 @@ def test_malformed_records_raise_naming_the_field(overrides, message):
         make(**overrides)
 
 
+
+class _Str(str):
+    pass
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(ids=st.lists(st.sampled_from([0, 1, 7, 2**31 - 1, -1, 2**31, 2**40]), min_size=1, max_size=6),
+       logprobs=st.lists(st.sampled_from([0.0, -0.5, -1e300, 0.1, float("nan"), float("inf"), float("-inf")]),
+                         min_size=1, max_size=6),
+       dtype=st.sampled_from([np.int64, np.uint64, np.int32]), pad=st.sampled_from([0, 1, 63, 64, 200]),
+       at=st.integers(0, 1000))
+def test_checks_say_the_same_on_short_and_long_arrays(ids, logprobs, dtype, pad, at):
+    # arrays up to records.SMALL_ARRAY are checked in Python, longer ones by numpy reductions: the
+    # verdict (and the message) must not depend on which, nor on where in the array a bad value lies
+    ids = [i for i in ids if np.iinfo(dtype).min <= i <= np.iinfo(dtype).max] or [0]
+    where = at % (pad + 1)
+    id_array = np.array([1] * where + ids + [2] * (pad - where), dtype=dtype)
+    lp_array = np.array([-0.25] * where + logprobs + [-0.75] * (pad - where))
+    ids_ok = bool(((id_array.astype(object) >= 0) & (id_array.astype(object) < 2**31)).all())
+    lp_ok = bool((np.isfinite(lp_array) & (lp_array <= 0)).all())
+    for name, array, ok, message in (("input_ids", id_array, ids_ok, "outside"),
+                                     ("output_logprobs", lp_array, lp_ok, "finite and <= 0")):
+        fields = {"output_ids": np.zeros(len(lp_array), dtype=np.int32)} if name == "output_logprobs" else {
+            "output_ids": [], "output_logprobs": []}
+        if ok:
+            make(**fields, **{name: array})
+        else:
+            with pytest.raises(RecordError, match=message):
+                make(**fields, **{name: array})
+
+
+@pytest.mark.parametrize("hints, ok", [
+    ({"a": "b"}, True), ({_Str("a"): _Str("b")}, True), ({"a": b"b"}, False), ({1: "b"}, False),
+    ({"a": "b", "c": None}, False), ({}, True),
+])
+def test_role_hints_accept_str_and_its_subclasses_only(hints, ok):
+    if ok:
+        assert make(role_hints=hints).role_hints == hints
+    else:
+        with pytest.raises(RecordError, match="role_hints"):
+            make(role_hints=hints)
+
+
 def test_arrays_are_read_only_and_derived_views_are_consistent():
     call = make(input_provenance=[0, 2, 0])
     assert not call.input_ids.flags.writeable and not call.output_logprobs.flags.writeable
