@@ -42,7 +42,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 from gyre.real.proxy.config import EngineSpec, RetryPolicy
 from gyre.real.proxy.engine_stream import ChunkDecoder, EngineCallError, EventSplitter, TokenChunk, merge_chunks
 from gyre.real.proxy.http_client import HttpClient, HttpError, Response
-from gyre.real.proxy.ids_json import IdsJson, encode_ids
+from gyre.real.proxy.ids_json import COMPACT_JSON, IdsJson, encode_ids
 
 __all__ = ["ChunkDecoder", "EngineCallError", "EngineClient", "TokenChunk", "generate_body", "generate_payload",
            "merge_chunks"]
@@ -59,7 +59,7 @@ def generate_payload(rid: str, input_ids: list[int], sampling: dict[str, Any]) -
 def generate_body(rid: str, ids_text: str, sampling: dict[str, Any]) -> bytes:
     """``generate_payload`` as JSON bytes, with ``input_ids`` given as ready JSON text (``proxy.ids_json``)."""
     return (f'{{"rid":{json.dumps(rid)},"input_ids":{ids_text},'
-            f'"sampling_params":{json.dumps(sampling, separators=(",", ":"))},'
+            f'"sampling_params":{COMPACT_JSON.encode(sampling)},'
             f'"return_logprob":true,"stream":true}}').encode()
 
 

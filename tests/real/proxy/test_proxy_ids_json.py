@@ -67,3 +67,22 @@ def test_the_engine_body_is_the_payload():
     sampling = {"max_new_tokens": 16, "temperature": 0.7, "stop": ["\u2028", "</s>"]}
     body = generate_body("r-1.0", IdsJson().encode([1, 2, 3]), sampling)
     assert json.loads(body) == generate_payload("r-1.0", [1, 2, 3], sampling)
+
+
+def test_short_lists_are_extended_and_repeated_without_encoding_again():
+    # short lists of one dtype are compared as bytes (ids_json.BYTES_COMPARE): a follow-up still encodes
+    # only its tail, the same list again encodes nothing, and a list of another dtype still matches
+    encoded: list[int] = []
+
+    def counted(values) -> str:
+        encoded.append(len(values))
+        return encode_ids(values)
+
+    cache = IdsJson(encode_new=counted)
+    first = np.arange(5, dtype=np.int32)
+    assert cache.encode(first) == "[0,1,2,3,4]"
+    assert cache.encode(np.arange(8, dtype=np.int32)) == "[0,1,2,3,4,5,6,7]"
+    assert cache.encode(np.arange(8, dtype=np.int32)) == "[0,1,2,3,4,5,6,7]"
+    assert cache.encode([0, 1, 2, 3, 4, 5, 6, 7, 8]) == "[0,1,2,3,4,5,6,7,8]"  # int64 after int32
+    assert cache.encode(np.array([0, 1, 2, 3, 9], dtype=np.int32)) == "[0,1,2,3,9]"  # shares only a prefix
+    assert encoded == [5, 3, 1, 5]
