@@ -18,6 +18,14 @@ phase of it).
 
 ``GYRE_BENCH_RUNS`` runs (default 3) of ``GYRE_BENCH_ROUNDS`` rounds (default 1,000), each on
 fresh proxies; the load average is printed beside each run.
+
+``GYRE_BENCH_CLIENTS=64`` (any count above 1) compares throughput instead: per run,
+``GYRE_BENCH_WINDOWS`` windows (default 6) of ``GYRE_BENCH_WINDOW_S`` seconds (default 3) on each
+proxy in turn (the order alternating), that many concurrent executions calling back to back
+(``bench proxy``'s throughput load, its lean client on uvloop). Per proxy and run: calls/s and CPU per
+call (whole process, event-loop thread) over its windows; ``paired_rps_ratio``: the median over
+window pairs of ``this`` calls/s over ``base`` calls/s (adjacent windows see about the same phase of
+the machine), and ``paired_loop_cpu_ratio`` the same for the loop thread's CPU per call.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.bench_proxy import ROOT, _cpu_seconds, _spawn, _stop, _timed
+from bench.bench_proxy import ROOT, _cpu_seconds, _run_fast, _spawn, _stop, _throughput, _timed
 
 # runs ``gyre.real.proxy.cli`` from the checkout named by its first argument, whatever gyre is installed
 _LAUNCH = """import importlib.machinery, importlib.util, runpy, sys
@@ -95,7 +103,33 @@ async def _rounds(engine_url: str, proxies: dict, input_ids: list[int], rounds: 
     return figures
 
 
-def _one_run(base: Path, rounds: int) -> dict:
+def _windows(proxies: dict, clients: int, windows: int, window_s: float) -> dict:
+    """Throughput of each proxy in turn (see the module doc): calls/s and CPU per call, paired ratios."""
+    names = list(proxies)
+    per: dict[str, dict[str, list[float]]] = {name: {"rps": [], "cpu": [], "loop": []} for name in names}
+    for name in names:  # a short warm-up window each: connections, caches, the first records
+        _run_fast(_throughput(proxies[name][1], clients, 0.5))
+    for window in range(windows):
+        for name in names if window % 2 else names[::-1]:
+            pid, url = proxies[name]
+            cpu, loop = _cpu_seconds(pid), _cpu_seconds(pid, pid)
+            rps, done = _run_fast(_throughput(url, clients, window_s))
+            per[name]["rps"].append(rps)
+            per[name]["cpu"].append((_cpu_seconds(pid) - cpu) * 1e3 / max(done, 1))
+            per[name]["loop"].append((_cpu_seconds(pid, pid) - loop) * 1e3 / max(done, 1))
+    figures = {}
+    for name in names:
+        figures[f"{name}_rps"] = float(np.median(per[name]["rps"]))
+        figures[f"{name}_cpu_ms_per_call"] = float(np.median(per[name]["cpu"]))
+        figures[f"{name}_loop_cpu_ms_per_call"] = float(np.median(per[name]["loop"]))
+    if len(names) == 2:
+        base, this = per[names[0]], per[names[1]]
+        figures["paired_rps_ratio"] = float(np.median(np.array(this["rps"]) / np.array(base["rps"])))
+        figures["paired_loop_cpu_ratio"] = float(np.median(np.array(this["loop"]) / np.array(base["loop"])))
+    return figures
+
+
+def _one_run(base: Path, rounds: int, clients: int = 1) -> dict:
     sys.path.insert(0, str(ROOT / "tests" / "real"))
     from proxy_fixtures import build_tiny_tokenizer
 
@@ -109,12 +143,16 @@ def _one_run(base: Path, rounds: int) -> dict:
         engine, engine_url = _spawn([str(ROOT / "tests" / "real" / "proxy_fixtures.py"), "--model", str(model),
                                      "--script", "short"])
         config = {"model_path": str(model), "fsync": True, "admin_token": "bench-admin-token",
-                  "engines": [{"id": "e0", "url": engine_url}], "executions": {"bench-key-0": "bench-0"}}
+                  "engines": [{"id": "e0", "url": engine_url}],
+                  "executions": {f"bench-key-{i}": f"bench-{i}" for i in range(max(clients, 1))}}
         started = []
         try:
             for name, checkout in (("base", base), ("this", ROOT)):
                 started.append(_start(checkout, scratch, config, name))
             proxies = {name: (process.pid, url) for name, (process, url) in zip(("base", "this"), started)}
+            if clients > 1:
+                return _windows(proxies, clients, int(os.environ.get("GYRE_BENCH_WINDOWS", "6")),
+                                float(os.environ.get("GYRE_BENCH_WINDOW_S", "3")))
             return asyncio.run(_rounds(engine_url, proxies, input_ids, rounds, warm=50))
         finally:
             for process, _ in started:
@@ -125,12 +163,16 @@ def _one_run(base: Path, rounds: int) -> dict:
 def main() -> dict:
     base = Path(os.environ.get("GYRE_BENCH_BASE", str(ROOT))).resolve()
     runs, rounds = int(os.environ.get("GYRE_BENCH_RUNS", "3")), int(os.environ.get("GYRE_BENCH_ROUNDS", "1000"))
-    print(f"   base: {base}; this: {ROOT}; {runs} runs of {rounds} rounds")
+    clients = int(os.environ.get("GYRE_BENCH_CLIENTS", "1"))
+    if clients > 1:
+        print(f"   base: {base}; this: {ROOT}; {runs} runs, {clients} clients, windows in turn")
+    else:
+        print(f"   base: {base}; this: {ROOT}; {runs} runs of {rounds} rounds")
     all_runs = []
     for run in range(runs):
         load_before = os.getloadavg()[0]
         start = time.perf_counter()
-        figures = _one_run(base, rounds)
+        figures = _one_run(base, rounds, clients)
         figures["load_1min"] = (load_before + os.getloadavg()[0]) / 2
         all_runs.append(figures)
         print(f"   run {run}: " + ", ".join(f"{name} {value:.3f}" for name, value in figures.items())
@@ -140,6 +182,10 @@ def main() -> dict:
         values = [figures[name] for figures in all_runs]
         summary[f"{name}_median"] = float(np.median(values))
         summary[f"{name}_min"], summary[f"{name}_max"] = float(min(values)), float(max(values))
+    if clients > 1:
+        for name in ("paired_rps_ratio", "paired_loop_cpu_ratio"):
+            print(f"   this / base, {name} per run: {', '.join(f'{f[name]:.3f}' for f in all_runs)}")
+        return summary
     deltas = [f["this_added_p50_ms"] - f["base_added_p50_ms"] for f in all_runs]
     paired = [f["paired_median_ms"] for f in all_runs]
     print(f"   this - base, median of the rounds' differences (ms): {', '.join(f'{d:+.3f}' for d in paired)}")
