@@ -322,6 +322,11 @@ class Recorder:
                 self.waited_here += 1
                 self._learn_soon(pending.state, pending.call, pending.prompt_text)
                 return
+            if landing is not None and landing.landed and landing.error is None:
+                # durable already (the writer got there while the caller answered): what awaiting it
+                # would end in, without a future, a shield and a timer (``landed`` is final once set)
+                self._learn_soon(pending.state, pending.call, pending.prompt_text)
+                return
             durable = pending.appended if landing is None else self._future(landing)
             assert durable is not None
             try:

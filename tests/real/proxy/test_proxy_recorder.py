@@ -178,3 +178,60 @@ def test_a_lone_begin_returns_once_its_record_is_written_and_a_stalled_write_doe
             recorder.close()
 
     asyncio.run(main())
+
+
+class FailingSync(Disk):
+    """The system disk, its syncs failing while ``failing`` is set."""
+
+    failing = False
+
+    def fdatasync(self, fd: int) -> None:
+        if self.failing:
+            raise OSError(5, "Input/output error (test)")
+        super().fdatasync(fd)
+
+
+def test_a_record_durable_before_its_wait_is_learned_without_a_future(tmp_path, model):
+    """A record whose batch landed while its caller was still answering (``Recorder.wait`` finds it
+    landed) is acknowledged at once: no future, no loop wake-up, and it still joins the tree; one
+    whose batch failed is not acknowledged."""
+    chat = ChatTokenizer(str(model))
+    disk = FailingSync()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        wakes = []
+        original = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *args: wakes.append(args) or original(*args)  # type: ignore[method-assign]
+        recorder = Recorder(tmp_path / "records", chat, fsync=True, disk=disk)
+        futures = []
+        made = recorder._future  # noqa: SLF001 - counted: a landed record needs none
+        recorder._future = lambda landing: futures.append(landing) or made(landing)  # type: ignore[method-assign]
+        try:
+            for turn in range(3):
+                pending = await recorder.begin(call(chat, "ex", turn, f"hi {turn}"), f"hi {turn}")
+                deadline = time.monotonic() + 30
+                while not pending.landing.landed and time.monotonic() < deadline:
+                    time.sleep(0.001)  # the writer thread syncs the batch meanwhile
+                assert pending.landing.landed
+                woken = len(wakes)
+                await recorder.wait(pending)  # not alone: through the loop, had it not landed
+                assert not futures and pending.landing.future is None and len(wakes) == woken
+                await asyncio.sleep(0)  # the loop's next turn learns it
+                assert recorder._states["ex"].requests == turn + 1  # noqa: SLF001 - learned, no reader
+            disk.failing = True
+            pending = await recorder.begin(call(chat, "ex", 3, "lost"), "lost")
+            deadline = time.monotonic() + 30
+            while not pending.landing.landed and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert pending.landing.error is not None
+            with pytest.raises(OSError):
+                await recorder.wait(pending)
+            await asyncio.sleep(0)
+            assert recorder._states["ex"].requests == 3  # noqa: SLF001 - never learned
+            disk.failing = False
+        finally:
+            recorder.close()
+
+    asyncio.run(main())
+    assert [c.request_id for c in ExecutionStore(tmp_path / "records").read("ex")] == ["r0", "r1", "r2"]
