@@ -70,6 +70,7 @@ HINT_CHARS = 4000
 OFFLOAD_CHARS = 8192  # suffixes at least this long are tokenized on a worker thread
 OFFLOAD_MESSAGES_CHARS = 16384  # conversations at least this long are rendered on a worker thread
 _SORTED_JSON = json.JSONEncoder(sort_keys=True)  # = json.dumps(..., sort_keys=True), without an encoder per call
+SAMPLING_JSON_KEEP = 64  # distinct sampling settings whose hints' JSON a service keeps (then it starts over)
 
 __all__ = ["ApiError", "ChatRequest", "ChatService", "Finished", "Prepared", "bad_request"]
 
@@ -100,6 +101,13 @@ def template_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
                                               "parameters": t.get("parameters") or {"type": "object"}}}
             for t in tools]
+
+
+def _sampling_key(request: ChatRequest) -> tuple:
+    """What a request's sampling hints are made of (with the values' types: ``1`` and ``1.0`` are equal
+    keys but different JSON); the service's stop ids are the same for every call."""
+    values = (request.max_tokens, request.temperature, request.top_p, request.top_k, request.thinking)
+    return (*values, *map(type, values), *request.stop)
 
 
 def role_hints(request: ChatRequest) -> dict[str, str]:
@@ -142,6 +150,8 @@ class ChatService:
         # cost a getrandom system call each); fixed width, so a tool-call id (request id + index) is unique too
         self._id_prefix, self._id_count = secrets.token_hex(8), itertools.count()
         self.in_flight = 0  # calls between their first engine request and their record's commit
+        # the hints' JSON of the sampling parameters, per ``_sampling_key``: a harness's calls share one setting
+        self._sampling_json: dict[tuple, tuple[str, str]] = {}
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -313,9 +323,15 @@ class ChatService:
         for and those sent to the engine (``sampling``), as JSON."""
         if hints:
             return  # filled already (by ``_record``, when the generation ended before the loop's next turn)
+        key = _sampling_key(prepared.request)  # ``sampling`` is ``self.sampling(prepared.request)``: the key decides it
+        encoded = self._sampling_json.get(key)
+        if encoded is None:
+            encoded = (_SORTED_JSON.encode(sampling), _SORTED_JSON.encode(prepared.request.sampling_record()))
+            if len(self._sampling_json) >= SAMPLING_JSON_KEEP:
+                self._sampling_json.clear()
+            self._sampling_json[key] = encoded
         hints.update(role_hints(prepared.request), harness=self.config.harness, reused_ids=str(prepared.reused_ids),
-                     sampling=_SORTED_JSON.encode(sampling),
-                     requested=_SORTED_JSON.encode(prepared.request.sampling_record()))
+                     sampling=encoded[0], requested=encoded[1])
 
     def _record(self, prepared: Prepared, generation: Generation, calls: list[dict[str, Any]],
                 hints: dict[str, str]) -> ModelCall:

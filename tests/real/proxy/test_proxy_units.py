@@ -417,3 +417,42 @@ def test_request_ids_are_fixed_width_hex_and_unique_within_and_across_services()
     assert services[0]._request_id()[:16] != services[1]._request_id()[:16]
     for service in services:
         service.close()
+
+
+_SAMPLING_OPTIONS = ([16, 64], [None, 1, 1.0, 0.5, True], [None, 1, 1.0], [None, 1, 40], [[], ["\n"], ["\n", "END"]],
+                     [None, True, False, 1])
+
+
+@settings(max_examples=100, deadline=None)
+@given(changes=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 4)), min_size=1, max_size=12),
+       keep=st.sampled_from([2, 64]))
+def test_sampling_hints_are_the_json_of_each_call_s_own_settings(changes, keep):
+    """The record's ``sampling`` and ``requested`` hints are kept per setting (``ChatService._sampling_json``):
+    whatever came before (``1`` then ``1.0``, ``True`` then ``1``, a full cache), each call's hints are
+    the sorted JSON of its own parameters. Each call changes one parameter of the call before it."""
+    from types import SimpleNamespace
+
+    from gyre.real.proxy import model_call
+    from gyre.real.proxy.model_call import ChatRequest, ChatService
+
+    service = ChatService(SimpleNamespace(policy_version=0, harness="h"), SimpleNamespace(stop_token_ids=[2]),
+                          None, None, None)
+    kept = model_call.SAMPLING_JSON_KEEP
+    model_call.SAMPLING_JSON_KEEP = keep
+    try:
+        setting = [options[0] for options in _SAMPLING_OPTIONS]
+        for field, pick in changes:
+            setting[field] = _SAMPLING_OPTIONS[field][pick % len(_SAMPLING_OPTIONS[field])]
+            max_tokens, temperature, top_p, top_k, stop, thinking = setting
+            request = ChatRequest(api="anthropic", model="m", messages=[{"role": "user", "content": "hi"}],
+                                  max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                  stop=list(stop), thinking=thinking)
+            hints: dict[str, str] = {}
+            sampling = service.sampling(request)
+            service._request_hints(hints, SimpleNamespace(request=request, reused_ids=0), sampling)
+            assert hints["sampling"] == json.dumps(sampling, sort_keys=True)
+            assert hints["requested"] == json.dumps(request.sampling_record(), sort_keys=True)
+            assert len(service._sampling_json) <= keep
+    finally:
+        model_call.SAMPLING_JSON_KEEP = kept
+        service.close()
