@@ -68,7 +68,8 @@ def _split_whole(text: str, in_thinking: bool) -> tuple[str, str, tuple]:
 
 @settings(max_examples=300, deadline=None)
 @given(text=st.one_of(st.text(alphabet=" \n\tab.,<", max_size=16), st.text(max_size=16),
-                      st.builds(lambda a, b: a + "<think>" + b, st.text(" \na", max_size=4), st.text(" a", max_size=4))),
+                      st.builds(lambda a, b: a + "<think>" + b, st.text(" \na", max_size=4),
+                                st.text(" a", max_size=4))),
        in_thinking=st.booleans())
 def test_parse_output_equals_the_splitter_with_or_without_a_tag(text, in_thinking):
     # ``parse_output`` answers a text with no ``<`` without the splitter (the recorder parses every
