@@ -111,3 +111,19 @@ def test_the_body_decoder_reads_what_json_loads_reads(raw):
     gives what ``json.loads`` gives, value or kind of error, for bodies in every UTF json.loads detects."""
     reference = _outcome(lambda data: json.loads(data, parse_constant=fields._constant), raw)
     assert _outcome(fields._decode, raw) == reference
+
+
+@PROPERTY
+@given(request_id=st.one_of(st.text("0123456789abcdef", min_size=24, max_size=24), st.text(max_size=6)),
+       model=TEXTS, size=st.integers(0, 40_000))
+def test_message_start_is_the_empty_response_encoded(request_id, model, size):
+    """``message_start`` comes from a prebuilt block (only the id, the model and the prompt's size
+    encoded): byte for byte ``sse`` of the empty ``response`` of its call, whatever the model's name
+    (quotes, non-ASCII, lone surrogates) or the id."""
+    prepared = _prepared()
+    prepared.request.model, prepared.request_id, prepared.input_ids = model, request_id, range(size)
+    empty = Finished(output_ids=[], logprobs=[], text="", thinking="", tool_calls=[], stop_reason="stop",
+                     stop_sequence=None, input_tokens=0, output_tokens=0)
+    message = dict(anthropic.response(prepared, empty), content=[], stop_reason=None, stop_sequence=None)
+    assert anthropic._message_start(prepared) == anthropic.sse("message_start", {"type": "message_start",
+                                                                                 "message": message})

@@ -244,6 +244,23 @@ _BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","i
 _DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"%s_delta","%s":'
 _EMPTY_BLOCK = {"text": b'{"type":"text","text":""}', "thinking": b'{"type":"thinking","thinking":"","signature":""}'}
 _BLOCK_START = b'event: content_block_start\ndata: {"type":"content_block_start","index":%d,"content_block":%s}\n\n'
+_MESSAGE_START = (b'event: message_start\ndata: {"type":"message_start","message":{"id":%s,"type":"message",'
+                  b'"role":"assistant","model":%s,"content":[],"stop_reason":null,"stop_sequence":null,"usage":'
+                  b'{"input_tokens":%d,"output_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0}}}\n\n')
+
+
+def _message_start(prepared: Prepared) -> bytes:
+    """The stream's ``message_start``: ``sse`` of the empty ``response`` (tested byte for byte), with only
+    its id, model and prompt size encoded. An id that is not ASCII (never one the proxy makes) takes the
+    generic path: the encoder's ASCII fallback for a lone surrogate in the model would escape it too."""
+    if not prepared.request_id.isascii():
+        message = response(prepared, Finished(output_ids=[], logprobs=[], text="", thinking="", tool_calls=[],
+                                              stop_reason="stop", stop_sequence=None, input_tokens=0,
+                                              output_tokens=0))
+        message.update(content=[], stop_reason=None, stop_sequence=None)
+        return sse("message_start", {"type": "message_start", "message": message})
+    return _MESSAGE_START % (fields.json_bytes(f"msg_{prepared.request_id}"),
+                             fields.json_bytes(prepared.request.model), len(prepared.input_ids))
 
 
 def _text_delta(index: int, key: str, text: str) -> bytes:
@@ -299,10 +316,7 @@ async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepar
     socket write per step, not per event); ``message_start`` goes out with the
     first step, which the server has already awaited.
     """
-    message = response(prepared, Finished(output_ids=[], logprobs=[], text="", thinking="", tool_calls=[],
-                                          stop_reason="stop", stop_sequence=None, input_tokens=0, output_tokens=0))
-    message.update(content=[], stop_reason=None, stop_sequence=None)
-    pending = [sse("message_start", {"type": "message_start", "message": message})]
+    pending = [_message_start(prepared)]
     blocks = _Blocks()
     try:
         async for item in events:
