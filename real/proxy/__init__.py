@@ -76,12 +76,13 @@ five more runs against main before them (6627093; load 0.7-0.8): paired -0.044 t
 1.16-1.34, a slow phase of the machine in which the goal (< 1 ms) is met by neither
 (``docs/cpu-stack.md#the-proxy-on-two-cores``). With the per-call work the loop did and
 need not cut (the parse of a tagless output, the record's checks of short arrays in NumPy,
-the id cache's copies, a landed record's future and timer, the sampling hints' JSON),
-against 4066770 (2026-12-05, load 1.6-5.0): at one client paired -0.050 to -0.066 ms and
-0.05-0.07 ms less proxy CPU per call (three in-turn runs); at 64 clients 7% less loop CPU
-per call by the paired windows' median (four in-turn runs, ratios 0.90-1.005), and in five
-alternating ``bench proxy`` runs 1,594-2,153 calls/s against 1,390-1,820 (goal met 5 of 5
-against 3 of 5) and a lone call's added p50 under 1 ms in 3 of 5 against 0 of 5.
+the id cache's copies, a landed record's future and timer, the sampling hints' JSON, the
+``message_start`` built and encoded), against 4066770 (2026-12-05, load 1.5-2.1, in turn):
+at one client paired -0.046 to -0.076 ms and 0.07-0.09 ms less proxy CPU per call (three
+runs); at 64 clients 13% less loop CPU per call by the paired windows' median (four runs,
+ratios 0.845-0.907) and 10-17% more calls/s; in alternating ``bench proxy`` runs the goals
+move with the machine's phase more than with the version (64 clients met in 5 of 5 and 3
+of 5 runs against 3 and 2 of 5 for main; a lone call under 1 ms in 3 of 5, then 0 of 5).
 
 May import: ``gyre`` (trajectory records, trees, tool-call cache) and
 ``gyre.real.store``. Never the runtime, the training cells or the engines'
