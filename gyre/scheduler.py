@@ -74,7 +74,6 @@ from gyre import events as ev
 from gyre import roles as R
 from gyre import rules
 from gyre.config import SchedulerConfig
-from gyre.driver_rules import is_satellite
 from gyre.ledger import RolloutLedger
 from gyre.snapshot import CounterViews, GroupView, SchedulerSnapshot, read_only
 
@@ -388,8 +387,9 @@ class Scheduler(CounterViews):
         self.steps_in_burst += 1
         self.batch_open = False
         self.fed = self.wants = 0
-        satellites = tuple(c for c in range(self.cfg.K)
-                           if is_satellite(self.cfg, c) and self.roles[c] == R.TRAINING)
+        # is_satellite(cfg, c) (not static, not in the core unit), with both read once per core
+        satellites = () if self._static else tuple(c for c, role in enumerate(self.roles)
+                                                   if role == R.TRAINING and c not in self._core_unit)
         if self.steps_in_burst < self.cfg.mu:
             if satellites:
                 out.append(act.Broadcast(self.version, satellites))

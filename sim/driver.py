@@ -64,9 +64,11 @@ from gyre.sim.clock import Chain, Clock
 from gyre.sim.costs import CostModel
 from gyre.sim.deadlines import TIMED_OUT, Grid, execution_plan
 from gyre.sim.engines import EngineBank
-from gyre.sim.record import SimRecord
+from gyre.sim.record import END, OUTCOME, SimRecord
 from gyre.sim.training import SimTrainingPlane
 from gyre.trajectory.outcomes import Designated, GroupOutcomes, designated_outcome
+
+assert (END, OUTCOME) == (4, 5)  # _close writes a row's end and outcome at these positions, as literals
 
 
 class SimulationStalled(RuntimeError):
@@ -117,7 +119,7 @@ class Simulation(ActionHandler):
         self.env = Clock()
         self.core = Scheduler(cfg)
         self.record = SimRecord(cfg)
-        self._execution_rows = self.record.executions  # written per finish (_close)
+        self._execution_rows = self.record.execution_rows  # made per start, written per finish (_close)
         self.loop = DriverLoop(self.core, self, self.record.log)
         bound = costs.bind(cfg, trace)  # gyre.sim.sizes: training work, publication, sandbox start
         self.costs, self.trace = bound, bound.trace
@@ -143,6 +145,8 @@ class Simulation(ActionHandler):
         self._N, self._rows = cfg.N, len(self._durations)  # the trace's queries: read per execution too
         self._tau = cfg.tau
         self._designated: dict[str, Designated] = {}  # trace outcome -> designated_outcome(it), read per finish
+        # read per group and per reroute: BoundCosts reads them through its __getattr__ (a failed lookup first)
+        self._evaluation_s, self._reroute_s = bound.evaluation_s, bound.reroute_recompute_s
 
     # ---- running ---------------------------------------------------------------
     def run(self) -> SimRecord:
@@ -218,7 +222,7 @@ class Simulation(ActionHandler):
                 self._after(0.0, functools.partial(self._drop, g))
 
     def on_start_executions(self, a: act.StartExecutions) -> None:
-        start, started, cell, size, now = (self.engines.start, self.record.execution_started, self._cell,
+        start, records, cell, size, now = (self.engines.start, self._execution_rows, self._cell,
                                            self._group_size, self.env.now)
         work, shares, limits, N, rows = self._work, self._shares, self._limits, self.cfg.N, len(self._durations)
         for x, engine in a.placements:
@@ -228,7 +232,7 @@ class Simulation(ActionHandler):
             limit = limits[q][i]
             if limit is not None:  # it can reach its ceiling: a wall-clock deadline ends its harness
                 self._arm_deadline(x, now + limit)
-            started(x, x // size, engine, now)
+            records[x] = [x, g, engine, now, None, None, 0]  # SimRecord.execution_started (execution_row), inlined
 
     def _arm_deadline(self, x: int, at: float) -> None:
         self._deadlines[x] = at
@@ -301,9 +305,9 @@ class Simulation(ActionHandler):
 
     def _close(self, x: int, outcome: str) -> None:
         now = self.env.now
-        row = self._execution_rows[x]  # the row SimRecord.execution_started made: its end and outcome
-        row["end_s"] = now
-        row["outcome"] = outcome
+        row = self._execution_rows[x]  # the row on_start_executions made: its end and outcome
+        row[4] = now  # record.END
+        row[5] = outcome  # record.OUTCOME
         self.send(ev.ExecutionFinished(now, x, outcome))
         g = x // self._group_size
         outcomes = self._outcomes.get(g)  # gone once the group is ready
@@ -314,7 +318,7 @@ class Simulation(ActionHandler):
             designated = self._designated[outcome] = designated_outcome(outcome)
         if outcomes.resolve(x, designated):  # keyed by the integer: counts only, no string id per execution
             self._evaluated[g] = self._outcomes.pop(g)
-            self.env.call_in(self.costs.evaluation_s, self._group_ready, g)  # _after, without a closure
+            self.env.call_in(self._evaluation_s, self._group_ready, g)  # _after, without a closure
 
     def _group_ready(self, g: int) -> None:
         outcomes = self._evaluated.pop(g)
@@ -339,7 +343,7 @@ class Simulation(ActionHandler):
     def on_reroute(self, a: act.Reroute) -> None:
         self.record.reroute(a.execution, a.source, a.dest, self.env.now)
         if a.execution in self.engines:
-            self.engines.move(a.execution, a.dest, self.costs.reroute_recompute_s)
+            self.engines.move(a.execution, a.dest, self._reroute_s)
 
     def on_begin_transition(self, a: act.BeginTransition) -> None:
         self.record.role(a.cell, "to_" + a.role, self.env.now)

@@ -14,6 +14,13 @@ Tables (one CSV each, written by ``write_tables``):
 ``SimRecord.log`` is the driver loop's ``EventLog`` (events and actions);
 the rest are the cluster facts only the simulator knows.
 
+An execution's row is kept as a list in ``EXECUTION_FIELDS`` order (one
+per started execution, built and written by the driver on its hot path:
+``execution_row``, and its ``END``/``OUTCOME`` slots at the finish), and
+``executions`` gives them as dicts keyed by those names (``harness_end_s``
+after them where the harness stopped early): built afresh at each read
+while the run goes on, and once, then kept, after ``close``.
+
 Invariants: rows are in a deterministic order (by id or by time of record),
 floats are written with fixed formatting, so equal runs give equal bytes.
 """
@@ -29,13 +36,26 @@ from gyre.formats.eventlog import EventLog
 from gyre.formats.tables import write_csv
 from gyre.staleness import group_staleness
 
+#: an execution's row, in the order of its list and of executions.csv's columns
+EXECUTION_FIELDS = ("execution", "group_id", "engine", "start_s", "end_s", "outcome", "reroutes")
+START, ENGINE, END, OUTCOME, REROUTES, HARNESS_END = 3, 2, 4, 5, 6, 7  # positions in a row's list
+
+
+def execution_row(x: int, g: int, engine: int, now: float) -> list[Any]:
+    """A started execution's row (``EXECUTION_FIELDS``): no end or outcome yet, never rerouted.
+
+    ``start_s`` becomes a float when the row is read (``SimRecord.executions``), not here."""
+    return [x, g, engine, now, None, None, 0]
+
 
 class SimRecord:
     def __init__(self, cfg: SchedulerConfig) -> None:
         self.cfg = cfg
         self.log = EventLog()
         self.groups: dict[int, dict[str, Any]] = {}
-        self.executions: dict[int, dict[str, Any]] = {}
+        self.execution_rows: dict[int, list[Any]] = {}  # x -> its row (EXECUTION_FIELDS, then harness_end_s)
+        self._closed_executions: dict[int, dict[str, Any]] | None = None  # ``executions``, once closed
+        self._closed = False
         self.roles: list[dict[str, Any]] = []
         self.steps: dict[int, dict[str, Any]] = {}
         self._current_role: dict[int, tuple[str, float]] = {}
@@ -73,23 +93,42 @@ class SimRecord:
             row["consumed_step"] = version
 
     def execution_started(self, x: int, g: int, engine: int, now: float) -> None:
-        # its end_s and outcome are stored by the driver at its finish (Simulation._close: once per execution)
-        self.executions[x] = {"execution": x, "group_id": g, "engine": engine, "start_s": float(now),
-                              "end_s": None, "outcome": None, "reroutes": 0}
+        # its end_s and outcome are stored by the driver at its finish (Simulation._close: once per execution);
+        # the driver builds the row itself (execution_row) on its hot path
+        self.execution_rows[x] = execution_row(x, g, engine, now)
 
     def harness_stopped(self, x: int, now: float) -> None:
         """Its rollout slot is free from ``now`` (kept in memory as ``harness_end_s``, not in executions.csv)."""
-        self.executions[x]["harness_end_s"] = now
+        self.execution_rows[x].append(now)  # HARNESS_END
 
     def slot_interval(self, x: int) -> tuple[float, float | None]:
         """(start, end) of the rollout slot ``x`` held: until its harness stopped, else until it ended."""
-        row = self.executions[x]
-        return row["start_s"], row.get("harness_end_s", row["end_s"])
+        row = self.execution_rows[x]
+        return float(row[START]), row[HARNESS_END] if len(row) > HARNESS_END else row[END]
 
     def reroute(self, x: int, source: int, dest: int, now: float) -> None:
-        row = self.executions[x]
-        row["engine"] = dest
-        row["reroutes"] += 1
+        row = self.execution_rows[x]
+        row[ENGINE] = dest
+        row[REROUTES] += 1
+
+    @property
+    def executions(self) -> dict[int, dict[str, Any]]:
+        """Execution -> its row as a dict (``EXECUTION_FIELDS``, then ``harness_end_s`` where it stopped early).
+
+        Built from the rows at each read while the run goes on (a copy: changing it records nothing), and
+        once after ``close``, then kept (nothing changes a closed record)."""
+        if self._closed_executions is not None:
+            return self._closed_executions
+        rows = {}
+        for x, row in self.execution_rows.items():
+            out = dict(zip(EXECUTION_FIELDS, row))
+            out["start_s"] = float(row[START])
+            if len(row) > HARNESS_END:
+                out["harness_end_s"] = row[HARNESS_END]
+            rows[x] = out
+        if self._closed:
+            self._closed_executions = rows
+        return rows
 
     def role(self, cell: int, role: str, now: float) -> None:
         previous, since = self._current_role[cell]
@@ -121,6 +160,7 @@ class SimRecord:
     def close(self, now: float) -> None:
         """End every open role interval at ``now``."""
         self.end_s = now
+        self._closed, self._closed_executions = True, None
         for cell, (role, since) in sorted(self._current_role.items()):
             self.roles.append({"cell": cell, "role": role, "start_s": since, "end_s": now})
         self._current_role = {cell: (role, now) for cell, (role, _) in self._current_role.items()}

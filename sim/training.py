@@ -58,6 +58,7 @@ class SimTrainingPlane:
         self.costs = costs if isinstance(costs, BoundCosts) else costs.bind(cfg)  # no trace: fallback tokens
         self._per_token, self._per_node_s = train_rate(self.costs.base)  # train_node_s's terms, read once
         self._micro_step_tokens = self.costs.micro_step_tokens
+        self._warmup_s = self.costs.warmup_s  # read per first claim of a batch (BoundCosts' __getattr__ is slow)
         self._streaming, self._batch_size = cfg.streaming, cfg.B  # read once per micro-step
         self.members: dict[int, Member] = {}
         self._idle: list[int] = []  # sorted cells of the members not running a micro-step: the claim order
@@ -166,7 +167,7 @@ class SimTrainingPlane:
             work = queue.popleft()
             self.in_flight += 1
             member.busy = True
-            seconds = work / member.nodes + (0.0 if member.warmed else self.costs.warmup_s)
+            seconds = work / member.nodes + (0.0 if member.warmed else self._warmup_s)
             member.warmed = True
             self.micro_steps_by_cell[cell] = self.micro_steps_by_cell.get(cell, 0) + 1
             self.busy_node_s += seconds * member.nodes
