@@ -129,10 +129,11 @@ class Scheduler(CounterViews):
         self._stopped: set[int] = set()  # harness stopped, evaluation pending: running, holding no slot
         self._ready: list[tuple[int, int]] = []
         self._burst_reserve: deque[int] = deque()  # streaming off: the burst's groups, reserved at its start
-        self._handlers: dict[type, tuple[Callable, Callable]] = {
+        # event type -> (its check or None, its change); a change whose check is None checks first itself
+        self._handlers: dict[type, tuple[Callable | None, Callable]] = {
             ev.Begin: (self._check_begin, self._on_begin),
-            ev.Tick: (_no_check, _no_apply),
-            ev.ExecutionFinished: (self._check_finished, self._on_finished),
+            ev.Tick: (None, _no_apply),
+            ev.ExecutionFinished: (None, self._on_finished),  # checks first itself (most events are finishes)
             ev.HarnessStopped: (self._check_harness_stopped, self._on_harness_stopped),
             ev.GroupReady: (self._check_group_ready, self._on_group_ready),
             ev.GroupDropped: (self._check_group_dropped, self._on_group_dropped),
@@ -148,16 +149,22 @@ class Scheduler(CounterViews):
         handlers = self._handlers.get(type(event))
         if handlers is None:
             raise PolicyError(f"unknown event {event!r}")
-        if self.now is None:
+        previous = self.now
+        if previous is None:
             if not isinstance(event, ev.Begin):
                 raise PolicyError(f"{event.kind} before Begin")
-        elif event.now < self.now:
-            raise PolicyError(f"{event.kind} at t={event.now} is earlier than t={self.now}")
+        elif event.now < previous:
+            raise PolicyError(f"{event.kind} at t={event.now} is earlier than t={previous}")
         check, apply = handlers
-        check(event)
+        if check is not None:
+            check(event)
         self.now = now = event.now
         out: list[act.Action] = []
-        apply(event, out)
+        try:  # (costs nothing unless it raises)
+            apply(event, out)
+        except PolicyError:  # a change that checks first itself refused the event: it changed nothing, nor the time
+            self.now = previous
+            raise
         # the follow-ups common to every event (written here, not in a method of their own: once per event);
         # each guard below is the first test of the method it skips
         if self.d > self.p:
@@ -250,13 +257,6 @@ class Scheduler(CounterViews):
         if self.now is not None:
             raise PolicyError("Begin received twice")
 
-    def _check_finished(self, event: ev.ExecutionFinished) -> None:
-        x = event.execution
-        if x in self._queued:
-            raise PolicyError(f"execution {x} finished but never started")
-        if not self._ledger.holds(x) and x not in self._stopped:
-            raise PolicyError(f"execution {x} finished but is not running")
-
     def _check_harness_stopped(self, event: ev.HarnessStopped) -> None:
         x = event.execution
         if x < 0 or self.group_of(x) not in self.groups:
@@ -329,12 +329,19 @@ class Scheduler(CounterViews):
         self._dispatch(self.cfg.initial_groups, out)
 
     def _on_finished(self, event: ev.ExecutionFinished, out: list[act.Action]) -> None:
-        if event.execution in self._stopped:
-            self._stopped.discard(event.execution)  # its slot went back at HarnessStopped
+        x = event.execution
+        # its check first, in the same tests (an illegal finish changes nothing): one call per event fewer
+        if x in self._queued:
+            raise PolicyError(f"execution {x} finished but never started")
+        stopped = self._stopped
+        if x in stopped:
+            stopped.discard(x)  # its slot went back at HarnessStopped
+        elif self._ledger.holds(x):
+            self._ledger.release(x)
         else:
-            self._ledger.release(event.execution)
+            raise PolicyError(f"execution {x} finished but is not running")
         self.f += 1
-        self.groups[event.execution // self._group_size].closed += 1  # group_of, inlined: once per execution
+        self.groups[x // self._group_size].closed += 1  # group_of, inlined: once per execution
 
     def _on_harness_stopped(self, event: ev.HarnessStopped, out: list[act.Action]) -> None:
         self._ledger.release(event.execution)
@@ -555,10 +562,6 @@ class Scheduler(CounterViews):
 
 
 _UNKNOWN = object()  # a cached value not computed since what it derives from last changed
-
-
-def _no_check(event: ev.Event) -> None:
-    return None
 
 
 def _no_apply(event: ev.Event, out: list[act.Action]) -> None:

@@ -61,6 +61,8 @@ def execution_plan(trace: Trace, curve: EngineCurve,
     ranges = [curve.speed_range(c) for c in capacities if c > 0] or [(1.0, 1.0)]
     slowest = min(r[0] for r in ranges)
     work = np.where(stuck, np.inf, harness)  # a stuck row runs until its deadline
+    if not (np.all(work >= 0.0) and np.all((shares >= 0.0) & (shares <= 1.0))):  # EngineBank.start's checks, once
+        raise ValueError("a trace row has negative harness time or a model-call share outside [0, 1]")
     limits = np.full(harness.shape, np.nan)
     limits[stuck] = harness[stuck]
     if ceiling is not None:

@@ -222,7 +222,7 @@ class Simulation(ActionHandler):
                 self._after(0.0, functools.partial(self._drop, g))
 
     def on_start_executions(self, a: act.StartExecutions) -> None:
-        start, records, cell, size, now = (self.engines.start, self._execution_rows, self._cell,
+        start, records, cell, size, now = (self.engines.start_planned, self._execution_rows, self._cell,
                                            self._group_size, self.env.now)
         work, shares, limits, N, rows = self._work, self._shares, self._limits, self.cfg.N, len(self._durations)
         for x, engine in a.placements:

@@ -43,9 +43,9 @@ work exactly; an execution finishes exactly once and never after removal.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
+from heapq import heappop, heappush
 from typing import Callable, Iterable
 
 from gyre.sim.clock import Clock
@@ -188,6 +188,12 @@ class EngineBank:
             raise ValueError(f"execution {x}: work must be a number >= 0, got {work!r}")
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"execution {x}: model-call share must lie in [0, 1], got {share!r}")
+        self.start_planned(x, engine, work, share)
+
+    def start_planned(self, x: int, engine: int, work: float, share: float) -> None:
+        """``start`` without its checks, for the driver's executions (once per execution): their work and share
+        come from ``gyre.sim.deadlines.execution_plan``, which checks its grids once, and the policy core
+        starts each execution once (only ``move`` starts one again, through ``start``)."""
         e = self._engines.get(engine)
         if e is None or not e.dirty or e.t != self.env.now:  # else _touch has nothing to do (after a finish)
             e = self._touch(engine)
@@ -199,7 +205,7 @@ class EngineBank:
         e.tags[x] = (clock, tag)
         clock.live += 1
         if tag < math.inf:  # an infinite tag is never due: it would only deepen the heap
-            heapq.heappush(clock.heap, (tag, x))
+            heappush(clock.heap, (tag, x))
         self._where[x] = engine
 
     def remove(self, x: int) -> float:
@@ -216,7 +222,10 @@ class EngineBank:
 
     def flush(self) -> None:
         """Re-evaluate the rate of every engine changed since the last flush and re-arm its timer."""
-        dirty, clock_, heappop = self._dirty, self.env, heapq.heappop
+        dirty = self._dirty
+        if not dirty:  # (after an event that changed no engine)
+            return
+        clock_ = self.env
         now = clock_.now
         while dirty:  # once per event: the timer's arming is written here, not in a method of its own
             e = dirty.pop()
@@ -249,7 +258,7 @@ class EngineBank:
             if due != e.armed_at:
                 e.armed_at = due
                 if due < math.inf:  # Clock.call_in(due - now, ...), pushed here (due >= now: e.t is now)
-                    heapq.heappush(clock_.queue, (now + (due - now), next(clock_.sequence), self._fire_call, (e, due)))
+                    heappush(clock_.queue, (now + (due - now), next(clock_.sequence), self._fire_call, (e, due)))
 
     # ---- internals -------------------------------------------------------------------
     def _touch(self, engine: int) -> _Engine:
@@ -278,14 +287,13 @@ class EngineBank:
             return  # superseded by a later re-arm
         e.armed_at = math.inf
         now = self.env.now
-        if now != e.t:  # _advance, inlined: once per finish
-            dt = now - e.t
-            for clock in e.clocks.values():
-                clock.v += dt * clock.eff
-            e.t = now
-        tags, heappop = e.tags, heapq.heappop
+        dt = now - e.t  # _advance, inlined (its clocks brought up to now, each in the loop below): once per finish
+        e.t = now
+        tags = e.tags
         done = []
         for clock in e.clocks.values():
+            if dt:  # (0 when the engine changed at this instant: then the clocks are up to date)
+                clock.v += dt * clock.eff
             v = clock.v
             size = v if v >= 0.0 else -v  # max(1.0, abs(v)), as comparisons: once per finish
             heap, limit = clock.heap, v + 1e-9 * (size if size > 1.0 else 1.0)
