@@ -114,6 +114,7 @@ class Scheduler(CounterViews):
         self._batch_size = cfg.B  # read once per event by handle
         self._continuous = cfg.dispatch == "continuous"
         self._streaming = cfg.streaming  # read once per event of an open batch by handle
+        self._tau_elapsed = cfg.tau - 1e-9  # rules.timer_elapsed's bound (the same float), read once per event
         # Derived from the roles and awaiting_publish alone, read after most events and changed by few:
         # kept until one of them changes (``_set_role``, ``_set_awaiting_publish``).
         self._candidate: tuple[int, ...] | None | object = _UNKNOWN
@@ -182,13 +183,14 @@ class Scheduler(CounterViews):
         if ready != self._supply_ready or need != self._supply_need:  # a pure function of these two
             self._supply_ready, self._supply_need = ready, need
             self._supply_value = rules.supply_sufficient(self.cfg, rules.supply(ready, need))
-        if not self._supply_value:
+        if self._supply_value:
+            since = self.supply_since
+            if since is None:
+                self.supply_since = since = now
+            if now - since >= self._tau_elapsed:  # rules.timer_elapsed, inlined: false after most events
+                self._maybe_transition(out)
+        else:
             self.supply_since = None
-        elif self.supply_since is None:
-            self.supply_since = now
-        since = self.supply_since
-        if since is not None and rules.timer_elapsed(self.cfg, since, now):  # cheap, and false after most events
-            self._maybe_transition(out)
         return out
 
     # ---- read-only views ----------------------------------------------------

@@ -235,13 +235,14 @@ class EngineBank:
             speed = e.speeds.get(load)
             if speed is None:
                 speed = e.speeds[load] = self.curve.speed(load, e.capacity)
-            if speed != e.speed:
+            changed = speed != e.speed
+            if changed:
                 e.speed = speed
-                for clock in e.clocks.values():  # effective_speed, inlined (the same arithmetic): once per flush
+            due = math.inf  # the earliest finish: each clock's first live tag, stale heap entries dropped
+            for clock in e.clocks.values():  # (one loop: each clock's speed first, then its earliest finish)
+                if changed:  # effective_speed, inlined (the same arithmetic): once per flush
                     share = clock.share
                     clock.eff = speed if share == 1.0 else 1.0 / ((1.0 - share) + share / speed)
-            due = math.inf  # the earliest finish: each clock's first live tag, stale heap entries dropped
-            for clock in e.clocks.values():
                 heap = clock.heap
                 while heap:
                     tag, x = heap[0]

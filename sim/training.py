@@ -67,8 +67,14 @@ class SimTrainingPlane:
         self.queue: deque[float] = deque()  # node-seconds of each waiting micro-step
         self.pending: list[float] = []  # trained tokens of the open batch's executions not yet packed
         self.work_node_s = 0.0  # node-seconds of all micro-steps fed (trained-token work)
-        self.micro_steps_by_cell: dict[int, int] = {}
+        self._claims = [0] * cfg.K  # micro-steps claimed by each cell (micro_steps_by_cell)
+        self._done_call = self._micro_step_done  # a micro-step end's function, bound once (pushed once per claim)
         self.busy_node_s = 0.0  # node-seconds of micro-steps, warm-ups, drains and updates (the slack's busy part)
+
+    @property
+    def micro_steps_by_cell(self) -> dict[int, int]:
+        """Cell -> the micro-steps it claimed, for the cells that claimed any (in cell order)."""
+        return {cell: n for cell, n in enumerate(self._claims) if n}
 
     # ---- membership ------------------------------------------------------------
     def join(self, cell: int, delay: float = 0.0) -> None:
@@ -154,7 +160,7 @@ class SimTrainingPlane:
         queue, idle = self.queue, self._idle
         if not queue or not idle:
             return
-        clock, members = self.env, self.members
+        clock, members, claims = self.env, self.members, self._claims
         now = clock.now
         position = 0  # in idle: the cells before it are held (not available yet)
         while queue and position < len(idle):
@@ -167,12 +173,13 @@ class SimTrainingPlane:
             work = queue.popleft()
             self.in_flight += 1
             member.busy = True
-            seconds = work / member.nodes + (0.0 if member.warmed else self._warmup_s)
+            nodes = member.nodes
+            seconds = work / nodes + (0.0 if member.warmed else self._warmup_s)
             member.warmed = True
-            self.micro_steps_by_cell[cell] = self.micro_steps_by_cell.get(cell, 0) + 1
-            self.busy_node_s += seconds * member.nodes
+            claims[cell] += 1
+            self.busy_node_s += seconds * nodes
             # Clock.call_in(seconds, ...), pushed here (seconds >= 0: costs and work are never negative)
-            heappush(clock.queue, (now + seconds, next(clock.sequence), self._micro_step_done, (cell,)))
+            heappush(clock.queue, (now + seconds, next(clock.sequence), self._done_call, (cell,)))
 
     def _ask_for_groups(self) -> None:
         if not self._streaming:

@@ -6,6 +6,7 @@ import pytest
 
 from gyre import actions as act
 from gyre import events as ev
+from gyre import rules
 from gyre.config import SchedulerConfig
 from gyre.scheduler import PolicyError, Scheduler
 
@@ -58,6 +59,17 @@ def test_eq2_blocks_until_remaining_capacity_covers_outstanding_work():
     # the core's four executions (4..7) move to cell 1 before the cell switches
     assert d.kinds(act.Reroute) == [act.Reroute(x, 0, 1) for x in (4, 5, 6, 7)]
     assert d.s.capacity == 4 and d.s.placements() == {x: 1 for x in (4, 5, 6, 7)}
+
+
+@pytest.mark.parametrize(("early", "elapsed"), [(5e-10, True), (2e-9, False)])
+def test_the_supply_timer_elapses_within_rules_timer_elapsed_tolerance(early, elapsed):
+    """``handle`` tests the timer inline with ``rules.timer_elapsed``'s bound (tau less 1e-9): a Tick a
+    hair before the deadline switches exactly when the rule says the timer has elapsed."""
+    d = Drive(K=3, C_e=8, N=2, B=2, phi=0.0, mu=2, rho_min=0.5, tau=10.0, granularity="fine")
+    d.finish_group(0, 5.0)
+    assert rules.timer_elapsed(d.cfg, 5.0, 15.0 - early) is elapsed
+    d.send(ev.Tick(15.0 - early))
+    assert (d.kinds(act.BeginTransition) == [act.BeginTransition(0, "training")]) is elapsed
 
 
 def test_supply_timer_must_hold_for_tau_and_restarts_after_a_drop():
