@@ -92,8 +92,11 @@ def cyclic_gc_paused() -> Iterator[None]:
 
 
 @functools.lru_cache(maxsize=8)
-def trace_lists(trace: Trace) -> tuple[Grid, Grid | None, Grid | None, Grid]:
-    """(durations, harness times or None, evaluation tails or None, outcomes as str) by (query, index).
+def trace_lists(trace: Trace) -> tuple[Grid, Grid | None, Grid | None, Grid, Grid]:
+    """(durations, harness times or None, evaluation tails or None, outcomes as str, ends) by (query, index).
+
+    An end is the row's outcome where the execution ends when its harness stops, and None where an
+    evaluation tail (> 0) follows (the driver reads it once per execution).
 
     Plain nested lists, which the driver reads once per execution (faster than numpy's scalars). A
     Trace is never modified and a sweep simulates hundreds of schedules on one, so each trace's lists
@@ -105,7 +108,9 @@ def trace_lists(trace: Trace) -> tuple[Grid, Grid | None, Grid | None, Grid]:
     tails = None if harness is None else (trace.durations_s.astype(float) - trace.harness_s.astype(float)).tolist()
     outcomes = trace.outcomes
     grid = outcomes.tolist() if outcomes.dtype.kind == "U" else [[str(o) for o in row] for row in outcomes.tolist()]
-    return durations, harness, tails, grid
+    ends = grid if tails is None else [[None if t > 0 else o for o, t in zip(row, tail_row)]
+                                       for row, tail_row in zip(grid, tails)]
+    return durations, harness, tails, grid, ends
 
 
 class Simulation(ActionHandler):
@@ -127,7 +132,7 @@ class Simulation(ActionHandler):
         self._on_step = on_step
         self._done = False  # the last step is done: nothing more is fed to the core
         self.engines = EngineBank(self.env, bound.engine_curve(), self._capacity, self._execution_done)
-        self._durations, self._harness, self._tails, self._outcome_grid = trace_lists(self.trace)
+        self._durations, self._harness, self._tails, self._outcome_grid, self._ends = trace_lists(self.trace)
         plan = execution_plan(self.trace, self.engines.curve, (cfg.C_e, cfg.C_s))
         self._work, self._shares, self._limits, self.ceiling_s = plan
         self._deadlines: dict[int, float] = {}  # execution -> wall-clock time its harness must stop
@@ -173,17 +178,27 @@ class Simulation(ActionHandler):
 
     def send(self, event: ev.Event) -> None:
         """Feed one event through the driver loop (the core's actions come back as on_* calls)."""
+        if type(event) is not ev.StepDone:
+            self._send(event)
+            return
         if self._done:
             return
         self.loop.feed(event)
         self.engines.flush()
-        if isinstance(event, ev.StepDone):
-            self.record.step_finished(event.version, event.now)
-            if self._on_step:
-                self._on_step(self.core.version)
-            if self.core.version >= self.steps:
-                self._done = True
-                return
+        self.record.step_finished(event.version, event.now)
+        if self._on_step:
+            self._on_step(self.core.version)
+        if self.core.version >= self.steps:
+            self._done = True
+            return
+        self._schedule_tick()
+
+    def _send(self, event: ev.Event) -> None:
+        """``send`` for any event but a StepDone (an execution's finish sends here directly: once per event)."""
+        if self._done:
+            return
+        self.loop.feed(event)
+        self.engines.flush()
         since = self.core.supply_since
         if since is not None:  # _schedule_tick's first tests, here: they end it after most events
             due = since + self._tau
@@ -285,13 +300,14 @@ class Simulation(ActionHandler):
         self._deadlines.pop(x, None)
         g, i = divmod(x, self._group_size)
         q, i = (g % self._rows, i) if i < self._N else self._cell(x)  # _cell's first case, inlined
-        if self._tails is not None and self._tails[q][i] > 0:  # _evaluation_tail, inlined: once per execution
+        outcome = self._ends[q][i]  # None: an evaluation tail follows (_evaluation_tail > 0), read once per execution
+        if outcome is None:
             self._evaluating.add(x)
             self.record.harness_stopped(x, self.env.now)
             self.send(ev.HarnessStopped(self.env.now, x))
-            self._after(self._tails[q][i], lambda: self._evaluation_done(x))
+            self._after(self._tails[q][i], lambda: self._evaluation_done(x))  # type: ignore[index]  # a tail
         else:  # _finish, inlined
-            self._close(x, "harness_timeout" if x in self._cut else self._outcome_grid[q][i])
+            self._close(x, "harness_timeout" if x in self._cut else outcome)
 
     def _evaluation_done(self, x: int) -> None:
         if x in self._evaluating:  # not cancelled meanwhile
@@ -308,7 +324,7 @@ class Simulation(ActionHandler):
         row = self._execution_rows[x]  # the row on_start_executions made: its end and outcome
         row[4] = now  # record.END
         row[5] = outcome  # record.OUTCOME
-        self.send(ev.ExecutionFinished(now, x, outcome))
+        self._send(ev.ExecutionFinished(now, x, outcome))
         g = x // self._group_size
         outcomes = self._outcomes.get(g)  # gone once the group is ready
         if outcomes is None or outcome == "cancelled" or g in self._dropped:

@@ -160,8 +160,7 @@ class SimTrainingPlane:
         queue, idle = self.queue, self._idle
         if not queue or not idle:
             return
-        clock, members, claims = self.env, self.members, self._claims
-        now = clock.now
+        members, now = self.members, self.env.now
         position = 0  # in idle: the cells before it are held (not available yet)
         while queue and position < len(idle):
             cell = idle[position]
@@ -170,16 +169,20 @@ class SimTrainingPlane:
                 position += 1
                 continue
             del idle[position]  # it claims: busy until its micro-step ends
-            work = queue.popleft()
             self.in_flight += 1
-            member.busy = True
-            nodes = member.nodes
-            seconds = work / nodes + (0.0 if member.warmed else self._warmup_s)
-            member.warmed = True
-            claims[cell] += 1
-            self.busy_node_s += seconds * nodes
-            # Clock.call_in(seconds, ...), pushed here (seconds >= 0: costs and work are never negative)
-            heappush(clock.queue, (now + seconds, next(clock.sequence), self._done_call, (cell,)))
+            self._run(cell, member, queue.popleft(), now)
+
+    def _run(self, cell: int, member: Member, work: float, now: float) -> None:
+        """``cell`` runs a micro-step of ``work`` node-seconds from ``now`` (it claimed it: counted in flight)."""
+        member.busy = True
+        nodes = member.nodes
+        seconds = work / nodes + (0.0 if member.warmed else self._warmup_s)
+        member.warmed = True
+        self._claims[cell] += 1
+        self.busy_node_s += seconds * nodes
+        # Clock.call_in(seconds, ...), pushed here (seconds >= 0: costs and work are never negative)
+        clock = self.env
+        heappush(clock.queue, (now + seconds, next(clock.sequence), self._done_call, (cell,)))
 
     def _ask_for_groups(self) -> None:
         if not self._streaming:
@@ -195,22 +198,28 @@ class SimTrainingPlane:
         self.env.call_in(0, self._send, ev.GroupWanted(self.env.now))
 
     def _micro_step_done(self, cell: int) -> None:
-        self.in_flight -= 1
         member = self.members.get(cell)
-        if member is not None and member.busy:  # (not busy: it re-joined meanwhile, and is idle already)
-            member.busy = False
-            insort(self._idle, cell)
-        if self.fed == self._batch_size and not self.queue and self.in_flight == 0:
-            self._finish_batch()
-        else:  # _assign, inlined: once per micro-step (a batch is open while one runs)
-            queue = self.queue
-            if queue:  # _claim_free_cells's first test (the cell just freed is idle)
+        queue = self.queue
+        now = self.env.now
+        if queue and not self._idle and member is not None and member.busy and member.available_at <= now:
+            # the common end: every other member is busy and a micro-step waits, so this cell, the only one
+            # free, claims it at once (what freeing it and _claim_free_cells do; in flight: -1 + 1)
+            self._run(cell, member, queue.popleft(), now)
+        else:
+            self.in_flight -= 1
+            if member is not None and member.busy:  # (not busy: it re-joined meanwhile, and is idle already)
+                member.busy = False
+                insort(self._idle, cell)
+            if self.fed == self._batch_size and not queue and self.in_flight == 0:
+                self._finish_batch()
+                return
+            if queue:  # _assign, inlined: once per micro-step (a batch is open while one runs)
                 self._claim_free_cells()
-            # _ask_for_groups, inlined; the rule's first tests: a batch fed whole, or with an ask outstanding,
-            # asks for nothing
-            if (self._streaming and self.fed < self._batch_size and not self.wanted
-                    and asks_for_group(0, self.fed, self._batch_size, len(queue), len(self.members))):
-                self._ask()
+        # _ask_for_groups, inlined; the rule's first tests: a batch fed whole, or with an ask outstanding,
+        # asks for nothing
+        if (self._streaming and self.fed < self._batch_size and not self.wanted
+                and asks_for_group(0, self.fed, self._batch_size, len(queue), len(self.members))):
+            self._ask()
 
     def _finish_batch(self) -> None:
         version, self.version = self.version, None

@@ -44,7 +44,8 @@ class Bare:
         cfg = build_preset("E0")
         self.sim = Simulation(cfg, trace, costs, steps=1)
         self.events: list = []
-        self.sim.send = lambda event: (self.events.append(event), self.sim.engines.flush())
+        # every event the driver sends: through send, or _send (a finish's, directly)
+        self.sim.send = self.sim._send = lambda event: (self.events.append(event), self.sim.engines.flush())
         self.C = cfg.C_e
 
     def start(self, placements: list[tuple[int, int]]) -> None:
