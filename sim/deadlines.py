@@ -49,8 +49,9 @@ def trace_ceiling_s(trace: Trace) -> float | None:
 
 @functools.lru_cache(maxsize=8)
 def execution_plan(trace: Trace, curve: EngineCurve,
-                   capacities: tuple[int, ...]) -> tuple[Grid, Grid, Grid, float | None]:
-    """(work, model-call share, wall-clock limit or None) grids by (query, index), and the ceiling.
+                   capacities: tuple[int, ...]) -> tuple[Grid, Grid, Grid, float | None, Grid]:
+    """(work, model-call share, wall-clock limit or None) grids by (query, index), the ceiling, and the
+    three as one grid of (work, share, limit) per cell (the driver reads it once per execution).
 
     A pure function of a trace (never modified), a curve and the capacities, kept for the last few: a
     sweep simulates hundreds of schedules on one trace and cell size. The grids are shared: read only."""
@@ -70,4 +71,6 @@ def execution_plan(trace: Trace, curve: EngineCurve,
         reach = ~stuck & (slowest_wall >= ceiling)
         limits[reach] = ceiling
     limit_grid = [[None if v != v else v for v in row] for row in limits.tolist()]  # NaN (v != v): no limit
-    return work.tolist(), shares.astype(float).tolist(), limit_grid, ceiling
+    work_grid, share_grid = work.tolist(), shares.astype(float).tolist()
+    cells = [list(zip(*rows)) for rows in zip(work_grid, share_grid, limit_grid)]
+    return work_grid, share_grid, limit_grid, ceiling, cells

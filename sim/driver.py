@@ -134,7 +134,7 @@ class Simulation(ActionHandler):
         self.engines = EngineBank(self.env, bound.engine_curve(), self._capacity, self._execution_done)
         self._durations, self._harness, self._tails, self._outcome_grid, self._ends = trace_lists(self.trace)
         plan = execution_plan(self.trace, self.engines.curve, (cfg.C_e, cfg.C_s))
-        self._work, self._shares, self._limits, self.ceiling_s = plan
+        self._work, self._shares, self._limits, self.ceiling_s, self._plan_cells = plan
         self._deadlines: dict[int, float] = {}  # execution -> wall-clock time its harness must stop
         self._deadline_calls = Chain(self.env)  # start + limit: in order of start, mostly (the limit is the ceiling)
         self._cut: set[int] = set()  # stopped at the ceiling before their work was done: harness timeouts
@@ -239,12 +239,12 @@ class Simulation(ActionHandler):
     def on_start_executions(self, a: act.StartExecutions) -> None:
         start, records, cell, size, now = (self.engines.start_planned, self._execution_rows, self._cell,
                                            self._group_size, self.env.now)
-        work, shares, limits, N, rows = self._work, self._shares, self._limits, self.cfg.N, len(self._durations)
+        plan, N, rows = self._plan_cells, self.cfg.N, len(self._durations)
         for x, engine in a.placements:
             g, i = divmod(x, size)
             q, i = (g % rows, i) if i < N else cell(x)  # _cell's first case (no surplus), inlined
-            start(x, engine, work[q][i], shares[q][i])
-            limit = limits[q][i]
+            work, share, limit = plan[q][i]
+            start(x, engine, work, share)
             if limit is not None:  # it can reach its ceiling: a wall-clock deadline ends its harness
                 self._arm_deadline(x, now + limit)
             records[x] = [x, g, engine, now, None, None, 0]  # SimRecord.execution_started (execution_row), inlined

@@ -204,7 +204,7 @@ class EngineBank:
         tag = clock.v + work
         e.tags[x] = (clock, tag)
         clock.live += 1
-        if tag < math.inf:  # an infinite tag is never due: it would only deepen the heap
+        if tag < _INF:  # an infinite tag is never due: it would only deepen the heap
             heappush(clock.heap, (tag, x))
         self._where[x] = engine
 
@@ -238,7 +238,7 @@ class EngineBank:
             changed = speed != e.speed
             if changed:
                 e.speed = speed
-            due = math.inf  # the earliest finish: each clock's first live tag, stale heap entries dropped
+            due = _INF  # the earliest finish: each clock's first live tag, stale heap entries dropped
             for clock in e.clocks.values():  # (one loop: each clock's speed first, then its earliest finish)
                 if changed:  # effective_speed, inlined (the same arithmetic): once per flush
                     share = clock.share
@@ -258,7 +258,7 @@ class EngineBank:
                     del e.clocks[share]
             if due != e.armed_at:
                 e.armed_at = due
-                if due < math.inf:  # Clock.call_in(due - now, ...), pushed here (due >= now: e.t is now)
+                if due < _INF:  # Clock.call_in(due - now, ...), pushed here (due >= now: e.t is now)
                     heappush(clock_.queue, (now + (due - now), next(clock_.sequence), self._fire_call, (e, due)))
 
     # ---- internals -------------------------------------------------------------------
@@ -286,7 +286,7 @@ class EngineBank:
     def _fire(self, e: _Engine, due: float) -> None:
         if e.armed_at != due:
             return  # superseded by a later re-arm
-        e.armed_at = math.inf
+        e.armed_at = _INF
         now = self.env.now
         dt = now - e.t  # _advance, inlined (its clocks brought up to now, each in the loop below): once per finish
         e.t = now
@@ -316,3 +316,4 @@ class EngineBank:
 
 
 _GONE = (None, math.nan)  # a tag no heap entry equals
+_INF = math.inf  # (one global read where math.inf is two)
