@@ -48,6 +48,32 @@ def test_micro_steps_split_across_cells(members, step_done_at):
     assert len(plane.micro_steps_by_cell) == members
 
 
+def test_a_cell_whose_micro_step_ends_while_it_is_held_claims_the_next_when_the_hold_ends():
+    """A busy cell's micro-step ends during its hold (parameters being received): the next queued micro-step
+    waits for the hold's end, even with no other cell free (the micro-step end's own claim path)."""
+    env, plane, sent = plane_with(1)
+    plane.start_batch(0)
+    plane.feed(0, (0,))  # cell 0 claims the first: warm-up 5 + 10, ending at t = 15
+    plane.hold((0,), 30.0)  # held until t = 30
+    env.run()
+    assert sent == [ev.StepDone(43.0, 0)]  # the second runs 30-40, then drain + reduce + optimizer 3
+    assert plane.micro_steps_by_cell == {0: 2}
+
+
+def test_a_micro_step_end_lets_an_idle_cell_free_at_that_instant_claim_first():
+    """Cell 1's micro-step ends at t = 15, the instant cell 0's weight pull ends (its wake-up comes later on the
+    clock): both claim at that end, in cell order (cell 0 first), as a claim pass over the idle cells does."""
+    env = Clock()
+    cfg = SchedulerConfig(K=2, C_e=3, C_s=3, N=3, B=1, phi=0.0, mu=1, nodes_per_cell=1, streaming=False)
+    plane = SimTrainingPlane(env, cfg, COSTS, lambda event: None)
+    plane.join(1)
+    plane.start_batch(0)
+    plane.feed(0, (0,))  # three micro-steps of 10 node-s: cell 1 runs the first (warm-up 5 + 10, to t = 15)
+    plane.join(0, 15.0)  # free from t = 15
+    env.step()  # t = 15: cell 1's micro-step ends (called before cell 0's wake-up at the same instant)
+    assert env.now == 15.0 and plane.micro_steps_by_cell == {0: 1, 1: 2} and not plane.queue
+
+
 def test_streaming_asks_for_groups_and_a_late_joiner_pays_its_pull():
     env, plane, sent = plane_with(1, streaming=True)
     plane.start_batch(0)
