@@ -47,14 +47,18 @@ def test_every_encoding_equals_a_fresh_one(sequence):
         assert len(cache._entries) <= KEEP
 
 
-def test_a_follow_up_encodes_only_its_new_tail():
+def _counted_cache() -> tuple[list[int], IdsJson]:
+    """An ``IdsJson`` whose encoder of new ids appends each length it encodes to the returned list."""
     encoded: list[int] = []
 
     def counted(values) -> str:
         encoded.append(len(values))
         return encode_ids(values)
 
-    cache = IdsJson(encode_new=counted)
+    return encoded, IdsJson(encode_new=counted)
+
+def test_a_follow_up_encodes_only_its_new_tail():
+    encoded, cache = _counted_cache()
     context = list(range(30_000))
     cache.encode(context)
     cache.encode(context + [7, 8, 9])
@@ -72,13 +76,7 @@ def test_the_engine_body_is_the_payload():
 def test_short_lists_are_extended_and_repeated_without_encoding_again():
     # short lists of one dtype are compared as bytes (ids_json.BYTES_COMPARE): a follow-up still encodes
     # only its tail, the same list again encodes nothing, and a list of another dtype still matches
-    encoded: list[int] = []
-
-    def counted(values) -> str:
-        encoded.append(len(values))
-        return encode_ids(values)
-
-    cache = IdsJson(encode_new=counted)
+    encoded, cache = _counted_cache()
     first = np.arange(5, dtype=np.int32)
     assert cache.encode(first) == "[0,1,2,3,4]"
     assert cache.encode(np.arange(8, dtype=np.int32)) == "[0,1,2,3,4,5,6,7]"

@@ -99,6 +99,13 @@ class SlowSync(Disk):
         super().fdatasync(fd)
 
 
+def _count_wakes(loop: asyncio.AbstractEventLoop) -> list[tuple]:
+    """The calls handed to ``loop`` from other threads (``call_soon_threadsafe``), appended as they come."""
+    wakes: list[tuple] = []
+    original = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *args: wakes.append(args) or original(*args)  # type: ignore[method-assign]
+    return wakes
+
 def test_a_lone_commit_is_answered_without_waking_the_loop_and_a_late_one_through_it(tmp_path, model):
     """A lone commit that lands within ``ALONE_WAIT_S`` is answered on the loop's thread: no wake-up
     of the loop, no future; one that lands later (a slow sync), a commit that is not alone, and an
@@ -107,10 +114,7 @@ def test_a_lone_commit_is_answered_without_waking_the_loop_and_a_late_one_throug
     disk = SlowSync()
 
     async def main() -> int:
-        loop = asyncio.get_running_loop()
-        wakes = []
-        original = loop.call_soon_threadsafe
-        loop.call_soon_threadsafe = lambda *args: wakes.append(args) or original(*args)  # type: ignore[method-assign]
+        wakes = _count_wakes(asyncio.get_running_loop())
         recorder = Recorder(tmp_path / "records", chat, fsync=True, disk=disk)
         try:
             turns = 0  # a loaded machine may sync one past ALONE_WAIT_S: then it is a late one; go on until
@@ -199,10 +203,7 @@ def test_a_record_durable_before_its_wait_is_learned_without_a_future(tmp_path, 
     disk = FailingSync()
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        wakes = []
-        original = loop.call_soon_threadsafe
-        loop.call_soon_threadsafe = lambda *args: wakes.append(args) or original(*args)  # type: ignore[method-assign]
+        wakes = _count_wakes(asyncio.get_running_loop())
         recorder = Recorder(tmp_path / "records", chat, fsync=True, disk=disk)
         futures = []
         made = recorder._future  # noqa: SLF001 - counted: a landed record needs none
