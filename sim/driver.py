@@ -64,11 +64,9 @@ from gyre.sim.clock import Chain, Clock
 from gyre.sim.costs import CostModel
 from gyre.sim.deadlines import TIMED_OUT, Grid, execution_plan
 from gyre.sim.engines import EngineBank
-from gyre.sim.record import END, OUTCOME, SimRecord
+from gyre.sim.record import END, OUTCOME, SimRecord, execution_row
 from gyre.sim.training import SimTrainingPlane
 from gyre.trajectory.outcomes import Designated, GroupOutcomes, designated_outcome
-
-assert (END, OUTCOME) == (4, 5)  # _close writes a row's end and outcome at these positions, as literals
 
 
 class SimulationStalled(RuntimeError):
@@ -247,7 +245,7 @@ class Simulation(ActionHandler):
             start(x, engine, work, share)
             if limit is not None:  # it can reach its ceiling: a wall-clock deadline ends its harness
                 self._arm_deadline(x, now + limit)
-            records[x] = [x, g, engine, now, None, None, 0]  # SimRecord.execution_started (execution_row), inlined
+            records[x] = execution_row(x, g, engine, now)
 
     def _arm_deadline(self, x: int, at: float) -> None:
         self._deadlines[x] = at
@@ -322,8 +320,8 @@ class Simulation(ActionHandler):
     def _close(self, x: int, outcome: str) -> None:
         now = self.env.now
         row = self._execution_rows[x]  # the row on_start_executions made: its end and outcome
-        row[4] = now  # record.END
-        row[5] = outcome  # record.OUTCOME
+        row[END] = now
+        row[OUTCOME] = outcome
         self._send(ev.ExecutionFinished(now, x, outcome))
         g = x // self._group_size
         outcomes = self._outcomes.get(g)  # gone once the group is ready

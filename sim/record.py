@@ -16,7 +16,7 @@ the rest are the cluster facts only the simulator knows.
 
 An execution's row is kept as a list in ``EXECUTION_FIELDS`` order (one
 per started execution, built and written by the driver on its hot path:
-``execution_row``, and its ``END``/``OUTCOME`` slots at the finish), and
+``execution_row`` at the start, its ``END``/``OUTCOME`` slots at the finish), and
 ``executions`` gives them as dicts keyed by those names (``harness_end_s``
 after them where the harness stopped early): built afresh at each read
 while the run goes on, and once, then kept, after ``close``.
@@ -91,11 +91,6 @@ class SimRecord:
             row["staleness"] = group_staleness(row["v_d"], version)
             row["consumed_at_s"] = now
             row["consumed_step"] = version
-
-    def execution_started(self, x: int, g: int, engine: int, now: float) -> None:
-        # its end_s and outcome are stored by the driver at its finish (Simulation._close: once per execution);
-        # the driver builds the row itself (execution_row) on its hot path
-        self.execution_rows[x] = execution_row(x, g, engine, now)
 
     def harness_stopped(self, x: int, now: float) -> None:
         """Its rollout slot is free from ``now`` (kept in memory as ``harness_end_s``, not in executions.csv)."""
