@@ -82,7 +82,12 @@ at one client paired -0.046 to -0.076 ms and 0.07-0.09 ms less proxy CPU per cal
 runs); at 64 clients 13% less loop CPU per call by the paired windows' median (four runs,
 ratios 0.845-0.907) and 10-17% more calls/s; in alternating ``bench proxy`` runs the goals
 move with the machine's phase more than with the version (64 clients met in 5 of 5 and 3
-of 5 runs against 3 and 2 of 5 for main; a lone call under 1 ms in 3 of 5, then 0 of 5).
+of 5 runs against 3 and 2 of 5 for main; a lone call under 1 ms in 3 of 5, then 0 of 5). On 2026-12-06
+the group commit's writer sleeps on a plain lock instead of a ``threading.Condition`` (less
+Python under the GIL around a lone record's two hand-offs): against d558f87 in turn, six runs
+(load 1.1-1.3), paired -0.035 to +0.000 ms (median -0.018) and 0.01-0.04 ms less proxy CPU per
+call; waking the writer ahead of the record, and the journal's write and sync in one
+``RWF_DSYNC`` write, did not pay (``docs/cpu-stack.md#the-proxy-on-two-cores``).
 
 May import: ``gyre`` (trajectory records, trees, tool-call cache) and
 ``gyre.real.store``. Never the runtime, the training cells or the engines'

@@ -565,3 +565,49 @@ def test_closing_a_group_commit_on_a_stalled_disk_returns_within_its_timeout(tmp
     reopened = GroupCommit(ExecutionStore(tmp_path, fsync=True, preallocate=False))
     assert reopened.close() is True
     assert [r.request_id for r in ExecutionStore(tmp_path).read("e1")] == ["r0"]
+
+
+def test_the_writer_sleeps_on_a_plain_lock_and_wakes_for_every_submit_whenever_it_comes(tmp_path):
+    """The group commit's writer sleeps on one plain lock, released once per sleep (``_notify``): records
+    submitted from several threads, while it sleeps, commits a batch or is about to sleep, are each
+    acknowledged once and land in their logs in submit order; ``close`` wakes a sleeping writer."""
+    from gyre.real.store.group_commit import GroupCommit
+
+    store = ExecutionStore(tmp_path, fsync=True)
+    group = GroupCommit(store)
+    acked: dict[str, int] = {}
+    lock, finished = threading.Lock(), threading.Event()
+    total = 4 * 40
+
+    def done_for(request_id):
+        def done(error):
+            assert error is None
+            with lock:
+                acked[request_id] = acked.get(request_id, 0) + 1
+                if len(acked) == total:
+                    finished.set()
+        return done
+
+    def submitter(t):
+        rng = np.random.default_rng(t)
+        for i in range(40):
+            call = record(t * 1000 + i, f"x{t}")
+            group.submit(call, done_for(call.request_id))
+            if rng.random() < 0.5:  # sometimes while the writer is busy, sometimes once it went to sleep
+                time.sleep(float(rng.random()) * 0.002)
+
+    threads = [threading.Thread(target=submitter, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert finished.wait(20), f"{total - len(acked)} records never acknowledged"
+    time.sleep(0.01)
+    assert set(acked.values()) == {1} and group.records == total
+    for _ in range(50):  # the writer has gone back to sleep: close must wake it
+        if group._sleeping:
+            break
+        time.sleep(0.01)
+    assert group._sleeping and group.close(timeout_s=10)
+    for t in range(4):
+        assert [r.request_id for r in store.read(f"x{t}")] == [f"r{t * 1000 + i}" for i in range(40)]
