@@ -275,6 +275,8 @@ class _Dechunker:
 
 def _chunk_size(line: bytes | bytearray) -> int | None:
     """The size a chunk's size line gives (extensions after ``;`` ignored), None when malformed."""
+    if _CHUNK_SIZE.fullmatch(line):  # the usual bare size: no extension to cut, no space to strip
+        return int(line, 16)
     digits = line.split(b";", 1)[0].strip()
     return int(digits, 16) if _CHUNK_SIZE.fullmatch(digits) else None
 
