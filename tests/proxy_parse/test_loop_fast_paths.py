@@ -4,6 +4,8 @@
   characters: the same length for any text and tags;
 - ``http_client._chunk_size`` takes a bare hexadecimal size line without cutting and stripping it:
   the same size (or None) for any line;
+- ``HttpClient._target`` keeps each URL's split: the same target as splitting it, an invalid URL
+  refused every time, at most ``TARGETS`` URLs kept;
 - ``ChunkDecoder._tokens`` checks the log-probabilities through their sum first: the same tokens, or
   the same error, for any values (NaN, -inf, sums that overflow, values that are not numbers).
 """
@@ -13,12 +15,13 @@ from __future__ import annotations
 import math
 import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis_budget import examples
 
 from gyre.real.proxy.engine_stream import ChunkDecoder, EngineCallError
-from gyre.real.proxy.http_client import _chunk_size
+from gyre.real.proxy.http_client import TARGETS, HttpClient, HttpError, _chunk_size
 from gyre.real.proxy.toolcalls import CALL_OPEN, THINK_CLOSE, _partial_tag_len
 
 TAGS = (CALL_OPEN, THINK_CLOSE, "<x>", "<")
@@ -104,3 +107,17 @@ def test_tokens_as_before(items, extra):
 
 def test_tokens_whose_sum_overflows_are_finite():
     assert _outcome(2, [1, 2], [[-1e308, 1, None], [-1e308, 2, None]]) == ((1, 2), (-1e308, -1e308))
+
+
+def test_target_is_the_split_kept_per_url():
+    client = HttpClient(1.0, 1.0)
+    urls = ["http://127.0.0.1:8000/generate", "http://h:1/a?b=c", "https://x/", "http://y", "http://[::1]:9/p"]
+    for url in urls * 2:
+        assert client._target(url) == client._split(url)
+    assert client._target("http://y") == (("y", 80, False), "y", "/")
+    for _ in range(2):
+        with pytest.raises(HttpError):
+            client._target("ftp://x/")
+    for i in range(TARGETS + 10):
+        assert client._target(f"http://h/{i}")[2] == f"/{i}"
+    assert len(client._urls) <= TARGETS
