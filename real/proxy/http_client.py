@@ -270,6 +270,15 @@ class _Dechunker:
                 self.state = "data" if self.remaining else "trailer"
                 if self.remaining:
                     _close_gap(conn, self.remaining)
+                    raw = conn.raw
+                    if conn.end - raw >= size + 2 and conn.buf.startswith(b"\r\n", raw + size):
+                        # the whole chunk is here: its data and its line end taken in one step (what the
+                        # "data" and "crlf" steps would do, one loop turn each)
+                        if conn.body_end != raw:
+                            conn.view[conn.body_end:conn.body_end + size] = conn.view[raw:raw + size]
+                        conn.body_end += size
+                        conn.raw = raw + size + 2
+                        self.remaining, self.state = 0, "size"
             elif not line:  # "trailer": header lines until an empty one
                 self.state = "done"
 
