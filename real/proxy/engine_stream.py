@@ -45,6 +45,7 @@ LOGPROBS_KEY = b'"output_token_logprobs":'
 TEXT_OPEN = b'{"text":"'  # how SGLang's chunks begin (orjson: compact, ``text`` first)
 AFTER_TEXT = b',"output_ids":['  # what follows the text's closing quote in SGLang's compact spelling
 SUFFIX_PARSE_BYTES = 2048  # events at least this long have only their new tokens parsed (``ChunkDecoder``)
+_MINUS_INF = float("-inf")
 MARK_BYTES = 16  # bytes at the end of each part of the previous event checked before they are skipped
 
 
@@ -317,13 +318,15 @@ class ChunkDecoder:
             raise EngineCallError(self.engine_id, f"chunk announces {new} new tokens but carries "
                                               f"{len(new_ids)} ids and {len(new_lps)} logprobs")
         try:  # float rounding can push a log-probability a hair above 0
-            values = tuple(min(float(lp[0] if isinstance(lp, (list, tuple)) else lp), 0.0) for lp in new_lps)
+            values = tuple([min(float(lp[0] if isinstance(lp, (list, tuple)) else lp), 0.0) for lp in new_lps])
         except (TypeError, ValueError):
             raise EngineCallError(self.engine_id, "chunk carries a log-probability that is not a number") from None
-        if any(v != v or v == float("-inf") for v in values):
+        # every value is <= 0: a sum above -inf has neither NaN nor -inf in it (one C loop; a sum that
+        # overflows, or the rare bad value, is decided by the test of every value)
+        if not sum(values) > _MINUS_INF and any(v != v or v == _MINUS_INF for v in values):
             raise EngineCallError(self.engine_id, "chunk carries a non-finite log-probability")
         try:
-            ids = tuple(int(i) for i in new_ids)
+            ids = tuple(map(int, new_ids))
         except (TypeError, ValueError):
             raise EngineCallError(self.engine_id, "chunk carries a token id that is not a number") from None
         self.seen += new

@@ -59,6 +59,7 @@ from urllib.parse import urlsplit
 
 IDLE_S = 4.0
 MAX_HEAD_BYTES = 64 * 1024
+TARGETS = 256  # URLs whose split a client keeps (``HttpClient._target``)
 PAUSE_BYTES = 1 << 20  # stop reading the socket while this much is received and not yet decoded
 INITIAL_BUFFER = 64 * 1024  # a connection's receive buffer; it grows for long events, shrinks when pooled
 MIN_READ = 32 * 1024  # free space offered to each read of the socket
@@ -269,12 +270,23 @@ class _Dechunker:
                 self.state = "data" if self.remaining else "trailer"
                 if self.remaining:
                     _close_gap(conn, self.remaining)
+                    raw = conn.raw
+                    if conn.end - raw >= size + 2 and conn.buf.startswith(b"\r\n", raw + size):
+                        # the whole chunk is here: its data and its line end taken in one step (what the
+                        # "data" and "crlf" steps would do, one loop turn each)
+                        if conn.body_end != raw:
+                            conn.view[conn.body_end:conn.body_end + size] = conn.view[raw:raw + size]
+                        conn.body_end += size
+                        conn.raw = raw + size + 2
+                        self.remaining, self.state = 0, "size"
             elif not line:  # "trailer": header lines until an empty one
                 self.state = "done"
 
 
 def _chunk_size(line: bytes | bytearray) -> int | None:
     """The size a chunk's size line gives (extensions after ``;`` ignored), None when malformed."""
+    if _CHUNK_SIZE.fullmatch(line):  # the usual bare size: no extension to cut, no space to strip
+        return int(line, 16)
     digits = line.split(b";", 1)[0].strip()
     return int(digits, 16) if _CHUNK_SIZE.fullmatch(digits) else None
 
@@ -433,6 +445,7 @@ class HttpClient:
         self.idle_s = idle_s  # a pooled connection idle this long is dropped, not reused
         self._idle: dict[tuple, list[_Connection]] = {}
         self._targets: dict[str, tuple] = {}
+        self._urls: dict[str, tuple[tuple, str, str]] = {}
         self._tls: ssl.SSLContext | None = None
         self._closed = False
 
@@ -472,6 +485,17 @@ class HttpClient:
         self._idle.clear()
 
     def _target(self, url: str) -> tuple[tuple, str, str]:
+        """The connection key, Host header and request target of ``url``; an engine's few URLs are
+        split once (the split cached per URL, at most ``TARGETS`` of them)."""
+        target = self._urls.get(url)
+        if target is None:
+            target = self._split(url)
+            if len(self._urls) >= TARGETS:
+                self._urls.clear()
+            self._urls[url] = target
+        return target
+
+    def _split(self, url: str) -> tuple[tuple, str, str]:
         split = urlsplit(url)
         base = f"{split.scheme}://{split.netloc}"
         if base not in self._targets:

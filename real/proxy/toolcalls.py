@@ -125,6 +125,8 @@ def _partial_tag_len(text: str, tags: tuple[str, ...]) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of a tag."""
     best = 0
     for tag in tags:
+        if text.find(tag[0], max(len(text) - len(tag) + 1, 0)) < 0:  # each prefix begins with the first character
+            continue
         for size in range(min(len(tag) - 1, len(text)), best, -1):
             if text.endswith(tag[:size]):
                 best = size

@@ -127,3 +127,16 @@ def test_message_start_is_the_empty_response_encoded(request_id, model, size):
     message = dict(anthropic.response(prepared, empty), content=[], stop_reason=None, stop_sequence=None)
     assert anthropic._message_start(prepared) == anthropic.sse("message_start", {"type": "message_start",
                                                                                  "message": message})
+
+
+@PROPERTY
+@given(reason=st.sampled_from(sorted(anthropic.STOP_REASONS)), stop_sequence=st.one_of(st.none(), TEXTS),
+       output_tokens=st.one_of(st.integers(0, 2**40), st.booleans()))
+def test_message_delta_is_its_data_encoded(reason, stop_sequence, output_tokens):
+    """``message_delta`` comes from a prebuilt block (only the stop sequence and the count encoded): byte
+    for byte ``sse`` of its data, whatever the stop sequence (quotes, non-ASCII, lone surrogates)."""
+    finished = Finished(output_ids=[], logprobs=[], text="", thinking="", tool_calls=[], stop_reason=reason,
+                        stop_sequence=stop_sequence, input_tokens=0, output_tokens=output_tokens)
+    delta = {"stop_reason": anthropic.STOP_REASONS[reason], "stop_sequence": stop_sequence}
+    assert anthropic._message_delta(finished) == anthropic.sse("message_delta", {
+        "type": "message_delta", "delta": delta, "usage": {"output_tokens": output_tokens}})

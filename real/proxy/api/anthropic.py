@@ -244,6 +244,9 @@ _BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","i
 _DELTA = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"%s_delta","%s":'
 _EMPTY_BLOCK = {"text": b'{"type":"text","text":""}', "thinking": b'{"type":"thinking","thinking":"","signature":""}'}
 _BLOCK_START = b'event: content_block_start\ndata: {"type":"content_block_start","index":%d,"content_block":%s}\n\n'
+_MESSAGE_DELTA = (b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":%s,"stop_sequence":%s},'
+                  b'"usage":{"output_tokens":%d}}\n\n')
+_STOP_REASONS_JSON = {reason: fields.json_bytes(name) for reason, name in STOP_REASONS.items()}
 _MESSAGE_START = (b'event: message_start\ndata: {"type":"message_start","message":{"id":%s,"type":"message",'
                   b'"role":"assistant","model":%s,"content":[],"stop_reason":null,"stop_sequence":null,"usage":'
                   b'{"input_tokens":%d,"output_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0}}}\n\n')
@@ -261,6 +264,18 @@ def _message_start(prepared: Prepared) -> bytes:
         return sse("message_start", {"type": "message_start", "message": message})
     return _MESSAGE_START % (fields.json_bytes(f"msg_{prepared.request_id}"),
                              fields.json_bytes(prepared.request.model), len(prepared.input_ids))
+
+
+def _message_delta(finished: Finished) -> bytes:
+    """The stream's ``message_delta``: ``sse`` of it (tested byte for byte), from a prebuilt block with only
+    the stop sequence and the token count encoded."""
+    if type(finished.output_tokens) is not int:  # noqa: E721 - a bool or NumPy integer takes the generic path
+        return sse("message_delta", {"type": "message_delta",
+                                     "delta": {"stop_reason": STOP_REASONS[finished.stop_reason],
+                                               "stop_sequence": finished.stop_sequence},
+                                     "usage": {"output_tokens": finished.output_tokens}})
+    stop_sequence = b"null" if finished.stop_sequence is None else fields.json_bytes(finished.stop_sequence)
+    return _MESSAGE_DELTA % (_STOP_REASONS_JSON[finished.stop_reason], stop_sequence, finished.output_tokens)
 
 
 def _text_delta(index: int, key: str, text: str) -> bytes:
@@ -324,10 +339,7 @@ async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepar
                 if blocks.index < 0:
                     pending += blocks.open("text")
                 pending += blocks.close()
-                pending.append(sse("message_delta", {"type": "message_delta",
-                                                     "delta": {"stop_reason": STOP_REASONS[item.stop_reason],
-                                                               "stop_sequence": item.stop_sequence},
-                                                     "usage": {"output_tokens": item.output_tokens}}))
+                pending.append(_message_delta(item))
                 pending.append(_MESSAGE_STOP)
                 yield LastChunk(b"".join(pending))
                 return
