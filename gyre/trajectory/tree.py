@@ -197,15 +197,18 @@ class TrajectoryTree:
             k = self._common_prefix(start, seq, pos, min(end - start, len(seq) - pos))
             if pos + k > first_special:  # only ranges holding non-EXTERNAL incoming tokens can change
                 lo = max(pos, first_special)
-                stored = start + lo - pos
-                # SAMPLED tokens over no EXTERNAL position change nothing (bytes searched: one memchr)
-                if not incoming.sampled_only(lo) or _EXTERNAL_BYTE in self._prov[stored : start + k].tobytes():
-                    self._merge_provenance(stored, *incoming.slice(lo, pos + k))
+                self._merge_range(incoming, start + lo - pos, lo, pos + k)
             node, pos = child, pos + k
             if k < end - start:
                 self._split(child, k)
                 return node, pos, visited, True
         return node, pos, visited, False
+
+    def _merge_range(self, incoming: _Incoming, stored: int, lo: int, hi: int) -> None:
+        """Merge incoming tokens ``lo:hi`` into the stored positions from ``stored``; SAMPLED tokens over
+        no EXTERNAL position change nothing, so then nothing is done (one memchr decides)."""
+        if not incoming.sampled_only(lo) or _EXTERNAL_BYTE in self._prov[stored : stored + hi - lo].tobytes():
+            self._merge_provenance(stored, *incoming.slice(lo, hi))
 
     def _common_prefix(self, start: int, seq: np.ndarray, pos: int, span: int) -> int:
         stored, incoming = self._tokens[start : start + span], seq[pos : pos + span]

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis_budget import examples
 
 from gyre.trajectory.records import ModelCall, Provenance
-from gyre.trajectory.tree import ROOT, TrajectoryTree
+from gyre.trajectory.tree import TrajectoryTree
 
 PROVENANCES = [int(p) for p in Provenance]
 
@@ -17,27 +17,13 @@ PROVENANCES = [int(p) for p in Provenance]
 class _Reference(TrajectoryTree):
     """``add`` as it was before the fast paths: every span compared in NumPy, every range merged."""
 
-    def _match(self, seq, incoming):
-        first_special = incoming.first_special
-        node, pos, visited = ROOT, 0, 0
-        while pos < len(seq):
-            child = self._children[node].get(int(seq[pos]))
-            if child is None:
-                break
-            visited += 1
-            start, end = self._start[child], self._end[child]
-            span = min(end - start, len(seq) - pos)
-            differs = self._tokens[start : start + span] != seq[pos : pos + span]
-            first = int(differs.argmax())
-            k = first if differs[first] else span
-            if pos + k > first_special:
-                lo = max(pos, first_special)
-                self._merge_provenance(start + lo - pos, *incoming.slice(lo, pos + k))
-            node, pos = child, pos + k
-            if k < end - start:
-                self._split(child, k)
-                return node, pos, visited, True
-        return node, pos, visited, False
+    def _common_prefix(self, start, seq, pos, span):
+        differs = self._tokens[start : start + span] != seq[pos : pos + span]
+        first = int(differs.argmax())
+        return first if differs[first] else span
+
+    def _merge_range(self, incoming, stored, lo, hi):
+        self._merge_provenance(stored, *incoming.slice(lo, hi))
 
 
 @st.composite
