@@ -243,10 +243,7 @@ class _Dechunker:
                 n = min(self.remaining, conn.end - conn.raw)
                 if not n:
                     break
-                if conn.body_end != conn.raw:
-                    conn.view[conn.body_end:conn.body_end + n] = conn.view[conn.raw:conn.raw + n]
-                conn.body_end += n
-                conn.raw += n
+                _take_data(conn, n)
                 self.remaining -= n
                 if not self.remaining:
                     self.state = "crlf"
@@ -270,17 +267,22 @@ class _Dechunker:
                 self.state = "data" if self.remaining else "trailer"
                 if self.remaining:
                     _close_gap(conn, self.remaining)
-                    raw = conn.raw
-                    if conn.end - raw >= size + 2 and conn.buf.startswith(b"\r\n", raw + size):
+                    if conn.end - conn.raw >= size + 2 and conn.buf.startswith(b"\r\n", conn.raw + size):
                         # the whole chunk is here: its data and its line end taken in one step (what the
                         # "data" and "crlf" steps would do, one loop turn each)
-                        if conn.body_end != raw:
-                            conn.view[conn.body_end:conn.body_end + size] = conn.view[raw:raw + size]
-                        conn.body_end += size
-                        conn.raw = raw + size + 2
+                        _take_data(conn, size)
+                        conn.raw += 2
                         self.remaining, self.state = 0, "size"
             elif not line:  # "trailer": header lines until an empty one
                 self.state = "done"
+
+
+def _take_data(conn: _Connection, n: int) -> None:
+    """Append the next ``n`` received bytes to the body, moved only when decoded body waits elsewhere."""
+    if conn.body_end != conn.raw:
+        conn.view[conn.body_end:conn.body_end + n] = conn.view[conn.raw:conn.raw + n]
+    conn.body_end += n
+    conn.raw += n
 
 
 def _chunk_size(line: bytes | bytearray) -> int | None:
@@ -444,7 +446,6 @@ class HttpClient:
         self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
         self.idle_s = idle_s  # a pooled connection idle this long is dropped, not reused
         self._idle: dict[tuple, list[_Connection]] = {}
-        self._targets: dict[str, tuple] = {}
         self._urls: dict[str, tuple[tuple, str, str]] = {}
         self._tls: ssl.SSLContext | None = None
         self._closed = False
@@ -495,18 +496,15 @@ class HttpClient:
             self._urls[url] = target
         return target
 
-    def _split(self, url: str) -> tuple[tuple, str, str]:
+    @staticmethod
+    def _split(url: str) -> tuple[tuple, str, str]:
         split = urlsplit(url)
-        base = f"{split.scheme}://{split.netloc}"
-        if base not in self._targets:
-            if split.scheme not in ("http", "https") or not split.hostname:
-                raise HttpError(f"not an http(s) URL: {url!r}")
-            tls = split.scheme == "https"
-            port = split.port or (443 if tls else 80)
-            self._targets[base] = ((split.hostname, port, tls), split.netloc)
-        key, host_header = self._targets[base]
+        if split.scheme not in ("http", "https") or not split.hostname:
+            raise HttpError(f"not an http(s) URL: {url!r}")
+        tls = split.scheme == "https"
+        key = (split.hostname, split.port or (443 if tls else 80), tls)
         path = split.path or "/"
-        return key, host_header, path + (f"?{split.query}" if split.query else "")
+        return key, split.netloc, path + (f"?{split.query}" if split.query else "")
 
     def _pooled(self, key: tuple) -> _Connection | None:
         idle, now = self._idle.get(key), time.monotonic()
