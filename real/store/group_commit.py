@@ -29,7 +29,6 @@ Invariants:
 
 from __future__ import annotations
 
-import _thread
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -83,7 +82,7 @@ class GroupCommit:
         # released once per sleep (``_notify``): less of the GIL's time and no waiter lock per sleep,
         # as a ``threading.Condition`` would take
         self._lock = threading.Lock()
-        self._wake = _thread.allocate_lock()
+        self._wake = threading.Lock()
         self._wake.acquire()
         self._sleeping = False  # the writer waits (or is about to wait) on ``_wake``
         self._closed = False
