@@ -57,6 +57,7 @@ def _counted_cache() -> tuple[list[int], IdsJson]:
 
     return encoded, IdsJson(encode_new=counted)
 
+
 def test_a_follow_up_encodes_only_its_new_tail():
     encoded, cache = _counted_cache()
     context = list(range(30_000))

@@ -106,6 +106,7 @@ def _count_wakes(loop: asyncio.AbstractEventLoop) -> list[tuple]:
     loop.call_soon_threadsafe = lambda *args: wakes.append(args) or original(*args)  # type: ignore[method-assign]
     return wakes
 
+
 def test_a_lone_commit_is_answered_without_waking_the_loop_and_a_late_one_through_it(tmp_path, model):
     """A lone commit that lands within ``ALONE_WAIT_S`` is answered on the loop's thread: no wake-up
     of the loop, no future; one that lands later (a slow sync), a commit that is not alone, and an
