@@ -391,7 +391,7 @@ def main(calls: int = 300, window_s: float = 4.0) -> dict:
 
     from gyre.real.proxy.tokenize import ChatTokenizer
 
-    cases = _cases()
+    cases, latency_runs = _cases(), _latency_runs()  # a bad count is refused before anything starts
     with tempfile.TemporaryDirectory() as scratch:
         model = build_tiny_tokenizer(Path(scratch) / "tiny")
         chat = ChatTokenizer(str(model))
@@ -407,7 +407,7 @@ def main(calls: int = 300, window_s: float = 4.0) -> dict:
             try:
                 if "latency" in cases:
                     runs = []
-                    for _ in range(_latency_runs()):
+                    for _ in range(latency_runs):
                         cpu = _cpu_seconds(proxy.pid)
                         run = asyncio.run(_latency(engine_url, proxy_url, input_ids, calls))
                         run["latency_cpu_ms_per_call"] = (_cpu_seconds(proxy.pid) - cpu) * 1e3 / (calls + 20)
