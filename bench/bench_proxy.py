@@ -11,7 +11,12 @@ taken from the proxy: aiohttp's took about twice as much).
 - added latency: sequential calls, time to the last byte. Direct: streaming
   ``/generate`` with the prompt's token ids. Proxied: streaming Anthropic
   ``/v1/messages`` with the same conversation (so the proxy also renders,
-  tokenizes, parses, records). Added = proxied - direct, at p50 and p99;
+  tokenizes, parses, records). Added = proxied - direct, at p50 and p99.
+  Each round also calls a second proxy, the same but for its records folder,
+  on a memory file system (``/dev/shm``, where a sync reaches no device):
+  its added p50 is what the proxy adds apart from the disk's sync, and the
+  rounds' median difference between the two (``sync_paired_ms``) what the
+  sync adds;
 - the same on Claude-Code-sized requests (30 KB system prompt, 24 tools):
   the first call of an execution (whole prompt tokenized) and a follow-up
   (recorded prefix reused, only the new turn tokenized), against a direct
@@ -31,9 +36,12 @@ taken from the proxy: aiohttp's took about twice as much).
 
 - what durability costs on this disk, one writer, sequential: an append plus
   ``fsync`` (the file grows: a journal commit), a write into preallocated,
-  already-written space plus ``fdatasync`` (no metadata: what durable logs do
-  now, ``tito_log.RecordLog.reserve``), and a whole group commit round trip
-  (submit to acknowledgement) through ``group_commit.GroupCommit``.
+  already-written space plus ``fdatasync`` (no metadata: what the commit
+  journal does), the same with the disk idle for 1.5 ms between writes (a
+  lone call's rhythm: here a sync that follows the last one by more than
+  about 50 us costs ten times one that follows at once), and a whole group
+  commit round trip (submit to acknowledgement) through
+  ``group_commit.GroupCommit``.
 
 Goals (issue 17, item 6): added latency p50 under 1 ms for one client with
 durable records; at least 1,500 calls/s with 64 clients on the 2-core
@@ -90,7 +98,9 @@ async def _timed(session, method_url: str, body: dict, headers: dict) -> float:
     return time.perf_counter() - start
 
 
-async def _latency(engine_url: str, proxy_url: str, input_ids: list[int], calls: int) -> dict:
+async def _latency(engine_url: str, proxies: dict[str, str], input_ids: list[int], calls: int) -> dict:
+    """Rounds of one direct engine call, then one call through each proxy of ``proxies`` (name: URL) in
+    turn, so that all see the same phase of the machine; ``latency_figures`` of the times."""
     import aiohttp
 
     direct_body = {"input_ids": input_ids, "stream": True, "return_logprob": True,
@@ -98,18 +108,50 @@ async def _latency(engine_url: str, proxy_url: str, input_ids: list[int], calls:
     proxied_body = {"model": "m", "max_tokens": 64, "stream": True,
                     "messages": [{"role": "user", "content": "how are you?"}]}
     async with aiohttp.ClientSession() as session:
-        direct, proxied = [], []
-        for i in range(calls + 20):  # 20 warm-up calls of each
+        direct: list[float] = []
+        proxied: dict[str, list[float]] = {name: [] for name in proxies}
+        for i in range(calls + 20):  # 20 warm-up rounds
             d = await _timed(session, engine_url + "/generate", dict(direct_body, rid=f"b{i}"), {})
-            p = await _timed(session, proxy_url + "/v1/messages", proxied_body, {"x-api-key": "bench-key-0"})
+            times = [await _timed(session, url + "/v1/messages", proxied_body, {"x-api-key": "bench-key-0"})
+                     for url in proxies.values()]
             if i >= 20:
                 direct.append(d)
-                proxied.append(p)
-    direct_ms, proxied_ms = np.array(direct) * 1e3, np.array(proxied) * 1e3
-    return {"direct_p50_ms": float(np.percentile(direct_ms, 50)), "direct_p99_ms": float(np.percentile(direct_ms, 99)),
-            "proxy_p50_ms": float(np.percentile(proxied_ms, 50)), "proxy_p99_ms": float(np.percentile(proxied_ms, 99)),
-            "added_p50_ms": float(np.percentile(proxied_ms, 50) - np.percentile(direct_ms, 50)),
-            "added_p99_ms": float(np.percentile(proxied_ms, 99) - np.percentile(direct_ms, 99))}
+                for name, p in zip(proxies, times):
+                    proxied[name].append(p)
+    return latency_figures(direct, proxied)
+
+
+def latency_figures(direct: list[float], proxied: dict[str, list[float]]) -> dict:
+    """Seconds in, ms out. The first proxy's added p50 and p99 (proxied minus direct, each at its
+    percentile) under the plain names (``added_p50_ms``); a second one named ``memory`` (its records on
+    a memory file system) gives ``memory_added_p50_ms`` and ``sync_paired_ms``, the rounds' median
+    difference between the two proxies: what the disk's sync adds to a call."""
+    direct_ms = np.array(direct) * 1e3
+    figures = {"direct_p50_ms": float(np.percentile(direct_ms, 50)),
+               "direct_p99_ms": float(np.percentile(direct_ms, 99))}
+    (first, first_times), *others = proxied.items()
+    first_ms = np.array(first_times) * 1e3
+    figures.update(proxy_p50_ms=float(np.percentile(first_ms, 50)), proxy_p99_ms=float(np.percentile(first_ms, 99)),
+                   added_p50_ms=float(np.percentile(first_ms, 50) - figures["direct_p50_ms"]),
+                   added_p99_ms=float(np.percentile(first_ms, 99) - figures["direct_p99_ms"]))
+    for name, times in others:
+        ms = np.array(times) * 1e3
+        figures[f"{name}_added_p50_ms"] = float(np.percentile(ms, 50) - figures["direct_p50_ms"])
+        if name == "memory":
+            figures["sync_paired_ms"] = float(np.median(first_ms - ms))
+    return figures
+
+
+def memory_folder(mounts: str | None = None) -> Path | None:
+    """``/dev/shm`` when a memory file system (tmpfs, ramfs) is mounted there, else None; ``mounts``:
+    the text of ``/proc/self/mounts`` (read when None)."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/self/mounts").read_text()
+        except OSError:
+            return None
+    kinds = {fields[1]: fields[2] for fields in (line.split() for line in mounts.splitlines()) if len(fields) >= 3}
+    return Path("/dev/shm") if kinds.get("/dev/shm") in ("tmpfs", "ramfs") else None
 
 
 def _big_conversation() -> tuple[list, list, str]:
@@ -249,8 +291,12 @@ def commit_cost(rounds: int = 20, clients: int = 64) -> dict:
     return figures
 
 
+IDLE_S = 0.0015  # between two synced writes of the durability case's idle variant: a lone call's rhythm
+
+
 def durability_cost(writes: int = 400) -> dict:
-    """p50/p90 wall ms of one durable write, one writer, sequential (see the module docstring)."""
+    """p50/p90 wall ms of one durable write, one writer, sequential, back to back and (``_idle``) with
+    the disk left idle ``IDLE_S`` between writes (see the module docstring)."""
     from gyre.real.store.group_commit import GroupCommit
     from gyre.real.store.tito_log import ExecutionStore
     from gyre.trajectory.records import ModelCall
@@ -259,7 +305,9 @@ def durability_cost(writes: int = 400) -> dict:
     frame = os.urandom(2048)
     figures = {}
     with tempfile.TemporaryDirectory() as scratch:  # /tmp: the same disk as the record stores here
-        for name, prefill, sync in (("append_fsync", False, os.fsync), ("prealloc_fdatasync", True, os.fdatasync)):
+        for name, prefill, sync, idle_s in (("append_fsync", False, os.fsync, 0.0),
+                                            ("prealloc_fdatasync", True, os.fdatasync, 0.0),
+                                            ("prealloc_fdatasync_idle", True, os.fdatasync, IDLE_S)):
             fd = os.open(Path(scratch) / name, os.O_RDWR | os.O_CREAT, 0o644)
             if prefill:
                 os.write(fd, bytes(writes * len(frame)))
@@ -270,6 +318,8 @@ def durability_cost(writes: int = 400) -> dict:
                 os.pwrite(fd, frame, i * len(frame))
                 sync(fd)
                 times.append(time.perf_counter() - start)
+                if idle_s:
+                    time.sleep(idle_s)
             os.close(fd)
             figures[f"durable_{name}_p50_ms"] = float(np.percentile(times, 50) * 1e3)
             figures[f"durable_{name}_p90_ms"] = float(np.percentile(times, 90) * 1e3)
@@ -372,12 +422,39 @@ def latency_spread(runs: list[dict]) -> dict:
         return runs[0]
     for i, run in enumerate(runs):
         print(f"   latency run {i}: added p50 {run['added_p50_ms']:.3f} ms, p99 {run['added_p99_ms']:.3f} ms, "
-              f"direct p50 {run['direct_p50_ms']:.3f} ms, proxy CPU {run['latency_cpu_ms_per_call']:.3f} ms a call")
+              f"direct p50 {run['direct_p50_ms']:.3f} ms, proxy CPU {run['latency_cpu_ms_per_call']:.3f} ms a call"
+              + (f"; records in memory: added p50 {run['memory_added_p50_ms']:.3f} ms, the disk's sync "
+                 f"{run['sync_paired_ms']:.3f} ms (paired)" if "sync_paired_ms" in run else ""))
     spread = {name: float(np.median([run[name] for run in runs])) for name in runs[0]}
     added = [run["added_p50_ms"] for run in runs]
     spread.update(added_p50_ms_min=min(added), added_p50_ms_max=max(added), latency_runs=len(runs),
                   latency_runs_met=sum(a < 1 for a in added))
     return spread
+
+
+def _latency_case(scratch: Path, config: dict, engine_url: str, proxy, proxy_url: str, input_ids: list[int],
+                  calls: int, runs: int) -> dict:
+    """``runs`` latency runs of the durable proxy, each round also calling, in turn, the same proxy with
+    its records on a memory file system (``memory_folder``; left out where there is none): what the
+    proxy adds apart from the disk's sync, and what the sync adds, in the same phase of the machine."""
+    memory = memory_folder()
+    if memory is None:
+        print("   no memory file system at /dev/shm: the latency case runs without the records-in-memory proxy")
+    with tempfile.TemporaryDirectory(dir=memory) as memory_scratch:
+        proxies, spare = {"disk": proxy_url}, None
+        if memory is not None:
+            spare, proxies["memory"] = _start_proxy(Path(memory_scratch), config, "records")
+        try:
+            results = []
+            for _ in range(runs):
+                cpu = _cpu_seconds(proxy.pid)
+                run = asyncio.run(_latency(engine_url, proxies, input_ids, calls))
+                run["latency_cpu_ms_per_call"] = (_cpu_seconds(proxy.pid) - cpu) * 1e3 / (calls + 20)
+                results.append(run)
+        finally:
+            if spare is not None:
+                _stop(spare)
+    return latency_spread(results)
 
 
 def _cases() -> set[str]:
@@ -406,13 +483,8 @@ def main(calls: int = 300, window_s: float = 4.0) -> dict:
             proxy, proxy_url = _start_proxy(Path(scratch), config, "records")
             try:
                 if "latency" in cases:
-                    runs = []
-                    for _ in range(latency_runs):
-                        cpu = _cpu_seconds(proxy.pid)
-                        run = asyncio.run(_latency(engine_url, proxy_url, input_ids, calls))
-                        run["latency_cpu_ms_per_call"] = (_cpu_seconds(proxy.pid) - cpu) * 1e3 / (calls + 20)
-                        runs.append(run)
-                    figures.update(latency_spread(runs))
+                    figures.update(_latency_case(Path(scratch), config, engine_url, proxy, proxy_url, input_ids,
+                                                 calls, latency_runs))
                 if "big" in cases:
                     figures.update(asyncio.run(_big_latency(engine_url, proxy_url, chat, 30, proxy.pid)))
                 if "rps" in cases:
@@ -432,7 +504,7 @@ def main(calls: int = 300, window_s: float = 4.0) -> dict:
     if "durability" in cases:
         figures.update(durability_cost())
     for name, value in figures.items():
-        print(f"   {name:32s} {value:9.2f}")
+        print(f"   {name:40s} {value:9.2f}")
     goals = [("p50 added < 1 ms, one client, durable", "added_p50_ms", lambda v: v < 1),
              ("64 clients >= 1500 calls/s", "rps_64", lambda v: v >= 1500),
              ("30k-token follow-up adds < 2 ms", "big_followup_added_p50_ms", lambda v: v < 2)]
