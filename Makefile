@@ -53,7 +53,7 @@ run: $(VENV)/.base-installed
 CHECK_DIRS := tests/core tests/sim tests/analysis tests/trajectory tests/proxy_parse tests/differential
 # Lint and type check first (a few seconds; settings in pyproject.toml). FORMATTED
 # lists the files kept in `ruff format` style so far.
-LINT_DIRS := gyre sim real/runtime analysis paper_figs
+LINT_DIRS := gyre sim real/runtime real/proxy real/store analysis paper_figs
 FORMATTED := tests/core/test_doc_references.py
 check: $(VENV)/.check-installed
 	$(BIN)/ruff check $(LINT_DIRS)

@@ -276,7 +276,7 @@ def commit_cost(rounds: int = 20, clients: int = 64) -> dict:
                                   output_ids=rng.integers(0, 1000, 20), output_logprobs=-rng.random(20),
                                   policy_version=0) for i in range(clients)] for r in range(rounds)]
 
-            async def run_all() -> None:
+            async def run_all(store=store, batches=batches, committer=committer) -> None:
                 for batch in batches:
                     await _commits(store, batch, committer)
 
@@ -297,10 +297,11 @@ IDLE_S = 0.0015  # between two synced writes of the durability case's idle varia
 def durability_cost(writes: int = 400) -> dict:
     """p50/p90 wall ms of one durable write, one writer, sequential, back to back and (``_idle``) with
     the disk left idle ``IDLE_S`` between writes (see the module docstring)."""
+    import threading
+
     from gyre.real.store.group_commit import GroupCommit
     from gyre.real.store.tito_log import ExecutionStore
     from gyre.trajectory.records import ModelCall
-    import threading
 
     frame = os.urandom(2048)
     figures = {}
@@ -332,7 +333,7 @@ def durability_cost(writes: int = 400) -> dict:
             context = np.concatenate([context, output, rng.integers(0, 1000, 30)])
             acknowledged = threading.Event()
             start = time.perf_counter()
-            group.submit(call, lambda error: acknowledged.set())
+            group.submit(call, lambda error, acknowledged=acknowledged: acknowledged.set())
             acknowledged.wait()
             times.append(time.perf_counter() - start)
         group.close()

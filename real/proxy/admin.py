@@ -8,23 +8,25 @@ fault) when the key file cannot be written; an action that fails changes
 nothing (every argument is checked before the first change). Execution ids
 follow ``config.ID_RULE``; a key is issued only for a valid id.
 
-| method and path                         | body                         | effect |
-|-----------------------------------------|------------------------------|--------|
-| GET  /admin/executions                  |                              | every execution: requests, route, in-flight |
-| POST /admin/executions                  | {"execution_id"}             | new API key for it (persisted as a digest) |
-| POST /admin/executions/start            | {"executions": [{"execution_id", "engine"?}]} | a key each, routes set (all or nothing) |
-| POST /admin/executions/{id}/revoke      | {"api_key"?}                 | revoke that key, or every key of it |
-| GET  /admin/executions/{id}/stats       |                              | ``tree_stats`` of its trajectory tree |
-| GET  /admin/engines                     |                              | engines and routes |
-| POST /admin/engines                     | {"id", "url"}                | add an engine |
-| DELETE /admin/engines/{id}              |                              | remove an idle, unrouted engine |
-| POST /admin/engines/{id}/drain          | {"evacuate": bool, "to"?}    | no new requests; optionally move its executions now |
-| POST /admin/engines/{id}/undrain        |                              | take new requests again |
-| POST /admin/engines/{id}/hold           |                              | not ready: its calls go elsewhere or wait; routes kept |
-| POST /admin/engines/{id}/release        |                              | ready again: its routed executions' calls come back |
-| GET  /admin/routes                      |                              | execution -> engine |
-| POST /admin/routes                      | {"execution_id", "engine"}   | reroute one execution (in-flight requests move) |
-| POST /admin/policy_version              | {"version": int}             | version recorded when engines do not report one |
+| method and path                    | body                        | effect |
+|------------------------------------|-----------------------------|--------|
+| GET  /admin/executions             |                             | every execution: requests, route, in-flight |
+| POST /admin/executions             | {"execution_id"}            | new API key for it (persisted as a digest) |
+| POST /admin/executions/start       | {"executions": [item, ...]} | a key each, routes set (all or nothing) |
+| POST /admin/executions/{id}/revoke | {"api_key"?}                | revoke that key, or every key of it |
+| GET  /admin/executions/{id}/stats  |                             | ``tree_stats`` of its trajectory tree |
+| GET  /admin/engines                |                             | engines and routes |
+| POST /admin/engines                | {"id", "url"}               | add an engine |
+| DELETE /admin/engines/{id}         |                             | remove an idle, unrouted engine |
+| POST /admin/engines/{id}/drain     | {"evacuate": bool, "to"?}   | no new requests; may move its executions now |
+| POST /admin/engines/{id}/undrain   |                             | take new requests again |
+| POST /admin/engines/{id}/hold      |                             | unready: calls go elsewhere or wait; routes kept |
+| POST /admin/engines/{id}/release   |                             | ready again: its executions' calls come back |
+| GET  /admin/routes                 |                             | execution -> engine |
+| POST /admin/routes                 | {"execution_id", "engine"}  | reroute one execution (in-flight requests move) |
+| POST /admin/policy_version         | {"version": int}            | version recorded when engines do not report one |
+
+An item of ``/admin/executions/start``: ``{"execution_id", "engine"?}``.
 """
 
 from __future__ import annotations

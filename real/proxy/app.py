@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 import time
@@ -61,11 +60,11 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from gyre.real.proxy import collector, fields
-from gyre.real.proxy.api import anthropic, openai_chat, openai_responses
 from gyre.real.proxy.admin import AdminApi
-from gyre.real.proxy.model_call import ChatService
+from gyre.real.proxy.api import anthropic, openai_chat, openai_responses
 from gyre.real.proxy.config import ProxyConfig
 from gyre.real.proxy.engine_client import EngineClient
+from gyre.real.proxy.model_call import ChatService
 from gyre.real.proxy.recording import KeyRegistry, Recorder
 from gyre.real.proxy.request import ApiError, Finished, LastChunk, bad_request, error_for
 from gyre.real.proxy.routing import Router
@@ -292,7 +291,7 @@ class ProxyServer:
                     raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise too_large from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ApiError(408, "timeout", f"body: not received within "
                                            f"{self.config.limits.client_read_timeout_s} s") from None
         if len(raw) > limit:
@@ -378,7 +377,7 @@ class ProxyServer:
 
         async def last() -> Any:
             finished = first
-            async for finished in events:
+            async for finished in events:  # noqa: B007 - the loop keeps the last event
                 pass
             return finished
 

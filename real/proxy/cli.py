@@ -50,7 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, disk: Any = None) -> int:
     """Serve until SIGINT/SIGTERM; ``disk``: the record store's writes and syncs (``store.durable.Disk``;
     the system calls when None)."""
-    import asyncio
     import logging
 
     from gyre.real.proxy.config import ProxyConfigError, load_proxy_config
@@ -89,7 +88,7 @@ def _runner(loop: str):
         import uvloop
     except ImportError:
         if loop == "uvloop":
-            raise SystemExit("gyre proxy --loop uvloop: uvloop is not installed (pip install 'gyre[real]')")
+            raise SystemExit("gyre proxy --loop uvloop: uvloop is not installed (pip install 'gyre[real]')") from None
         return asyncio.run
     return uvloop.run
 

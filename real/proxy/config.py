@@ -189,7 +189,7 @@ class ProxyConfig:
                 raise ProxyConfigError("an execution key must differ from admin_token")
         object.__setattr__(self, "executions", dict(self.executions))
 
-    def with_overrides(self, **changes: Any) -> "ProxyConfig":
+    def with_overrides(self, **changes: Any) -> ProxyConfig:
         values = {name: getattr(self, name) for name in self.__dataclass_fields__}
         values.update(changes)
         return ProxyConfig(**values)

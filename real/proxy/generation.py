@@ -48,7 +48,7 @@ from typing import Any, AsyncIterator, Sequence
 import numpy as np
 
 from gyre.real.proxy.config import RetryPolicy
-from gyre.real.proxy.engine_client import EngineClient, EngineCallError, TokenChunk
+from gyre.real.proxy.engine_client import EngineCallError, EngineClient, TokenChunk
 from gyre.real.proxy.ids_json import IdsJson
 from gyre.real.proxy.request import EngineRejected, Overloaded
 from gyre.real.proxy.routing import Flight, Router

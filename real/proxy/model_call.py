@@ -50,21 +50,21 @@ import json
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 
-from gyre.trajectory.records import ModelCall
 from gyre.real.proxy.config import ProxyConfig
-from gyre.real.proxy.request import ApiError, ChatRequest, Finished, Prepared, bad_request
 from gyre.real.proxy.engine_client import EngineClient
 from gyre.real.proxy.generation import Generation
 from gyre.real.proxy.recording import ExecutionState, PendingCommit, Recorder
 from gyre.real.proxy.rendering import IncrementalRenderer
+from gyre.real.proxy.request import ApiError, ChatRequest, Finished, Prepared, bad_request
 from gyre.real.proxy.routing import Router
 from gyre.real.proxy.tokenize import ChatTokenizer, PrefixCache, join_ids
 from gyre.real.proxy.toolcalls import THINK_OPEN, OutputEvent, OutputSplitter, StopHoldback, parse_output, trim_stop
+from gyre.trajectory.records import ModelCall
 
 HINT_CHARS = 4000
 OFFLOAD_CHARS = 8192  # suffixes at least this long are tokenized on a worker thread
@@ -221,7 +221,8 @@ class ChatService:
         return f"{self._id_prefix}{next(self._id_count):08x}"
 
     def sampling(self, request: ChatRequest) -> dict[str, Any]:
-        params: dict[str, Any] = {"max_new_tokens": request.max_tokens, "stop_token_ids": list(self.chat.stop_token_ids),
+        params: dict[str, Any] = {"max_new_tokens": request.max_tokens,
+                                  "stop_token_ids": list(self.chat.stop_token_ids),
                                   "skip_special_tokens": False, "temperature": 1.0 if request.temperature is None
                                   else request.temperature}
         for name in ("top_p", "top_k"):

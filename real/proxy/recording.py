@@ -78,20 +78,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from gyre.trajectory.records import ModelCall
-from gyre.real.store.durable import SYSTEM_DISK, Disk
-from gyre.real.store.group_commit import GroupCommit
-from gyre.real.store.tito_log import ExecutionStore
-from gyre.trajectory.tool_calls import ToolCallCache
-from gyre.trajectory.tree import TrajectoryTree
-from gyre.trajectory.tree_stats import tree_stats
 from gyre.real.proxy.config import ProxyConfigError, check_id, valid_id
 from gyre.real.proxy.ids_json import IdsJson
 from gyre.real.proxy.rendering import RenderCache
 from gyre.real.proxy.request import ApiError
 from gyre.real.proxy.tokenize import ChatTokenizer, PrefixCache
 from gyre.real.proxy.toolcalls import parse_output, trim_stop
-
+from gyre.real.store.durable import SYSTEM_DISK, Disk
+from gyre.real.store.group_commit import GroupCommit
+from gyre.real.store.tito_log import ExecutionStore
+from gyre.trajectory.records import ModelCall
+from gyre.trajectory.tool_calls import ToolCallCache
+from gyre.trajectory.tree import TrajectoryTree
+from gyre.trajectory.tree_stats import tree_stats
 
 log = logging.getLogger("gyre.proxy")
 ALONE_WAIT_S = 0.002  # how long a lone call's commit may hold the event loop's thread (module invariants)

@@ -143,7 +143,7 @@ class ChatTokenizer:
     def count(self, text: str) -> int:
         return len(self.encode(text))
 
-    def decoder(self) -> "IncrementalDecoder":
+    def decoder(self) -> IncrementalDecoder:
         return IncrementalDecoder(self)
 
 

@@ -39,7 +39,6 @@ from gyre.real.store.durable import fsync_path
 from gyre.real.store.tito_log import ExecutionStore, RecordLog
 from gyre.trajectory.records import ModelCall, RecordError
 
-
 # a queued record: the record, its ``done`` and its ``written`` hook (``GroupCommit.submit``)
 _Queued = tuple[ModelCall, Callable[[BaseException | None], None], Callable[[], None] | None]
 

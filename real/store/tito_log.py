@@ -53,9 +53,9 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from collections import deque
 import warnings
 import zlib
+from collections import deque
 from pathlib import Path
 from typing import Iterator
 
@@ -163,7 +163,7 @@ class RecordLog:
         self._request_ids: set[str] = set()
         self.count = 0
 
-    def open(self) -> "RecordLog":
+    def open(self) -> RecordLog:
         if self._fd is not None:
             return self
         if self.path.exists():
@@ -271,7 +271,7 @@ class RecordLog:
                 self._fd = None
                 self._allocated = self._end
 
-    def __enter__(self) -> "RecordLog":
+    def __enter__(self) -> RecordLog:
         return self.open()
 
     def __exit__(self, *exc: object) -> None:

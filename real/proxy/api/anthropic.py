@@ -40,8 +40,16 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 from gyre.real.proxy import fields
-from gyre.real.proxy.request import (ApiError, ChatRequest, Finished, LastChunk, Prepared, bad_request,
-                                     check_tool_results, error_for)
+from gyre.real.proxy.request import (
+    ApiError,
+    ChatRequest,
+    Finished,
+    LastChunk,
+    Prepared,
+    bad_request,
+    check_tool_results,
+    error_for,
+)
 from gyre.real.proxy.toolcalls import OutputEvent
 
 ID_PREFIX = "toolu_"

@@ -7,9 +7,10 @@ a string or ``text`` parts; function tools; ``max_tokens`` or
 boolean) with ``stream_options.include_usage``; ``temperature`` in [0, 2],
 ``top_p`` in (0, 1], ``stop`` (trimmed from the answer); ``logprobs`` (the
 sampled tokens' log-probabilities; ``top_logprobs`` must be 0); ``n`` must be
-1. A tool message must answer a tool call of an earlier assistant message. ``tool_choice``, ``parallel_tool_calls``, ``response_format``,
-``seed``, ``user``, ``metadata``, ``reasoning_effort``, ``store`` are accepted
-and ignored. Image/audio parts and other tool types are 400s naming the field.
+1. A tool message must answer a tool call of an earlier assistant message.
+``tool_choice``, ``parallel_tool_calls``, ``response_format``, ``seed``,
+``user``, ``metadata``, ``reasoning_effort``, ``store`` are accepted and
+ignored. Image/audio parts and other tool types are 400s naming the field.
 
 Empty content, as the API answers it: ``""`` and ``[]`` content are accepted
 (openai/openai-python issue #1812: the API answered 200 to an empty content
@@ -29,8 +30,16 @@ import time
 from typing import Any, AsyncIterator
 
 from gyre.real.proxy import fields
-from gyre.real.proxy.request import (ApiError, ChatRequest, Finished, LastChunk, Prepared, bad_request,
-                                     check_tool_results, error_for)
+from gyre.real.proxy.request import (
+    ApiError,
+    ChatRequest,
+    Finished,
+    LastChunk,
+    Prepared,
+    bad_request,
+    check_tool_results,
+    error_for,
+)
 from gyre.real.proxy.toolcalls import OutputEvent
 
 ID_PREFIX = "call_"

@@ -31,9 +31,16 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 from gyre.real.proxy import fields
-from gyre.real.proxy.request import (ChatRequest, Finished, LastChunk, Prepared, bad_request, check_tool_results,
-                                     error_for)
 from gyre.real.proxy.api.openai_chat import error_body, parse_arguments, text_content
+from gyre.real.proxy.request import (
+    ChatRequest,
+    Finished,
+    LastChunk,
+    Prepared,
+    bad_request,
+    check_tool_results,
+    error_for,
+)
 from gyre.real.proxy.toolcalls import OutputEvent
 
 ID_PREFIX = "call_"
