@@ -91,9 +91,9 @@ call; waking the writer ahead of the record, and the journal's write and sync in
 
 What decides the lone call's figure now is this machine's disk. ``bench proxy`` calls, in each
 round, the same proxy with its records on ``/dev/shm`` (no device behind its syncs): its added
-p50 stayed at 0.66-0.71 ms in every run whose direct call took 0.45-0.50 ms, while the durable
-proxy's was 0.72-0.81 ms when the sync added 0.04-0.08 ms (paired) and 1.24-1.32 ms when it added
-0.55-0.63 ms, the disk's two phases of 2026-12-06 03:37-03:44 (22 runs, load 0.3-1.0). A synced
+p50 stayed at 0.66-0.74 ms in every run whose direct call took 0.45-0.50 ms, while the durable
+proxy's was 0.72-0.81 ms when the sync added 0.04-0.08 ms (paired) and 1.24-1.35 ms when it added
+0.51-0.63 ms, the disk's two phases of 2026-12-06 03:37-03:52 (27 runs, load 0.3-1.2). A synced
 write that follows the disk's last by 0.1-0.3 ms costs 0.16-0.66 ms at p50 here, by 1.5 ms
 0.75-1.15 ms, against 0.03-0.06 ms back to back (``python -m bench disk_sync``), and a lone call's
 always follows the last by a millisecond or more.
