@@ -54,7 +54,7 @@ import time
 import weakref
 import zlib
 from types import ModuleType
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -109,7 +109,7 @@ def json_response(body: Any, status: int = 200, headers: Any = None) -> web.Resp
                         content_type="application/json")
 
 
-async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
     yield first
     async for item in rest:
         yield item
@@ -127,7 +127,9 @@ class _HalfOpenHandler(RequestHandler):
 
     def eof_received(self) -> bool:
         self.peer_eof = True
-        self._close = True  # no keep-alive: the connection closes once the answer is written
+        # no keep-alive: the connection closes once the answer is written (``_close`` is in aiohttp's own
+        # ``__slots__``; mypy reads RequestHandler as Any and checks only ours)
+        self._close = True  # type: ignore[misc]
         # decided a loop turn later: a request just taken from the queue has started its task by then
         self._loop.call_soon(self._close_if_idle)
         return True  # the transport stays open for writing
@@ -362,10 +364,10 @@ class ProxyServer:
             log.info("client of a non-streaming call went away; generation aborted")
             return json_response({}, 499)
         except Exception as exc:  # noqa: BLE001 - an answer in the API's shape beats a dropped connection
-            error = error_for(exc)
-            if error.status >= 500:
+            failure = error_for(exc)
+            if failure.status >= 500:
                 log.exception("model call failed")
-            return self._error(api, error)
+            return self._error(api, failure)
 
     @staticmethod
     async def _finish(request: web.Request, first: Any, events: AsyncIterator[Any]) -> Finished:

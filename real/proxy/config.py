@@ -39,7 +39,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeGuard
 
 ID_RULE = "1-128 characters of [A-Za-z0-9._:-], starting with a letter or digit"
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
@@ -49,7 +49,7 @@ class ProxyConfigError(ValueError):
     """A proxy configuration that cannot be used; the message names the field."""
 
 
-def valid_id(value: object) -> bool:
+def valid_id(value: object) -> TypeGuard[str]:
     """The one id rule of the proxy (execution and engine ids; see ``ID_RULE``).
 
     An execution id names its record log and appears in admin URLs, so ".",
@@ -62,7 +62,7 @@ def valid_id(value: object) -> bool:
 def check_id(field_name: str, value: object) -> str:
     if not valid_id(value):
         raise ProxyConfigError(f"{field_name} must be {ID_RULE}, got {str(value)[:140]!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncGenerator, Callable, Sequence
 
 from gyre.real.proxy.config import EngineSpec, RetryPolicy
 from gyre.real.proxy.engine_stream import ChunkDecoder, EngineCallError, EventSplitter, TokenChunk, merge_chunks
@@ -80,7 +80,7 @@ class EngineClient:
 
     async def stream(self, engine: EngineSpec, rid: str, input_ids: Sequence[int], sampling: dict[str, Any],
                      attach: Callable[[Any], None] | None = None,
-                     ids_json: IdsJson | None = None) -> AsyncIterator[TokenChunk]:
+                     ids_json: IdsJson | None = None) -> AsyncGenerator[TokenChunk, None]:
         """Yield the new tokens of one submission until its finish reason.
 
         ``ids_json``: the execution's cache of encoded id lists (only the new tail is encoded)."""
@@ -122,7 +122,7 @@ class EngineClient:
             async for _ in resp.iter_in_place():
                 resp.consume(resp.body_end - resp.body_start)
 
-    async def _chunks(self, resp: Response, decoder: ChunkDecoder) -> AsyncIterator[TokenChunk]:
+    async def _chunks(self, resp: Response, decoder: ChunkDecoder) -> AsyncGenerator[TokenChunk, None]:
         """One ``TokenChunk`` per network read: the events that arrived together are merged, so
         a burst of tokens costs one decode, one parse and one client write, not one per token.
         Events are decoded where they lie in the connection's receive buffer: a received byte is

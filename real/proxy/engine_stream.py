@@ -116,10 +116,11 @@ class _Layout(NamedTuple):
     logprobs: _Mark = _Mark()
 
 
-_scan_json = json.JSONDecoder().scan_once  # the C scanner under ``json.loads``, without its wrappers
+# the C scanner under ``json.loads``, without its wrappers (an attribute JSONDecoder.__init__ sets; typeshed omits it)
+_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-def _loads_compact(text: bytes) -> Any:
+def _loads_compact(text: Buffer) -> Any:
     """``json.loads`` of JSON text built here from an event's bytes (UTF-8, no leading space):
     the same value or a ``ValueError``, for a third of the per-call cost of ``json.loads``."""
     string = text.decode()  # UnicodeDecodeError is a ValueError
@@ -171,7 +172,7 @@ def _string_end(body: Buffer, start: int, hi: int) -> int:
         at = quote + 1
     try:  # validate the content from ``start`` as a whole parse would
         rest = body[start:quote + 1].decode()
-        if json.decoder.scanstring(rest, 0)[1] != len(rest):
+        if json.decoder.scanstring(rest, 0)[1] != len(rest):  # type: ignore[attr-defined]  # not in typeshed
             return -1
     except (UnicodeDecodeError, ValueError):
         return -1
@@ -237,8 +238,8 @@ class ChunkDecoder:
         if "error" in payload or not isinstance(meta, dict):
             return self.decode(payload)
         try:
-            new = max(int(meta.get("completion_tokens")) - self.seen, 0)
-        except (TypeError, ValueError):
+            new = max(int(meta["completion_tokens"]) - self.seen, 0)
+        except (KeyError, TypeError, ValueError):
             return None
         chunk = self._new_tokens(body, new, (ids_open, ids_close), (lps_open, lps_close), meta)
         if chunk is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Literal, overload
 
 from gyre.real.proxy.request import ApiError, bad_request
 
@@ -136,6 +136,16 @@ def _get(body: dict[str, Any], name: str, required: bool, where: str, expected: 
 MODEL_MAX_CHARS = 256  # ``model`` is echoed into every stream chunk and record: bounded
 
 
+# ``string`` and ``integer`` never return None for a required field or one with a default: the overloads say so
+@overload
+def string(body: dict[str, Any], name: str, *, where: str = "", required: Literal[True],
+           default: str | None = None, max_chars: int | None = None) -> str: ...
+@overload
+def string(body: dict[str, Any], name: str, *, where: str = "", required: bool = False,
+           default: str, max_chars: int | None = None) -> str: ...
+@overload
+def string(body: dict[str, Any], name: str, *, where: str = "", required: bool = False,
+           default: str | None = None, max_chars: int | None = None) -> str | None: ...
 def string(body: dict[str, Any], name: str, *, where: str = "", required: bool = False,
            default: str | None = None, max_chars: int | None = None) -> str | None:
     """A string field; ``max_chars`` bounds one the proxy echoes (into every chunk and record)."""
@@ -158,6 +168,15 @@ def boolean(body: dict[str, Any], name: str, *, where: str = "", default: bool =
     return value
 
 
+@overload
+def integer(body: dict[str, Any], name: str, *, where: str = "", required: Literal[True], default: int | None = None,
+            minimum: int | None = None, maximum: int | None = None) -> int: ...
+@overload
+def integer(body: dict[str, Any], name: str, *, where: str = "", required: bool = False, default: int,
+            minimum: int | None = None, maximum: int | None = None) -> int: ...
+@overload
+def integer(body: dict[str, Any], name: str, *, where: str = "", required: bool = False, default: int | None = None,
+            minimum: int | None = None, maximum: int | None = None) -> int | None: ...
 def integer(body: dict[str, Any], name: str, *, where: str = "", required: bool = False, default: int | None = None,
             minimum: int | None = None, maximum: int | None = None) -> int | None:
     value = _get(body, name, required, where, "integer")

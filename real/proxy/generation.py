@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncGenerator, Sequence
 
 import numpy as np
 
@@ -99,7 +99,7 @@ class Generation:
         self._deadline = 0.0  # end of the current retry budget (``budget_s``)
         self._hold_until: float | None = None  # a hold's end; cleared when a token arrives
 
-    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
+    async def __aiter__(self) -> AsyncGenerator[TokenChunk, None]:
         self._deadline = time.monotonic() + self.retry.budget_s
         excluded: set[str] = set()
         submission = 0
@@ -137,7 +137,7 @@ class Generation:
             if self.flight.moved and self.log.finish is None:
                 self._on_move(engine.spec.id, rid)
 
-    async def _submit(self, engine, rid: str) -> AsyncIterator[TokenChunk]:
+    async def _submit(self, engine, rid: str) -> AsyncGenerator[TokenChunk, None]:
         sampling = dict(self.sampling, max_new_tokens=self.max_new - len(self.output_ids))
         context = self.input_ids if not self.output_ids else np.concatenate(
             [self.input_ids, np.asarray(self.output_ids, dtype=np.int32)])

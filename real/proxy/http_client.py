@@ -54,7 +54,7 @@ import asyncio
 import re
 import ssl
 import time
-from typing import AsyncIterator
+from typing import AsyncGenerator
 from urllib.parse import urlsplit
 
 IDLE_S = 4.0
@@ -362,7 +362,7 @@ class Response:
         """The first ``n`` bytes of the body held in ``buffer`` are read: they may be overwritten."""
         self._conn.start += n
 
-    async def iter_in_place(self) -> AsyncIterator[int]:
+    async def iter_in_place(self) -> AsyncGenerator[int, None]:
         """The body as it arrives, left where the event loop read it: after each step,
         ``buffer[body_start:body_end]`` holds the body received and not yet consumed (``consume``);
         yields the number of bytes added, never 0. A chunk's data is yielded once the chunk is
@@ -392,14 +392,14 @@ class Response:
                             chunk is not None and chunk.state == "size")
         self._release()
 
-    async def iter_any(self) -> AsyncIterator[bytes]:
+    async def iter_any(self) -> AsyncGenerator[bytes, None]:
         """The body's bytes as they arrive (each piece is whatever the buffer held)."""
         out = bytearray()
         async for _ in self.iter_into(out):
             yield bytes(out)
             out.clear()
 
-    async def iter_into(self, out: bytearray) -> AsyncIterator[int]:
+    async def iter_into(self, out: bytearray) -> AsyncGenerator[int, None]:
         """``iter_in_place`` copied out: each piece is appended to ``out``; yields its length."""
         conn = self._conn
         async for added in self.iter_in_place():
@@ -464,7 +464,7 @@ class HttpClient:
         if conn is None:
             conn, reused = await self._connect(key), False
         while True:
-            conn.transport.write(message)
+            conn.transport.write(message)  # type: ignore[union-attr]  # set on connecting (connection_made), never unset
             try:
                 status, fields = await self._head(conn, timeout)
                 return Response(self, key, conn, status, fields, timeout, head_request=method == "HEAD")

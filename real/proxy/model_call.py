@@ -51,7 +51,7 @@ import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, Callable
 
 import numpy as np
 
@@ -232,7 +232,7 @@ class ChatService:
             params["stop"] = list(request.stop)
         return params
 
-    async def run(self, prepared: Prepared, id_prefix: str) -> AsyncIterator[OutputEvent | Finished]:
+    async def run(self, prepared: Prepared, id_prefix: str) -> AsyncGenerator[OutputEvent | Finished, None]:
         """Stream the call's events, commit its record, then yield ``Finished``.
 
         The record is handed to the writer as soon as the engine's last chunk arrives, and the

@@ -76,7 +76,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from gyre.real.proxy.config import ProxyConfigError, check_id, valid_id
 from gyre.real.proxy.ids_json import IdsJson
@@ -106,7 +106,7 @@ def api_tool_block(api: str, call: Mapping[str, Any]) -> dict[str, Any]:
     return {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": arguments}}
 
 
-def api_output_message(api: str, calls: list[Mapping[str, Any]]) -> dict[str, Any]:
+def api_output_message(api: str, calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     blocks = [api_tool_block(api, c) for c in calls]
     if api == "anthropic":
         return {"role": "assistant", "content": blocks}
@@ -302,7 +302,7 @@ class Recorder:
                 return PendingCommit(state, call, prompt_text, None, appended)
             landing = _Landing(lone=alone)
             pending = PendingCommit(state, call, prompt_text, landing, None)
-            self._submit(call, landing)
+            self._submit(self.group, call, landing)
             if landing.written is not None:
                 landing.written.acquire(True, ALONE_WAIT_S)
         except BaseException:
@@ -373,10 +373,10 @@ class Recorder:
                 finally:
                     state.unlearned.popleft()  # learned, or failed for good: never learned twice
 
-    def _submit(self, call: ModelCall, landing: _Landing) -> None:
-        """Queue ``call`` for the group commit; ``landing`` follows its batch (``_Landing``). The loop is
-        woken only when someone awaits the record through it (``_future``): a caller that waited on the
-        loop's thread, or one the record reached first, needs no wake-up."""
+    def _submit(self, group: GroupCommit, call: ModelCall, landing: _Landing) -> None:
+        """Queue ``call`` for ``group`` (``self.group``: there with ``fsync``); ``landing`` follows its batch
+        (``_Landing``). The loop is woken only when someone awaits the record through it (``_future``): a
+        caller that waited on the loop's thread, or one the record reached first, needs no wake-up."""
         loop = asyncio.get_running_loop()
 
         def written() -> None:  # on the writer thread, before ``landed``
@@ -393,7 +393,7 @@ class Recorder:
             if future is not None and not loop.is_closed():
                 loop.call_soon_threadsafe(_settle, future, error)
 
-        self.group.submit(call, landed, written if landing.written is not None else None)
+        group.submit(call, landed, written if landing.written is not None else None)
 
     def _future(self, landing: _Landing) -> asyncio.Future:
         """A future of this loop resolved once ``landing``'s batch is durable (or failed)."""

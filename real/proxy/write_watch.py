@@ -33,8 +33,12 @@ class Watch:
     """One stream's write in progress (``since``: when it began, or ``None``) and whether it was cut."""
 
     __slots__ = ("transport", "since", "cut", "_clock")
+    transport: asyncio.Transport | None  # the stream's connection (``check`` aborts it); None: the request had none
+    since: float | None
+    cut: bool
+    _clock: Callable[[], float]
 
-    def __init__(self, transport: asyncio.BaseTransport | None, clock: Callable[[], float]) -> None:
+    def __init__(self, transport: asyncio.Transport | None, clock: Callable[[], float]) -> None:
         self.transport, self.since, self.cut, self._clock = transport, None, False, clock
 
     def begin(self) -> None:

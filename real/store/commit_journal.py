@@ -105,11 +105,11 @@ class Journal:
 
     def start_epoch(self) -> None:
         """Retire every entry written so far (their logs must be synced) and start an empty epoch."""
-        self._open()
+        fd = self._open()
         self._reserve(_HEAD.size)  # a new journal: its first space, so the header lands in synced zeros
         self.epoch += 1
-        self.disk.pwrite(self._fd, _HEAD.pack(HEAD_MAGIC, self.epoch, _head_crc(self.epoch)), 0)
-        self.disk.fdatasync(self._fd)
+        self.disk.pwrite(fd, _HEAD.pack(HEAD_MAGIC, self.epoch, _head_crc(self.epoch)), 0)
+        self.disk.fdatasync(fd)
         self._end = _HEAD.size
 
     def fits(self, entries: Iterable[tuple[str, int, bytes]]) -> bool:
@@ -117,9 +117,11 @@ class Journal:
         anything: one batch may exceed the capacity)."""
         return self._end == _HEAD.size or self._end + sum(map(_entry_size, entries)) <= self.capacity
 
-    def append(self, entries: list[tuple[str, int, bytes]], told: Callable[[], None] | None = None) -> None:
+    def append(self, entries: list[tuple[str, int, bytes]], told: Callable[[], object] | None = None) -> None:
         """Write ``(execution_id, log offset, frame)`` entries in one write and sync them; ``told``
-        is called between the two (the entries are written, not yet durable)."""
+        is called between the two (the entries are written, not yet durable; what it returns is
+        ignored). The journal must be open: ``start_epoch`` (or ``replay``) first."""
+        assert self._fd is not None, "Journal.append before start_epoch"
         blob = b"".join(_entry(self.epoch, *entry) for entry in entries)
         self._reserve(self._end + len(blob))
         written = self.disk.pwrite(self._fd, blob, self._end)
@@ -135,8 +137,8 @@ class Journal:
             os.close(self._fd)
             self._fd = None
 
-    def _open(self) -> None:
-        """Open (creating) and lock the journal: one writer per records folder."""
+    def _open(self) -> int:
+        """Open (creating) and lock the journal: one writer per records folder; returns its descriptor."""
         if self._fd is None:
             created = not self.path.exists()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -150,11 +152,13 @@ class Journal:
             self._allocated = os.fstat(self._fd).st_size
             if created:
                 fsync_path(self.path.parent, self.disk)
+        return self._fd
 
     def _reserve(self, end: int) -> None:
         """Zeros written and synced (size included) up to at least ``end``."""
         if end <= self._allocated:
             return
+        assert self._fd is not None, "the journal is opened before space is reserved in it"
         target = max(end, min(max(MIN_SPACE, 2 * self._allocated), max(self.capacity, end)))
         try:
             fill_zeros(self._fd, self._allocated, target, self.disk)

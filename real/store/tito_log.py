@@ -208,6 +208,7 @@ class RecordLog:
             return
         if self._fd is None:
             self.open()
+        assert self._fd is not None  # open() set it
         target = self._end + room + min(max(MIN_ROOM, self._end), MAX_ROOM)
         fill_zeros(self._fd, self._allocated, target, self.disk)
         self._allocated = target
@@ -221,15 +222,17 @@ class RecordLog:
             raise RecordError(f"request {call.request_id!r} is already in {self.path}")
         if self._fd is None:
             self.open()
+        fd = self._fd
+        assert fd is not None  # open() set it; reserve() keeps it
         frame = encode_frame(call, *self._delta_base(call))
         self.reserve(len(frame))
         offset = self._end
         try:
-            written = self.disk.pwrite(self._fd, frame, offset)
+            written = self.disk.pwrite(fd, frame, offset)
             if written != len(frame):  # a full disk: part of the frame went out
                 raise OSError(errno.ENOSPC, f"short write: {written} of {len(frame)} bytes", str(self.path))
         except OSError:
-            self._take_back(offset, len(frame))
+            self._take_back(fd, offset, len(frame))
             raise
         self._end += written
         self._allocated = max(self._allocated, self._end)
@@ -240,13 +243,13 @@ class RecordLog:
             self._recent.append((call, call.sequence))
         return offset, frame
 
-    def _take_back(self, offset: int, size: int) -> None:
-        """Remove whatever part of a failed frame reached the file at ``offset`` (best effort)."""
+    def _take_back(self, fd: int, offset: int, size: int) -> None:
+        """Remove whatever part of a failed frame reached the file (``fd``) at ``offset`` (best effort)."""
         try:
             if self._allocated > offset:  # reserved zeros: put them back (no new space needed)
-                self.disk.pwrite(self._fd, bytes(min(size, self._allocated - offset)), offset)
+                self.disk.pwrite(fd, bytes(min(size, self._allocated - offset)), offset)
             else:
-                os.ftruncate(self._fd, offset)
+                os.ftruncate(fd, offset)
         except OSError:
             pass  # the next open finds the torn tail and cuts it (the reader warns until then)
 

@@ -37,7 +37,7 @@ status line). Stop sequences are not part of the returned text.
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 from gyre.real.proxy import fields
 from gyre.real.proxy.request import (
@@ -323,8 +323,10 @@ class _Blocks:
 
     def event(self, event: OutputEvent) -> list[bytes]:
         if event.kind == "tool_call":
-            out = self.open("tool_use", {"type": "tool_use", "id": event.text, "name": event.call.name, "input": {}})
-            out.append(self._delta({"type": "input_json_delta", "partial_json": event.call.arguments_json}))
+            call = event.call
+            assert call is not None  # a tool_call event carries its call (toolcalls.OutputEvent)
+            out = self.open("tool_use", {"type": "tool_use", "id": event.text, "name": call.name, "input": {}})
+            out.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments_json}))
             return out + self.close()
         key = "thinking" if event.kind == "thinking" else "text"
         out = self.open(key) if self.open_kind != event.kind else []
@@ -332,7 +334,7 @@ class _Blocks:
         return out
 
 
-async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepared) -> AsyncIterator[bytes]:
+async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepared) -> AsyncGenerator[bytes, None]:
     """The SSE byte stream of one call (official event order; see module doc).
 
     The events that one generation step produces are written together (one

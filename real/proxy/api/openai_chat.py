@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 from gyre.real.proxy import fields
 from gyre.real.proxy.request import (
@@ -230,7 +230,7 @@ def _final(prepared: Prepared, item: Finished) -> list[bytes]:
     return out + [b"data: [DONE]\n\n"]
 
 
-async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepared) -> AsyncIterator[bytes]:
+async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepared) -> AsyncGenerator[bytes, None]:
     """Chat completion chunks; the chunks of one generation step go out in one write.
 
     With ``logprobs``, the log-probabilities of all tokens come with the final chunk."""
@@ -246,7 +246,9 @@ async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepar
             elif item.kind == "thinking":
                 pending.append(_chunk(prepared, {"reasoning_content": item.text}))
             else:
-                call = {"id": item.text, "name": item.call.name, "arguments": item.call.arguments}
+                tool = item.call
+                assert tool is not None  # a tool_call event carries its call (toolcalls.OutputEvent)
+                call = {"id": item.text, "name": tool.name, "arguments": tool.arguments}
                 pending.append(_chunk(prepared, {"tool_calls": [_tool_call(call, calls)]}))
                 calls += 1
             yield b"".join(pending)

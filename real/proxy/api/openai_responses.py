@@ -28,7 +28,7 @@ before any response starts.
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 from gyre.real.proxy import fields
 from gyre.real.proxy.api.openai_chat import error_body, parse_arguments, text_content
@@ -228,7 +228,7 @@ class _Events:
         return b"event: " + kind.encode() + b"\ndata: " + fields.json_bytes(body) + b"\n\n"
 
 
-async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepared) -> AsyncIterator[bytes]:
+async def stream(events: AsyncIterator[OutputEvent | Finished], prepared: Prepared) -> AsyncGenerator[bytes, None]:
     """Responses events; the events of one generation step go out in one write."""
     emit = _Events(prepared)
     pending = [emit("response.created", response=response(prepared, None, status="in_progress")),
@@ -302,7 +302,9 @@ class _ItemWriter:
         if event.kind == "tool_call":
             out = self.close()
             e.index += 1
-            call = {"id": event.text, "name": event.call.name, "arguments": event.call.arguments}
+            tool = event.call
+            assert tool is not None  # a tool_call event carries its call (toolcalls.OutputEvent)
+            call = {"id": event.text, "name": tool.name, "arguments": tool.arguments}
             added, done = _call_item_out(call, self.kinds, "in_progress"), _call_item_out(call, self.kinds, "completed")
             out.append(e("response.output_item.added", output_index=e.index, item=added))
             if added["type"] == "function_call":
