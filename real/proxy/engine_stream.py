@@ -28,6 +28,9 @@ Invariants:
 - a malformed new part raises or is parsed whole, never yields tokens a whole
   parse would not;
 - every token id yielded comes with exactly one log-probability;
+- any JSON event either yields tokens (with a ``finish`` that is None or an
+  object) or raises ``EngineCallError``: fields of the wrong type are the
+  engine's failure, never another exception (a 500 for the client);
 - ``EventSplitter`` returns the same events however the bytes are cut into
   reads, examining each byte once.
 """
@@ -35,6 +38,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import reprlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -239,7 +243,7 @@ class ChunkDecoder:
             return self.decode(payload)
         try:
             new = max(int(meta["completion_tokens"]) - self.seen, 0)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             return None
         chunk = self._new_tokens(body, new, (ids_open, ids_close), (lps_open, lps_close), meta)
         if chunk is not None:
@@ -305,13 +309,16 @@ class ChunkDecoder:
             error = payload["error"]
             message = error.get("message") if isinstance(error, dict) else str(error)
             raise EngineCallError(self.engine_id, f"error chunk: {message}", retryable=_retryable_error(error))
-        meta = payload.get("meta_info") or {}
-        ids = payload.get("output_ids") or []
-        logprobs = meta.get("output_token_logprobs") or []
-        total = meta.get("completion_tokens", len(ids))
-        new = max(int(total) - self.seen, 0)
-        new_ids = ids[len(ids) - new:] if new else []
-        new_lps = logprobs[len(logprobs) - new:] if new else []
+        try:  # fields of the wrong JSON type: the engine's fault, not the proxy's (never a 500)
+            meta = payload.get("meta_info") or {}
+            ids = payload.get("output_ids") or []
+            logprobs = meta.get("output_token_logprobs") or []
+            total = meta.get("completion_tokens", len(ids))
+            new = max(int(total) - self.seen, 0)
+            new_ids = ids[len(ids) - new:] if new else []
+            new_lps = logprobs[len(logprobs) - new:] if new else []
+        except (AttributeError, TypeError, ValueError, OverflowError):
+            raise EngineCallError(self.engine_id, f"malformed chunk {reprlib.repr(payload)}") from None
         return self._tokens(new, new_ids, new_lps, meta)
 
     def _tokens(self, new: int, new_ids: list, new_lps: list, meta: dict[str, Any]) -> TokenChunk:
@@ -320,7 +327,7 @@ class ChunkDecoder:
                                               f"{len(new_ids)} ids and {len(new_lps)} logprobs")
         try:  # float rounding can push a log-probability a hair above 0
             values = tuple([min(float(lp[0] if isinstance(lp, (list, tuple)) else lp), 0.0) for lp in new_lps])
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, IndexError):
             raise EngineCallError(self.engine_id, "chunk carries a log-probability that is not a number") from None
         # every value is <= 0: a sum above -inf has neither NaN nor -inf in it (one C loop; a sum that
         # overflows, or the rare bad value, is decided by the test of every value)
@@ -330,8 +337,10 @@ class ChunkDecoder:
             ids = tuple(map(int, new_ids))
         except (TypeError, ValueError):
             raise EngineCallError(self.engine_id, "chunk carries a token id that is not a number") from None
-        self.seen += new
         finish = meta.get("finish_reason")
+        if finish is not None and not isinstance(finish, dict):
+            raise EngineCallError(self.engine_id, f"chunk's finish_reason is not an object: {reprlib.repr(finish)}")
+        self.seen += new
         version = meta.get("weight_version")
         return TokenChunk(ids, values, finish, None if version is None else str(version))
 
