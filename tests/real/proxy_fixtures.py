@@ -106,7 +106,8 @@ class ScriptedEngine:
     new tokens (an engine's work of cumulative mode without its bytes on the wire);
     chunks are compact JSON in SGLang's key order (``text``, ``output_ids``,
     ``meta_info``), a cumulative chunk built in time linear in its size. Faults:
-    ``fail_next`` (HTTP statuses for the next submissions), ``die_after`` (close
+    ``fail_next`` (HTTP statuses for the next submissions), ``garble_next`` (raw
+    payloads, each the one event of the next streamed submission), ``die_after`` (close
     the connection after that many tokens of a submission), ``hold_after`` (stop
     after that many tokens until ``release()``).
 
@@ -137,6 +138,7 @@ class ScriptedEngine:
         self.requests: list[dict[str, Any]] = []
         self.aborted: list[str] = []
         self.fail_next: list[int] = []
+        self.garble_next: list[bytes] = []
         self.die_after: int | None = None
         self.hold_after: int | None = None
         self.tokens_sent = 0
@@ -245,6 +247,9 @@ class ScriptedEngine:
                                 content_type="application/json")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if self.garble_next:
+            await response.write(b"data: " + self.garble_next.pop(0) + b"\n\ndata: [DONE]\n\n")
+            return response
         await self._stream(request, response, rid, out, start, len(input_ids), finish)
         return response
 

@@ -1,9 +1,10 @@
-"""Issue 32 regressions over HTTP: no 500 for anything a client or the disk does, and a failed
-admin action changes nothing.
+"""Issue 32 regressions over HTTP: no 500 for anything a client, an engine's chunk or the disk
+does, and a failed admin action changes nothing.
 
 Each case gets the API's own error shape (``{"error": ...}`` on the admin API) with a 4xx
-status, or 507 for a full disk; each failed before the fix with a plain-text 500 or a 400
-outside the API's shape.
+status, or 507 for a full disk, or, for an engine's chunk of the wrong shape, the engine's
+failure (529 with the only engine); each failed before the fix with a 500 or a 400 outside the
+API's shape.
 """
 
 from __future__ import annotations
@@ -124,6 +125,47 @@ def test_a_stray_directory_in_the_records_folder_is_reported_not_a_500(stack):
         assert_admin_error(status, payload, kind, 409)
     finally:
         (stack["records"] / "stray.tito").rmdir()
+
+
+GARBLED = [b'{"text":"","output_ids":[1],"meta_info":"x"}',
+           b'{"text":"","output_ids":5,"meta_info":{"completion_tokens":1,'
+           b'"output_token_logprobs":[[-0.1,1,null]]}}',
+           b'{"text":"","output_ids":[1],"meta_info":{"completion_tokens":null,'
+           b'"output_token_logprobs":[[-0.1,1,null]]}}',
+           b'{"text":"","output_ids":[1],"meta_info":{"completion_tokens":1,"output_token_logprobs":[[]]}}',
+           b'{"text":"","output_ids":[1],"meta_info":{"completion_tokens":1,"output_token_logprobs":[[-0.1,1,null]],'
+           b'"finish_reason":"stop"}}']
+
+
+def call(stack: dict, stream: bool) -> tuple[int, bytes, str]:
+    body = json.dumps({"model": "m", "max_tokens": 8, "stream": stream,
+                       "messages": [{"role": "user", "content": "hi"}]})
+    headers = {"x-api-key": "key-a", "Content-Type": "application/json"}
+    return send(stack, "POST", "/v1/messages", body.encode(), headers)
+
+
+def answer_text(payload: bytes, stream: bool) -> str:
+    if not stream:
+        return "".join(block["text"] for block in json.loads(payload)["content"] if block["type"] == "text")
+    events = [json.loads(line[6:]) for line in payload.decode().splitlines() if line.startswith("data: ")]
+    return "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta"
+                   and e["delta"]["type"] == "text_delta")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("garbled", GARBLED)
+def test_an_engine_chunk_of_the_wrong_shape_is_an_engine_failure_not_a_500(stack, garbled, stream):
+    # the engine's failure (with one engine, nothing to retry on: 529 in the API's shape, naming it);
+    # the next call is served as usual
+    stack["engine"].garble_next = [garbled]
+    status, payload, kind = call(stack, stream)
+    assert not stack["engine"].garble_next  # the garbled submission was made
+    assert status == 529, payload
+    assert kind.startswith("application/json") and json.loads(payload)["error"]["type"] == "overloaded_error"
+    assert b"(failures: engine e0: " in payload, payload  # the engine's fault, named
+    status, payload, _ = call(stack, stream)
+    assert status == 200, payload
+    assert answer_text(payload, stream) == "Hello."
 
 
 class FullDisk(Disk):
