@@ -39,7 +39,8 @@ taken from the proxy: aiohttp's took about twice as much).
   already-written space plus ``fdatasync`` (no metadata: what the commit
   journal does), the same with the disk idle for 1.5 ms between writes (a
   lone call's rhythm: here a sync that follows the last one by more than
-  about 50 us costs ten times one that follows at once), and a whole group
+  about 50 us costs five to thirty times one that follows at once; ``bench
+  disk_sync`` sweeps the idle time), and a whole group
   commit round trip (submit to acknowledgement) through
   ``group_commit.GroupCommit``.
 
@@ -129,7 +130,7 @@ def latency_figures(direct: list[float], proxied: dict[str, list[float]]) -> dic
     direct_ms = np.array(direct) * 1e3
     figures = {"direct_p50_ms": float(np.percentile(direct_ms, 50)),
                "direct_p99_ms": float(np.percentile(direct_ms, 99))}
-    (first, first_times), *others = proxied.items()
+    (_, first_times), *others = proxied.items()
     first_ms = np.array(first_times) * 1e3
     figures.update(proxy_p50_ms=float(np.percentile(first_ms, 50)), proxy_p99_ms=float(np.percentile(first_ms, 99)),
                    added_p50_ms=float(np.percentile(first_ms, 50) - figures["direct_p50_ms"]),
