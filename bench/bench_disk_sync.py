@@ -49,6 +49,8 @@ def sync_times(fd: int, writes: int, idle_s: float, *, sleep: bool) -> list[floa
 
 def main(writes: int = 500) -> dict:
     folder = os.environ.get("GYRE_BENCH_DISK_DIR") or tempfile.gettempdir()
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise SystemExit(f"GYRE_BENCH_DISK_DIR={folder!r}: not a folder this process can write in")
     figures: dict = {}
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         path = Path(scratch) / "journal"

@@ -25,3 +25,15 @@ def test_each_write_lands_at_its_own_offset_in_the_preallocated_space_and_is_tim
     assert data[: writes * ENTRY] == b"\x5a" * (writes * ENTRY)
     assert data[writes * ENTRY:] == bytes(2 * ENTRY)
     assert len(times) == writes and all(t > 0 for t in times)
+
+
+@pytest.mark.parametrize("where", ["missing", "a-file"])
+def test_a_folder_that_cannot_be_measured_in_is_refused_by_name(tmp_path, monkeypatch, where):
+    from bench.bench_disk_sync import main
+
+    folder = tmp_path / where
+    if where == "a-file":
+        folder.write_text("x")
+    monkeypatch.setenv("GYRE_BENCH_DISK_DIR", str(folder))
+    with pytest.raises(SystemExit, match="GYRE_BENCH_DISK_DIR=.*not a folder"):
+        main(writes=2)
