@@ -9,7 +9,8 @@ Both therefore run under the supervisor too, as keys ``proxy`` and
 - ``SupervisedProxy`` is ``runtime.proxy_process.ProxyProcess`` with the
   process started, watched, restarted and stopped through the supervisor
   (same configuration file, port and restart record); ``adopt()`` takes a
-  proxy the supervisor still runs;
+  proxy the supervisor still runs; a start that hangs is stopped after its
+  stacks are written to its log, and tried once more;
 - ``bridge_service(client, base_url)`` starts (or finds) ``python -m
   gyre.real.supervisor.bridge`` listening on a socket in a short fixed
   folder named after the run's folder, and returns its address.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -39,6 +41,9 @@ from gyre.real.runtime.proxy_process import ProxyProcess, ProxyStartError
 from gyre.real.supervisor.client import SupervisorClient, SupervisorGone
 
 PROXY_KEY, BRIDGE_KEY = "proxy", "bridge"
+START_TRIES = 2    # a proxy start that hangs (neither listens nor ends) is tried once more
+DUMP_WAIT_S = 5.0  # how long a hung proxy is given to write its stacks
+STACK_LINES = 40   # lines of the proxy's log quoted when it did not start (a stack dump's worth)
 
 
 def _listening_after(log: Path, offset: int, needle: str, timeout: float, client: SupervisorClient, key: str) -> bool:
@@ -84,18 +89,42 @@ class SupervisedProxy(ProxyProcess):
         self._pid, self.adopted = int(entry["pid"]), True
         return self
 
+    def _argv(self, path: Path) -> list[str]:
+        return [sys.executable, "-m", "gyre.real.proxy.cli", "--config", str(path)]
+
     def _launch(self, path: Path) -> None:
+        """Start the proxy under the supervisor and wait until it listens. A try that neither listens
+        nor ends within ``start_timeout_s`` has its threads' stacks written to its log (it runs with
+        ``PYTHONFAULTHANDLER``; SIGABRT), is stopped and made again, up to ``START_TRIES`` tries; the
+        error then quotes the log, those stacks included."""
         log = self.folder / "proxy.log"
-        offset = log.stat().st_size if log.is_file() else 0
-        env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-        answer = self.client.call("spawn", key=PROXY_KEY, argv=[sys.executable, "-m", "gyre.real.proxy.cli",
-                                                                "--config", str(path)],
-                                  env=env, cwd=str(self.folder), log=str(log), again=True)
-        self._pid = int(answer["entry"]["pid"])
-        if not _listening_after(log, offset, '"listening"', self.start_timeout_s, self.client, PROXY_KEY):
+        env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
+        for attempt in range(1, START_TRIES + 1):
+            offset = log.stat().st_size if log.is_file() else 0
+            answer = self.client.call("spawn", key=PROXY_KEY, argv=self._argv(path), env=env, cwd=str(self.folder),
+                                      log=str(log), again=True)
+            self._pid = int(answer["entry"]["pid"])
+            if _listening_after(log, offset, '"listening"', self.start_timeout_s, self.client, PROXY_KEY):
+                (self.folder / "proxy.pid").write_text(f"{self._pid}\n")
+                return
+            hung = self._dump_stacks()
             self._kill()
-            raise ProxyStartError(f"the proxy did not start under the supervisor: {self.log_tail()}")
-        (self.folder / "proxy.pid").write_text(f"{self._pid}\n")
+            if not hung or attempt == START_TRIES:  # an exit is the proxy's answer: trying again changes nothing
+                raise ProxyStartError(f"the proxy did not start under the supervisor ({attempt} "
+                                      f"{'try' if attempt == 1 else 'tries'}): {self.log_tail(STACK_LINES)}")
+            self.progress(f"the proxy did not listen within {self.start_timeout_s:.0f} s (its stacks are in {log}); "
+                          f"starting it again")
+
+    def _dump_stacks(self) -> bool:
+        """Whether the proxy still runs (hung); if so it is sent SIGABRT, which its fault handler answers
+        with every thread's stack in its log before it ends (waited for up to ``DUMP_WAIT_S``)."""
+        if running(self.client, PROXY_KEY) is None or self._pid is None:
+            return False
+        self.client.call("signal", key=PROXY_KEY, pid=self._pid, sig=int(signal.SIGABRT))
+        deadline = time.monotonic() + DUMP_WAIT_S
+        while running(self.client, PROXY_KEY) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return True
 
     def exited(self) -> int | None:
         if self._stopped or self._pid is None:

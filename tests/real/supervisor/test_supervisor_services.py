@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -25,6 +26,7 @@ except ImportError:
     from ..proxy_fixtures import ScriptedEngine, ServerThread, new_key, proxy_config
 
 from gyre.real.runtime.ports import free_port
+from gyre.real.runtime.proxy_process import ProxyStartError
 from gyre.real.supervisor.client import start_or_reuse
 from gyre.real.supervisor.ledger import read_ledger
 from gyre.real.supervisor.services import SupervisedProxy, bridge_service
@@ -81,6 +83,44 @@ def test_the_supervised_proxy_is_adopted_restarted_and_stopped(model, tmp_path):
             thread.join(10)
             entry = read_ledger(tmp_path / "supervisor" / "ledger.jsonl")["proxy"]
             assert entry.state == "ended" and entry.killed and adopted.exited() is None  # stopped: no restart
+    finally:
+        client.stop()
+
+
+class _HungProxy(SupervisedProxy):
+    """A proxy whose start never listens nor ends (what a stalled start looks like from outside)."""
+
+    def _argv(self, path):
+        return [sys.executable, "-c", "import time\nwhile True:\n    time.sleep(0.01)"]
+
+
+def test_a_proxy_start_that_hangs_is_tried_again_then_fails_quoting_where_it_hung(model, tmp_path):
+    client, _ = start_or_reuse(tmp_path / "supervisor", grace_s=60)
+    said: list[str] = []
+    try:
+        config = proxy_config(model, tmp_path / "records", {"e0": "http://127.0.0.1:9"}, port=free_port())
+        proxy = _HungProxy(config, tmp_path / "proxy", client, poll_s=0.1, start_timeout_s=1.0, progress=said.append)
+        with pytest.raises(ProxyStartError) as info:
+            proxy.start()
+        message = str(info.value)
+        assert "(2 tries)" in message, message
+        assert 'File "<string>", line 3 in <module>' in message, message  # the fault handler's stack: the hang
+        assert any("did not listen within 1 s" in line and "starting it again" in line for line in said), said
+        entry = read_ledger(tmp_path / "supervisor" / "ledger.jsonl")["proxy"]
+        assert entry.starts == 2 and entry.state == "ended"  # both tries stopped: nothing left running
+    finally:
+        client.stop()
+
+
+def test_a_proxy_that_exits_at_start_is_not_tried_again(model, tmp_path):
+    client, _ = start_or_reuse(tmp_path / "supervisor", grace_s=60)
+    try:
+        config = proxy_config(model, tmp_path / "records", {"e0": "http://127.0.0.1:9"}, port=free_port())
+        proxy = SupervisedProxy(config, tmp_path / "proxy", client, poll_s=0.1, start_timeout_s=30.0)
+        proxy._argv = lambda path: [sys.executable, "-c", "import sys; sys.exit('no such thing')"]
+        with pytest.raises(ProxyStartError, match=r"\(1 try\): no such thing"):
+            proxy.start()
+        assert read_ledger(tmp_path / "supervisor" / "ledger.jsonl")["proxy"].starts == 1
     finally:
         client.stop()
 
