@@ -6,7 +6,7 @@ that, one process, one 853-byte write at a time (a short call's journal entry), 
 idle time before each write: spent spinning (the CPU stays busy, so what grows is the
 device's time) or asleep (as the proxy's threads are while they wait for a sync). On the
 2-core machines here a sync that follows the last by more than about 50 us costs five to
-thirty times one that follows at once, and how much varies from one quarter hour to the next
+thirty times one that follows at once, and how much varies from minute to minute
 (``docs/cpu-stack.md#the-proxy-on-two-cores``): the floor under a lone call's durable record.
 
 ``GYRE_BENCH_DISK_DIR`` names the folder to measure in (default: the system's temporary
@@ -19,6 +19,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -27,22 +28,22 @@ IDLE_US = (0, 20, 50, 100, 300, 1500)               # idle before each write, sp
 SLEEP_US = (300, 1500)                              # the same, asleep
 
 
-def sync_times(fd: int, writes: int, idle_s: float, *, sleep: bool) -> list[float]:
-    """Seconds each of ``writes`` ``pwrite`` + ``fdatasync`` of ``ENTRY`` bytes took, one after the
-    other at offsets ``0, ENTRY, ...`` of ``fd`` (preallocated and written by the caller), each
-    after ``idle_s`` of sleep or of spinning."""
-    data = b"\x5a" * ENTRY
+def sync_times(fd: int, writes: int, idle_s: float, *, sleep: bool, data: bytes = b"\x5a" * ENTRY,
+               sync: Callable[[int], None] = os.fdatasync) -> list[float]:
+    """Seconds each of ``writes`` ``pwrite`` + ``sync`` of ``data`` took, one after the other at offsets
+    ``0, len(data), ...`` of ``fd`` (preallocated and written by the caller, or growing), each after
+    ``idle_s`` of sleep or of spinning (none when 0)."""
     times = []
     for i in range(writes):
-        if sleep:
+        if idle_s and sleep:
             time.sleep(idle_s)
-        else:
+        elif idle_s:
             until = time.perf_counter() + idle_s
             while time.perf_counter() < until:
                 pass
         start = time.perf_counter()
-        os.pwrite(fd, data, i * ENTRY)
-        os.fdatasync(fd)
+        os.pwrite(fd, data, i * len(data))
+        sync(fd)
         times.append(time.perf_counter() - start)
     return times
 

@@ -300,6 +300,7 @@ def durability_cost(writes: int = 400) -> dict:
     the disk left idle ``IDLE_S`` between writes (see the module docstring)."""
     import threading
 
+    from bench.bench_disk_sync import sync_times
     from gyre.real.store.group_commit import GroupCommit
     from gyre.real.store.tito_log import ExecutionStore
     from gyre.trajectory.records import ModelCall
@@ -314,14 +315,7 @@ def durability_cost(writes: int = 400) -> dict:
             if prefill:
                 os.write(fd, bytes(writes * len(frame)))
                 os.fsync(fd)
-            times = []
-            for i in range(writes):
-                start = time.perf_counter()
-                os.pwrite(fd, frame, i * len(frame))
-                sync(fd)
-                times.append(time.perf_counter() - start)
-                if idle_s:
-                    time.sleep(idle_s)
+            times = sync_times(fd, writes, idle_s, sleep=True, data=frame, sync=sync)
             os.close(fd)
             figures[f"durable_{name}_p50_ms"] = float(np.percentile(times, 50) * 1e3)
             figures[f"durable_{name}_p90_ms"] = float(np.percentile(times, 90) * 1e3)

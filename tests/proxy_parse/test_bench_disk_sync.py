@@ -37,3 +37,14 @@ def test_a_folder_that_cannot_be_measured_in_is_refused_by_name(tmp_path, monkey
     monkeypatch.setenv("GYRE_BENCH_DISK_DIR", str(folder))
     with pytest.raises(SystemExit, match="GYRE_BENCH_DISK_DIR=.*not a folder"):
         main(writes=2)
+
+
+def test_given_bytes_and_sync_each_write_follows_the_last_growing_the_file(tmp_path):
+    # the durability case of ``bench proxy`` (a 2 KB frame appended, ``fsync``) measures through it too
+    path, synced = tmp_path / "log", []
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        times = sync_times(fd, 4, 0.0, sleep=True, data=b"abc", sync=lambda f: (synced.append(f), os.fsync(f)))
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"abc" * 4 and synced == [fd] * 4 and len(times) == 4
